@@ -1,0 +1,208 @@
+/*
+ * backend_host.c -- host memory pretending to be a device, so the whole pool
+ * runs (and is tested under sanitizers) on a machine without a GPU.
+ *
+ * Virtual reservations are PROT_NONE anonymous mappings; map() replaces a
+ * range with read-write pages and unmap() puts PROT_NONE back, which returns
+ * the pages to the kernel.  A capacity caps the bytes mapped at once so that
+ * out-of-memory paths are reachable, and gp_host_fail_map() injects failures.
+ * Streams are any pointer value; stream_wait() and synchronize() only count.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "backend.h"
+
+typedef struct host_map {
+    uintptr_t addr;
+    uint64_t size, handle;
+} host_map;
+
+typedef struct host_backend {
+    gp_backend be; /* first: the pool sees only this */
+    pthread_mutex_t lock;
+    uint64_t capacity;
+    uint64_t next_handle;
+    uint64_t fail_countdown; /* 0: off; 1: the next map() fails */
+    gp_status fail_status;
+    gp_host_counters c;
+    host_map *maps; /* live mappings, to check unmap() is given what map() made */
+    size_t n_maps, cap_maps;
+} host_backend;
+
+#define HOST(be) ((host_backend *)(be))
+
+static gp_status host_reserve(gp_backend *be, uint64_t size, uint64_t align,
+                              uintptr_t *base)
+{
+    host_backend *h = HOST(be);
+    if (size == 0 || align == 0 || (align & (align - 1)))
+        return gp_error_set(GP_ERR_INVALID, "host reserve: bad size %llu or alignment %llu",
+                            (unsigned long long)size, (unsigned long long)align);
+    /* Over-reserve by `align` and cut the ends off: mmap only promises pages. */
+    uint64_t span = size + align;
+    void *p = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return gp_error_set(GP_ERR_OOM, "host reserve of %llu bytes: %s",
+                            (unsigned long long)size, strerror(errno));
+    uintptr_t start = (uintptr_t)p, aligned = (start + align - 1) & ~(uintptr_t)(align - 1);
+    if (aligned > start) munmap(p, aligned - start);
+    uintptr_t end = start + span, aend = aligned + size;
+    if (end > aend) munmap((void *)aend, end - aend);
+    pthread_mutex_lock(&h->lock);
+    h->c.n_reserve++;
+    pthread_mutex_unlock(&h->lock);
+    *base = aligned;
+    return GP_OK;
+}
+
+static void host_unreserve(gp_backend *be, uintptr_t base, uint64_t size)
+{
+    host_backend *h = HOST(be);
+    munmap((void *)base, size);
+    pthread_mutex_lock(&h->lock);
+    h->c.n_unreserve++;
+    pthread_mutex_unlock(&h->lock);
+}
+
+static gp_status host_map_fn(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t *handle)
+{
+    host_backend *h = HOST(be);
+    gp_status st = GP_OK;
+    pthread_mutex_lock(&h->lock);
+    h->c.n_map++;
+    if (addr % be->granularity || size == 0 || size % be->granularity) {
+        st = gp_error_set(GP_ERR_INVALID, "host map: 0x%llx+%llu is not a multiple of the granularity %llu",
+                          (unsigned long long)addr, (unsigned long long)size,
+                          (unsigned long long)be->granularity);
+    } else if (h->fail_countdown && --h->fail_countdown == 0) {
+        st = gp_error_set(h->fail_status, "host map: injected failure (%s)", gp_status_str(h->fail_status));
+    } else if (h->c.mapped + size > h->capacity) {
+        st = gp_error_set(GP_ERR_OOM, "host map of %llu bytes: capacity %llu with %llu mapped",
+                          (unsigned long long)size, (unsigned long long)h->capacity,
+                          (unsigned long long)h->c.mapped);
+    } else if (h->n_maps == h->cap_maps) {
+        size_t nc = h->cap_maps ? 2 * h->cap_maps : 64;
+        host_map *m = realloc(h->maps, nc * sizeof *m);
+        if (!m) st = gp_error_set(GP_ERR_NOMEM, "host map: out of host memory");
+        else { h->maps = m; h->cap_maps = nc; }
+    }
+    if (st == GP_OK &&
+        mmap((void *)addr, size, PROT_READ | PROT_WRITE,
+             MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) == MAP_FAILED)
+        st = gp_error_set(GP_ERR_OOM, "host map of %llu bytes: %s", (unsigned long long)size, strerror(errno));
+    if (st == GP_OK) {
+        *handle = ++h->next_handle;
+        h->maps[h->n_maps++] = (host_map){addr, size, *handle};
+        h->c.mapped += size;
+    }
+    pthread_mutex_unlock(&h->lock);
+    return st;
+}
+
+static gp_status host_unmap(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t handle)
+{
+    host_backend *h = HOST(be);
+    gp_status st = GP_OK;
+    pthread_mutex_lock(&h->lock);
+    h->c.n_unmap++;
+    size_t i = 0;
+    while (i < h->n_maps && h->maps[i].addr != addr) i++;
+    if (i == h->n_maps || h->maps[i].size != size || h->maps[i].handle != handle) {
+        st = gp_error_set(GP_ERR_INVALID, "host unmap: 0x%llx+%llu (handle %llu) was not mapped as such",
+                          (unsigned long long)addr, (unsigned long long)size, (unsigned long long)handle);
+    } else {
+        mmap((void *)addr, size, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        h->maps[i] = h->maps[--h->n_maps];
+        h->c.mapped -= size;
+    }
+    pthread_mutex_unlock(&h->lock);
+    return st;
+}
+
+static gp_status host_stream_wait(gp_backend *be, gp_stream waiter, gp_stream signaler)
+{
+    host_backend *h = HOST(be);
+    if (waiter == signaler) return GP_OK;
+    pthread_mutex_lock(&h->lock);
+    h->c.n_stream_wait++;
+    pthread_mutex_unlock(&h->lock);
+    return GP_OK;
+}
+
+static gp_status host_synchronize(gp_backend *be)
+{
+    host_backend *h = HOST(be);
+    pthread_mutex_lock(&h->lock);
+    h->c.n_sync++;
+    pthread_mutex_unlock(&h->lock);
+    return GP_OK;
+}
+
+static gp_status host_mem_info(gp_backend *be, uint64_t *free_b, uint64_t *total_b)
+{
+    host_backend *h = HOST(be);
+    pthread_mutex_lock(&h->lock);
+    *total_b = h->capacity;
+    *free_b = h->capacity > h->c.mapped ? h->capacity - h->c.mapped : 0;
+    pthread_mutex_unlock(&h->lock);
+    return GP_OK;
+}
+
+static void host_destroy(gp_backend *be)
+{
+    host_backend *h = HOST(be);
+    for (size_t i = 0; i < h->n_maps; i++)
+        mmap((void *)h->maps[i].addr, h->maps[i].size, PROT_NONE,
+             MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    free(h->maps);
+    pthread_mutex_destroy(&h->lock);
+    free(h);
+}
+
+gp_status gp_backend_host_create(uint64_t capacity, gp_backend **out)
+{
+    if (capacity == 0)
+        return gp_error_set(GP_ERR_INVALID, "host backend: capacity must be > 0 bytes");
+    host_backend *h = calloc(1, sizeof *h);
+    if (!h) return gp_error_set(GP_ERR_NOMEM, "host backend: out of host memory");
+    pthread_mutex_init(&h->lock, NULL);
+    h->capacity = capacity;
+    h->be = (gp_backend){
+        .name = "host", .device = 0, .total = capacity, .granularity = 4096,
+        .reserve = host_reserve, .unreserve = host_unreserve, .map = host_map_fn,
+        .unmap = host_unmap, .stream_wait = host_stream_wait,
+        .synchronize = host_synchronize, .mem_info = host_mem_info, .destroy = host_destroy,
+    };
+    *out = &h->be;
+    return GP_OK;
+}
+
+void gp_host_fail_map(gp_backend *be, uint64_t nth, gp_status status)
+{
+    host_backend *h = HOST(be);
+    pthread_mutex_lock(&h->lock);
+    h->fail_countdown = nth;
+    h->fail_status = status;
+    pthread_mutex_unlock(&h->lock);
+}
+
+void gp_host_counters_get(gp_backend *be, gp_host_counters *out)
+{
+    host_backend *h = HOST(be);
+    pthread_mutex_lock(&h->lock);
+    *out = h->c;
+    pthread_mutex_unlock(&h->lock);
+}
+
+void gp_host_set_capacity(gp_backend *be, uint64_t capacity)
+{
+    host_backend *h = HOST(be);
+    pthread_mutex_lock(&h->lock);
+    h->capacity = capacity;
+    be->total = capacity;
+    pthread_mutex_unlock(&h->lock);
+}

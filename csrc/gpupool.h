@@ -1,0 +1,307 @@
+/*
+ * gpupool.h -- the public C API of gpupool, a caching, pooled GPU memory
+ * allocator.  This header is the contract: every function says what it
+ * promises, what it needs from the caller and how it reports failure.
+ *
+ * Model
+ * -----
+ * A pool (gp_pool) serves one device.  It owns a backend (backend.h): the
+ * thing that reserves virtual address space, maps physical memory into it and
+ * orders work between streams.  The CUDA backend drives a real GPU; the host
+ * backend pretends with mmap, for tests and CI.
+ *
+ * Memory lives in arenas: large virtual ranges reserved once.  Physical
+ * memory is mapped into an arena in chunks (2 MiB by default) as the pool
+ * grows, and free chunks can be unmapped again (gp_pool_trim) so that
+ * reserved memory follows allocated memory.  Inside an arena, blocks are kept
+ * in two-level segregated-fit bins (TLSF): finding a block is O(1).
+ *
+ * Streams: a block freed on stream S is at once reusable by allocations on S
+ * (stream order protects it).  Another stream reuses it only after the pool
+ * made that stream wait for S (gp_backend.stream_wait: no host wait).
+ *
+ * Every allocation carries a tag (an interned name, gp_tag_intern) and a
+ * priority (an int, higher is more important; GP_PRIO_*).
+ *
+ * Threads: every function may be called from any thread; a pool serialises
+ * its callers with one lock.  Tag interning and the error slot are
+ * process-wide / thread-local respectively.
+ *
+ * Errors: functions return a gp_status (or NULL) and leave a message that
+ * names what was wrong in a thread-local slot, read with gp_last_error().
+ * Nothing in this API aborts the process on bad input: a foreign pointer, a
+ * double free or an overflowing size is reported, and the pool stays intact.
+ */
+#ifndef GPUPOOL_H
+#define GPUPOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GP_VERSION "0.1.0"
+
+typedef enum gp_status {
+    GP_OK = 0,
+    GP_ERR_OOM = 1,         /* the device (or the pool's reserve) is full   */
+    GP_ERR_LIMIT = 2,       /* a pool or tag limit would be exceeded         */
+    GP_ERR_INVALID = 3,     /* bad argument: size, name, option value        */
+    GP_ERR_FOREIGN = 4,     /* pointer not allocated by this pool            */
+    GP_ERR_DOUBLE_FREE = 5, /* pointer already freed                         */
+    GP_ERR_BACKEND = 6,     /* the device API failed                         */
+    GP_ERR_NOMEM = 7,       /* host malloc failed                            */
+    GP_ERR_TOO_MANY = 8     /* out of tags or streams                        */
+} gp_status;
+
+/* A short, static description of a status ("out of memory", ...). */
+const char *gp_status_str(gp_status s);
+
+/* The message left by the last failing call on this thread ("" if none).
+ * Valid until the next failing call on the same thread. */
+const char *gp_last_error(void);
+
+/* ---------------------------------------------------------------- config */
+
+typedef enum gp_mode {
+    GP_MODE_EXPANDABLE = 0, /* grow by mapping chunks, give them back        */
+    GP_MODE_RESERVE = 1     /* map everything at creation, never again       */
+} gp_mode;
+
+typedef enum gp_log { GP_LOG_OFF = 0, GP_LOG_OOM = 1, GP_LOG_ALL = 2 } gp_log;
+
+/* A size as the user wrote it: absolute bytes, or a fraction of the device's
+ * total memory (80% and 0.8 both give fraction 0.8).  Both zero: unset. */
+typedef struct gp_size_spec {
+    uint64_t bytes;
+    double fraction;
+} gp_size_spec;
+
+/* Resolve a size spec against a device of `total` bytes (0 if unset). */
+uint64_t gp_size_resolve(gp_size_spec s, uint64_t total);
+
+#define GP_TENANT_MAX 64
+#define GP_CODEC_MAX 16
+
+/* Every tunable of gpupool.  gp_config_default() fills the defaults;
+ * gp_config_from_env() applies the GPUPOOL_* variables; gp_config_set()
+ * applies one option by name, as enable(**opts) does. */
+typedef struct gp_config {
+    gp_mode mode;            /* GPUPOOL_MODE        expandable|reserve        */
+    gp_size_spec reserve;    /* GPUPOOL_RESERVE     reserve-mode pool size    */
+    gp_size_spec limit;      /* GPUPOOL_LIMIT       cap on reserved bytes     */
+    int priority;            /* GPUPOOL_PRIORITY    default priority          */
+    char codec[GP_CODEC_MAX];/* GPUPOOL_CODEC       none|lz4|zstd|bytesplit   */
+    int offload_threads;     /* GPUPOOL_OFFLOAD_THREADS                       */
+    char tenant[GP_TENANT_MAX]; /* GPUPOOL_TENANT   arbiter group             */
+    gp_log log;              /* GPUPOOL_LOG         off|oom|all               */
+    int trace;               /* GPUPOOL_TRACE       record alloc/free history */
+    uint64_t chunk;          /* GPUPOOL_CHUNK       physical mapping unit     */
+    uint64_t small_size;     /* GPUPOOL_SMALL_SIZE  below: the small arena    */
+    int torch_patch;         /* GPUPOOL_TORCH_PATCH patch torch.cuda APIs     */
+} gp_config;
+
+void gp_config_default(gp_config *cfg);
+
+/* Apply one option.  `name` is the variable (GPUPOOL_LIMIT) or the keyword
+ * (limit), case-insensitive.  On a malformed value returns GP_ERR_INVALID and
+ * leaves a message naming the option, the value and what is accepted;
+ * `cfg` is then unchanged. */
+gp_status gp_config_set(gp_config *cfg, const char *name, const char *value);
+
+/* Apply every GPUPOOL_* variable set in the environment.  An unknown
+ * GPUPOOL_* variable is an error too (a typo must not pass silently). */
+gp_status gp_config_from_env(gp_config *cfg);
+
+/* The option table, for `python -m gpupool config` and documentation. */
+typedef struct gp_option_info {
+    const char *env;         /* GPUPOOL_LIMIT            */
+    const char *key;         /* limit                    */
+    const char *def;         /* default, as text         */
+    const char *accepted;    /* what values are accepted */
+    const char *help;        /* one line of meaning      */
+} gp_option_info;
+
+const gp_option_info *gp_config_options(size_t *count);
+
+/* Write the current value of option `key` as text (for reports). */
+gp_status gp_config_get(const gp_config *cfg, const char *name, char *buf,
+                        size_t len);
+
+/* Parse a size ("512MiB", "20GB", "4096", "80%", "0.8"); the fraction forms
+ * are accepted only when allow_fraction.  Returns GP_ERR_INVALID with a
+ * message on bad text. */
+gp_status gp_parse_size(const char *text, int allow_fraction, gp_size_spec *out);
+
+/* ------------------------------------------------------- tags, priorities */
+
+typedef uint16_t gp_tag;
+#define GP_MAX_TAGS 1024
+#define GP_TAG_NAME_MAX 63
+#define GP_TAG_UNTAGGED 0 /* the tag "untagged", always id 0 */
+
+/* Intern a tag name (1..63 printable characters) to a small id, the same id
+ * for the same name for the life of the process.  GP_ERR_TOO_MANY past
+ * GP_MAX_TAGS names, GP_ERR_INVALID for a bad name. */
+gp_status gp_tag_intern(const char *name, gp_tag *out);
+/* The name of an interned tag, or NULL for an id never handed out. */
+const char *gp_tag_name(gp_tag tag);
+/* How many tags are interned. */
+unsigned gp_tag_count(void);
+
+/* Priorities are ints 0..255; higher is more important. */
+enum { GP_PRIO_LOW = 0, GP_PRIO_NORMAL = 1, GP_PRIO_HIGH = 2, GP_PRIO_CRITICAL = 3 };
+#define GP_PRIO_MAX 255
+/* "low", "normal", "high", "critical" or a decimal int 0..255. */
+gp_status gp_parse_priority(const char *text, int *out);
+/* The name of a priority ("high") or NULL when it has none. */
+const char *gp_priority_name(int prio);
+
+/* --------------------------------------------------------------- the pool */
+
+typedef struct gp_pool gp_pool;
+typedef struct gp_backend gp_backend;
+/* A stream as the backend knows it (cudaStream_t for CUDA; NULL is the
+ * default stream). */
+typedef void *gp_stream;
+
+/* Create a pool over `backend`, which it then owns (destroyed with the pool,
+ * also when creation fails).  In reserve mode the whole reserve is mapped
+ * here, so a failure to map it is reported now, not at the first alloc. */
+gp_status gp_pool_create(gp_backend *backend, const gp_config *cfg,
+                         gp_pool **out);
+
+/* Unmap and release everything, then destroy the backend.  Live blocks are
+ * released too: the caller promises nothing uses them any more. */
+void gp_pool_destroy(gp_pool *pool);
+
+/* Allocate `size` bytes (> 0) for use on `stream`.  The address is aligned to
+ * 512 bytes.  Never calls the backend when a cached block fits.  Returns NULL
+ * on failure with gp_last_error() set: GP_ERR_OOM after the pool released
+ * its cached chunks and the pressure callback had its chance, GP_ERR_LIMIT,
+ * GP_ERR_INVALID for size 0 or a size that overflows; `*status` (if not
+ * NULL) receives the status. */
+void *gp_alloc(gp_pool *pool, size_t size, gp_stream stream, gp_tag tag,
+               int priority, gp_status *status);
+
+/* Free a block.  A pointer the pool never returned (GP_ERR_FOREIGN) or one
+ * already freed (GP_ERR_DOUBLE_FREE) is reported and changes nothing. */
+gp_status gp_free(gp_pool *pool, void *ptr);
+
+/* The stream a live block was allocated on, its size and tag. */
+typedef struct gp_block_info {
+    uintptr_t addr;
+    uint64_t size;      /* rounded size, what the block occupies    */
+    uint64_t requested; /* what the caller asked for (0 when free)  */
+    gp_stream stream;
+    gp_tag tag;
+    uint8_t priority;
+    uint8_t state;      /* GP_BLOCK_*                               */
+    uint8_t arena;      /* which arena (GP_ARENA_*)                 */
+} gp_block_info;
+
+enum { GP_BLOCK_FREE_UNMAPPED = 0, GP_BLOCK_FREE = 1, GP_BLOCK_USED = 2 };
+enum { GP_ARENA_SMALL = 0, GP_ARENA_LARGE = 1, GP_ARENA_COUNT = 2 };
+
+/* Look up a live block by any address inside it.  GP_ERR_FOREIGN if none. */
+gp_status gp_pool_lookup(gp_pool *pool, const void *ptr, gp_block_info *out);
+
+/* Visit every block of every arena in address order (used, free and
+ * unmapped), under the pool's lock: `fn` must not call back into the pool.
+ * Stops early when `fn` returns non-zero. */
+typedef int (*gp_block_fn)(void *arg, const gp_block_info *block);
+void gp_pool_walk(gp_pool *pool, gp_block_fn fn, void *arg);
+
+/* Unmap free chunks until at least `bytes` were released (UINT64_MAX: all).
+ * Synchronises the device first (a chunk may still be read by a stream that
+ * freed it).  Returns the bytes released. */
+uint64_t gp_pool_trim(gp_pool *pool, uint64_t bytes);
+
+/* gp_pool_trim(pool, UINT64_MAX): what torch.cuda.empty_cache() does. */
+uint64_t gp_pool_empty_cache(gp_pool *pool);
+
+/* Called when the pool is out of memory after trimming, before it fails:
+ * it may give memory back (offload) and returns the bytes it freed.  Called
+ * without the pool's lock held, so it may call gp_* functions.  `priority`
+ * is the priority of the request that needs memory. */
+typedef uint64_t (*gp_pressure_fn)(void *arg, gp_pool *pool, uint64_t needed,
+                                   int priority);
+void gp_pool_set_pressure(gp_pool *pool, gp_pressure_fn fn, void *arg);
+
+/* Limits.  The pool limit caps reserved (mapped) bytes; 0 removes it.  A tag
+ * limit caps the bytes allocated under that tag; 0 removes it. */
+void gp_pool_set_limit(gp_pool *pool, uint64_t bytes);
+gp_status gp_pool_set_tag_limit(gp_pool *pool, gp_tag tag, uint64_t bytes);
+
+/* -------------------------------------------------------------- statistics */
+
+typedef struct gp_stats {
+    uint64_t allocated, allocated_peak; /* bytes in live blocks (rounded)   */
+    uint64_t requested, requested_peak; /* bytes the callers asked for      */
+    uint64_t reserved, reserved_peak;   /* bytes of mapped physical memory  */
+    uint64_t active_blocks, active_blocks_peak;
+    uint64_t n_alloc, n_free;           /* successful calls                 */
+    uint64_t cache_hits;                /* allocs served with no backend call */
+    uint64_t n_map, n_unmap;            /* backend mapping calls            */
+    uint64_t n_map_fail;                /* mapping calls that failed        */
+    uint64_t n_stream_waits;            /* cross-stream reuses               */
+    uint64_t n_sync;                    /* device synchronisations           */
+    uint64_t n_trim;                    /* trims that released something    */
+    uint64_t n_oom;                     /* allocations that failed for OOM / limit */
+    uint64_t n_alloc_retries;           /* allocs that trimmed and retried   */
+    uint64_t segments;                  /* maximal mapped address runs      */
+    uint64_t free_blocks;               /* free mapped blocks               */
+    uint64_t free_bytes;                /* reserved - allocated             */
+    uint64_t largest_free;              /* largest free mapped block        */
+    uint64_t limit;                     /* pool limit, 0 = none             */
+    uint64_t device_total;              /* the backend's memory size        */
+    uint64_t chunk;                     /* physical mapping unit            */
+    uint64_t arena_size[GP_ARENA_COUNT];/* virtual bytes reserved per arena */
+    uint64_t offloaded;                 /* bytes offloaded to host now      */
+} gp_stats;
+
+typedef struct gp_tag_stats {
+    uint64_t allocated, allocated_peak, requested;
+    uint64_t active_blocks, n_alloc;
+    uint64_t limit;
+} gp_tag_stats;
+
+/* A consistent copy of the pool's figures (taken under its lock; O(1) but
+ * for `segments`, `free_blocks` and `largest_free`, which walk the arenas
+ * only when `full` is non-zero, else they are left 0). */
+void gp_pool_stats(gp_pool *pool, gp_stats *out, int full);
+/* Figures of one tag (zeros for a tag never used). */
+void gp_pool_tag_stats(gp_pool *pool, gp_tag tag, gp_tag_stats *out);
+/* Figures by priority: allocated bytes now and at peak. */
+void gp_pool_prio_stats(gp_pool *pool, int prio, uint64_t *allocated,
+                        uint64_t *peak);
+/* Reset every peak to the current value. */
+void gp_pool_reset_peaks(gp_pool *pool);
+
+/* A short text for an out-of-memory error: the request, allocated,
+ * reserved, largest free block, the biggest tags.  Writes at most `len`
+ * bytes (NUL-terminated); returns the length it wanted. */
+size_t gp_pool_oom_report(gp_pool *pool, uint64_t requested, char *buf,
+                          size_t len);
+
+/* The last OOM report this pool produced ("" if none). */
+const char *gp_pool_last_oom(gp_pool *pool);
+
+/* ---------------------------------------------------------------- backends */
+
+/* A host backend: "device memory" is mmap'd host memory, up to `capacity`
+ * bytes mapped at once (OOM beyond), with fake streams (any pointer value)
+ * and fault injection (backend.h, gp_host_*). */
+gp_status gp_backend_host_create(uint64_t capacity, gp_backend **out);
+
+/* The CUDA backend for `device` (an ordinal): libcuda.so.1 is loaded with
+ * dlopen on first use.  GP_ERR_BACKEND with a message when there is no
+ * driver, no such device, or the device lacks virtual memory management. */
+gp_status gp_backend_cuda_create(int device, gp_backend **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GPUPOOL_H */

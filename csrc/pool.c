@@ -1,0 +1,1025 @@
+/*
+ * pool.c -- the allocator: arenas of virtual address space, physical chunks
+ * mapped into them on demand, blocks kept in two-level segregated-fit bins.
+ *
+ * Every byte of an arena belongs to exactly one block, in address order:
+ *   USED            handed out, in the pointer hash
+ *   FREE            mapped and free, in the bins of the stream it was used on
+ *   FREE_UNMAPPED   no physical memory behind it, in the arena's unmapped bins
+ * Mapped/unmapped boundaries fall on chunk boundaries, so an unmapped block
+ * starts and ends on one.  Neighbours merge when both are free with the same
+ * stream, or both unmapped.  Hence
+ *   reserved = sum(USED) + sum(FREE)   and   allocated = sum(USED).
+ *
+ * The hot path (gp_alloc hit, gp_free) is: lock, O(1) bin search, split or
+ * merge, hash insert or remove, counters, unlock.  No backend call, no malloc
+ * (block headers come from a free list refilled in slabs on the slow path).
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+
+#define GP_ALIGN 512u
+#define GP_ALIGN_LOG2 9
+#define GP_MAX_SIZE (1ull << 48)
+#define GP_MAX_STREAMS 64
+/* How many blocks of the request's own size class are looked at for a fit
+ * before a block of a larger class is cut (bounds the time under the lock). */
+#define GP_FIT_SCAN 8
+
+/* ------------------------------------------------------------------ TLSF
+ * Sizes are counted in 512-byte units u.  First level: the power of two of u;
+ * second level: the next SL_LOG2 bits below the top bit, i.e. 16 linear steps
+ * per power of two.  Units below 16 map linearly to fl 0.  A bitmap per level
+ * finds the first non-empty list at or above a class with one ctz. */
+#define SL_LOG2 4
+#define SL_COUNT (1u << SL_LOG2)
+#define FL_COUNT 48
+
+typedef struct gp_block gp_block;
+struct gp_block {
+    uintptr_t addr;
+    uint64_t size, requested;
+    gp_block *prev, *next;   /* neighbours in address order              */
+    gp_block *fprev, *fnext; /* bin list while free; hash chain if used  */
+    uint16_t tag;
+    uint8_t prio, state, sidx, arena;
+};
+
+typedef struct gp_bins {
+    uint64_t fl_map;
+    uint16_t sl_map[FL_COUNT];
+    gp_block *heads[FL_COUNT][SL_COUNT];
+} gp_bins;
+
+static inline unsigned gp_log2(uint64_t x) { return 63u - (unsigned)__builtin_clzll(x); }
+
+static inline void gp_mapping(uint64_t u, unsigned *fl, unsigned *sl)
+{
+    if (u < SL_COUNT) { *fl = 0; *sl = (unsigned)u; return; }
+    unsigned f = gp_log2(u);
+    *fl = f - SL_LOG2 + 1;
+    *sl = (unsigned)(u >> (f - SL_LOG2)) & (SL_COUNT - 1);
+}
+
+/* Round u up to the next class boundary first, so that any block of the
+ * class found fits without looking at it ("good fit"). */
+static inline void gp_mapping_search(uint64_t u, unsigned *fl, unsigned *sl)
+{
+    if (u >= SL_COUNT) u += (1ull << (gp_log2(u) - SL_LOG2)) - 1;
+    gp_mapping(u, fl, sl);
+}
+
+static void gp_bins_insert(gp_bins *b, gp_block *blk)
+{
+    unsigned fl, sl;
+    gp_mapping(blk->size >> GP_ALIGN_LOG2, &fl, &sl);
+    gp_block *h = b->heads[fl][sl];
+    blk->fprev = NULL;
+    blk->fnext = h;
+    if (h) h->fprev = blk;
+    b->heads[fl][sl] = blk;
+    b->sl_map[fl] |= (uint16_t)(1u << sl);
+    b->fl_map |= 1ull << fl;
+}
+
+static void gp_bins_remove(gp_bins *b, gp_block *blk)
+{
+    unsigned fl, sl;
+    gp_mapping(blk->size >> GP_ALIGN_LOG2, &fl, &sl);
+    if (blk->fprev) blk->fprev->fnext = blk->fnext;
+    else b->heads[fl][sl] = blk->fnext;
+    if (blk->fnext) blk->fnext->fprev = blk->fprev;
+    if (!b->heads[fl][sl]) {
+        b->sl_map[fl] &= (uint16_t)~(1u << sl);
+        if (!b->sl_map[fl]) b->fl_map &= ~(1ull << fl);
+    }
+}
+
+/* A free block of at least `size` bytes, or NULL; not removed.  The
+ * request's own class is looked at first (a few blocks of it), so that a
+ * block of the right size is reused rather than a larger one cut: this keeps
+ * fragmentation down at the cost of one short list walk.  Then good fit:
+ * the first non-empty class above, any block of which fits. */
+static gp_block *gp_bins_find(const gp_bins *b, uint64_t size)
+{
+    unsigned fl, sl;
+    uint64_t u = size >> GP_ALIGN_LOG2;
+    gp_mapping(u, &fl, &sl);
+    int n = 0;
+    for (gp_block *blk = b->heads[fl][sl]; blk && n < GP_FIT_SCAN; blk = blk->fnext, n++)
+        if (blk->size >= size) return blk;
+    gp_mapping_search(u + 1, &fl, &sl);
+    if (fl >= FL_COUNT) return NULL;
+    uint32_t sl_bits = b->sl_map[fl] & (~0u << sl);
+    if (!sl_bits) {
+        uint64_t fl_bits = fl + 1 < 64 ? b->fl_map & (~0ull << (fl + 1)) : 0;
+        if (!fl_bits) return NULL;
+        fl = (unsigned)__builtin_ctzll(fl_bits);
+        sl_bits = b->sl_map[fl];
+    }
+    return b->heads[fl][__builtin_ctz(sl_bits)];
+}
+
+/* ---------------------------------------------------------------- arenas */
+
+typedef struct gp_arena {
+    uintptr_t base;
+    uint64_t size, chunk;
+    uint64_t *handles;        /* per chunk: the backend's handle when mapped */
+    gp_block *first;          /* lowest block; the list covers the arena     */
+    gp_bins *bins[GP_MAX_STREAMS]; /* FREE blocks per stream, made lazily   */
+    gp_bins unmapped;         /* FREE_UNMAPPED blocks                        */
+} gp_arena;
+
+struct gp_pool {
+    pthread_mutex_t lock;
+    gp_backend *be;
+    gp_config cfg;
+    int reserve_mode;
+    unsigned n_arenas;
+    uint64_t small_size;
+    gp_arena arenas[GP_ARENA_COUNT];
+
+    gp_stream streams[GP_MAX_STREAMS];
+    unsigned n_streams, last_sidx;
+
+    gp_block **buckets; /* USED blocks by address, chained through fnext */
+    uint64_t hmask, hcount;
+
+    gp_block *spare;    /* free block headers */
+    void **slabs;
+    size_t n_slabs, cap_slabs;
+
+    gp_stats st;
+    gp_tag_stats tags[GP_MAX_TAGS];
+    uint64_t prio_alloc[GP_PRIO_MAX + 1], prio_peak[GP_PRIO_MAX + 1];
+
+    gp_pressure_fn pressure;
+    void *pressure_arg;
+    char last_oom[1024];
+};
+
+static inline uint64_t gp_round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+/* The size a request occupies.  Small requests round to 512 B; large ones to
+ * 1/256 of their power of two (at most 2 MiB), which bounds the waste at
+ * 0.4% while keeping odd sizes from leaving unusable slivers. */
+static uint64_t gp_block_size(const gp_pool *p, uint64_t size)
+{
+    if (size < p->small_size) return gp_round_up(size, GP_ALIGN);
+    uint64_t g = (1ull << gp_log2(size)) >> 8;
+    if (g < GP_ALIGN) g = GP_ALIGN;
+    if (g > (2ull << 20)) g = 2ull << 20;
+    return gp_round_up(size, g);
+}
+
+/* ----------------------------------------------------- block header slabs */
+
+#define GP_SLAB_BLOCKS 256
+
+static gp_status gp_refill_spare(gp_pool *p)
+{
+    if (p->n_slabs == p->cap_slabs) {
+        size_t nc = p->cap_slabs ? 2 * p->cap_slabs : 16;
+        void **s = realloc(p->slabs, nc * sizeof *s);
+        if (!s) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for block headers");
+        p->slabs = s;
+        p->cap_slabs = nc;
+    }
+    gp_block *slab = malloc(GP_SLAB_BLOCKS * sizeof *slab);
+    if (!slab) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for block headers");
+    p->slabs[p->n_slabs++] = slab;
+    for (int i = 0; i < GP_SLAB_BLOCKS; i++) {
+        slab[i].fnext = p->spare;
+        p->spare = &slab[i];
+    }
+    return GP_OK;
+}
+
+/* Callers make sure a header is spare (gp_reserve_headers) before they start
+ * changing blocks, so a split never fails half-way. */
+static gp_block *gp_new_block(gp_pool *p)
+{
+    gp_block *b = p->spare;
+    p->spare = b->fnext;
+    memset(b, 0, sizeof *b);
+    return b;
+}
+
+static gp_status gp_reserve_headers(gp_pool *p, int n)
+{
+    int have = 0;
+    for (gp_block *b = p->spare; b && have < n; b = b->fnext) have++;
+    return have >= n ? GP_OK : gp_refill_spare(p);
+}
+
+static void gp_drop_block(gp_pool *p, gp_block *b)
+{
+    b->fnext = p->spare;
+    p->spare = b;
+}
+
+/* ------------------------------------------------------------ pointer hash */
+
+static inline uint64_t gp_hash(const gp_pool *p, uintptr_t a)
+{
+    /* Fibonacci hashing of the 512-byte unit number: consecutive blocks land
+     * far apart, so the chains stay short. */
+    return ((a >> GP_ALIGN_LOG2) * 0x9E3779B97F4A7C15ull >> 20) & p->hmask;
+}
+
+static gp_status gp_hash_grow(gp_pool *p)
+{
+    uint64_t n = (p->hmask + 1) * 2;
+    gp_block **nb = calloc(n, sizeof *nb);
+    if (!nb) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the pointer table");
+    uint64_t old = p->hmask + 1;
+    gp_block **ob = p->buckets;
+    p->buckets = nb;
+    p->hmask = n - 1;
+    for (uint64_t i = 0; i < old; i++) {
+        for (gp_block *b = ob[i], *nx; b; b = nx) {
+            nx = b->fnext;
+            uint64_t h = gp_hash(p, b->addr);
+            b->fnext = nb[h];
+            nb[h] = b;
+        }
+    }
+    free(ob);
+    return GP_OK;
+}
+
+static void gp_hash_insert(gp_pool *p, gp_block *b)
+{
+    uint64_t h = gp_hash(p, b->addr);
+    b->fnext = p->buckets[h];
+    p->buckets[h] = b;
+    p->hcount++;
+}
+
+static gp_block *gp_hash_remove(gp_pool *p, uintptr_t a)
+{
+    gp_block **pp = &p->buckets[gp_hash(p, a)];
+    for (gp_block *b = *pp; b; pp = &b->fnext, b = b->fnext) {
+        if (b->addr == a) {
+            *pp = b->fnext;
+            p->hcount--;
+            return b;
+        }
+    }
+    return NULL;
+}
+
+static gp_block *gp_hash_find(const gp_pool *p, uintptr_t a)
+{
+    for (gp_block *b = p->buckets[gp_hash(p, a)]; b; b = b->fnext)
+        if (b->addr == a) return b;
+    return NULL;
+}
+
+/* ------------------------------------------------------------ free blocks */
+
+static gp_bins *gp_bins_of(gp_arena *a, const gp_block *b)
+{
+    return b->state == GP_BLOCK_FREE_UNMAPPED ? &a->unmapped : a->bins[b->sidx];
+}
+
+static int gp_mergeable(const gp_block *x, const gp_block *y)
+{
+    return x && y && x->state == y->state && x->state != GP_BLOCK_USED &&
+           (x->state == GP_BLOCK_FREE_UNMAPPED || x->sidx == y->sidx);
+}
+
+/* b (not in any bin) becomes free: merge it with its free neighbours of the
+ * same kind and put the result in its bins.  Returns the merged block. */
+static gp_block *gp_insert_free(gp_pool *p, gp_arena *a, gp_block *b)
+{
+    gp_block *pv = b->prev, *nx = b->next;
+    if (gp_mergeable(pv, b)) {
+        gp_bins_remove(gp_bins_of(a, pv), pv);
+        pv->size += b->size;
+        pv->next = nx;
+        if (nx) nx->prev = pv;
+        gp_drop_block(p, b);
+        b = pv;
+    }
+    if (gp_mergeable(b, nx)) {
+        gp_bins_remove(gp_bins_of(a, nx), nx);
+        b->size += nx->size;
+        b->next = nx->next;
+        if (nx->next) nx->next->prev = b;
+        gp_drop_block(p, nx);
+    }
+    b->requested = 0;
+    gp_bins_insert(gp_bins_of(a, b), b);
+    return b;
+}
+
+/* Cut b (in no bin) after `size` bytes; the tail becomes a block of the same
+ * state and stream, returned (not in any bin).  Needs a spare header. */
+static gp_block *gp_split(gp_pool *p, gp_block *b, uint64_t size)
+{
+    gp_block *t = gp_new_block(p);
+    t->addr = b->addr + size;
+    t->size = b->size - size;
+    t->state = b->state;
+    t->sidx = b->sidx;
+    t->arena = b->arena;
+    t->prev = b;
+    t->next = b->next;
+    if (b->next) b->next->prev = t;
+    b->next = t;
+    b->size = size;
+    return t;
+}
+
+/* ---------------------------------------------------------------- streams */
+
+static gp_status gp_stream_index(gp_pool *p, gp_stream s, unsigned *out)
+{
+    if (p->last_sidx < p->n_streams && p->streams[p->last_sidx] == s) {
+        *out = p->last_sidx;
+        return GP_OK;
+    }
+    for (unsigned i = 0; i < p->n_streams; i++) {
+        if (p->streams[i] == s) {
+            *out = p->last_sidx = i;
+            return GP_OK;
+        }
+    }
+    if (p->n_streams == GP_MAX_STREAMS)
+        return gp_error_set(GP_ERR_TOO_MANY,
+                            "gpupool: more than %d streams allocate from one device pool; "
+                            "reuse streams (e.g. a fixed stream pool) instead of creating one per step",
+                            GP_MAX_STREAMS);
+    unsigned i = p->n_streams;
+    for (unsigned k = 0; k < p->n_arenas; k++) {
+        p->arenas[k].bins[i] = calloc(1, sizeof(gp_bins));
+        if (!p->arenas[k].bins[i]) {
+            for (unsigned j = 0; j < k; j++) {
+                free(p->arenas[j].bins[i]);
+                p->arenas[j].bins[i] = NULL;
+            }
+            return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for stream bins");
+        }
+    }
+    p->streams[i] = s;
+    p->n_streams++;
+    *out = p->last_sidx = i;
+    return GP_OK;
+}
+
+/* ------------------------------------------------------------ map / unmap */
+
+static inline uint64_t gp_chunk_index(const gp_arena *a, uintptr_t addr)
+{
+    return (addr - a->base) / a->chunk;
+}
+
+/* Map [addr, addr+len) chunk by chunk; on failure unmap what this call
+ * mapped, so the range is either wholly mapped or wholly not. */
+static gp_status gp_map_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len)
+{
+    uint64_t done = 0;
+    gp_status st = GP_OK;
+    while (done < len) {
+        uint64_t ci = gp_chunk_index(a, addr + done);
+        p->st.n_map++;
+        st = p->be->map(p->be, addr + done, a->chunk, &a->handles[ci]);
+        if (st != GP_OK) break;
+        done += a->chunk;
+    }
+    if (st != GP_OK) {
+        p->st.n_map_fail++;
+        while (done > 0) {
+            done -= a->chunk;
+            p->st.n_unmap++;
+            p->be->unmap(p->be, addr + done, a->chunk, a->handles[gp_chunk_index(a, addr + done)]);
+        }
+        return st;
+    }
+    p->st.reserved += len;
+    if (p->st.reserved > p->st.reserved_peak) p->st.reserved_peak = p->st.reserved;
+    return GP_OK;
+}
+
+/* Unmap chunks of [addr, addr+len) from the start; returns bytes unmapped
+ * (less than len only if the backend failed). */
+static uint64_t gp_unmap_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len)
+{
+    uint64_t done = 0;
+    while (done < len) {
+        p->st.n_unmap++;
+        if (p->be->unmap(p->be, addr + done, a->chunk, a->handles[gp_chunk_index(a, addr + done)]) != GP_OK)
+            break;
+        done += a->chunk;
+    }
+    p->st.reserved -= done;
+    return done;
+}
+
+/* ------------------------------------------------------------------- trim */
+
+/* Unmap the whole chunks inside free block b (in its bins): b splits into a
+ * mapped head, an unmapped middle and a mapped tail, each put back in its
+ * bins.  Returns the bytes released; *resume is the first block after the
+ * pieces, where a walk of the arena goes on (b itself may be merged away). */
+static uint64_t gp_trim_block(gp_pool *p, gp_arena *a, gp_block *b, gp_block **resume)
+{
+    uintptr_t lo = gp_round_up(b->addr, a->chunk);
+    uintptr_t hi = (b->addr + b->size) / a->chunk * a->chunk;
+    *resume = b->next;
+    if (lo >= hi || gp_reserve_headers(p, 2) != GP_OK) return 0;
+    uint64_t freed = gp_unmap_range(p, a, lo, hi - lo);
+    if (freed == 0) return 0;
+    gp_bins_remove(gp_bins_of(a, b), b);
+    gp_block *mid = lo > b->addr ? gp_split(p, b, lo - b->addr) : b;
+    gp_block *tail = mid->size > freed ? gp_split(p, mid, freed) : NULL;
+    mid->state = GP_BLOCK_FREE_UNMAPPED;
+    if (mid != b) gp_insert_free(p, a, b);
+    /* b was a maximal free block, so the tail merges with nothing after it. */
+    if (tail) gp_insert_free(p, a, tail);
+    mid = gp_insert_free(p, a, mid);
+    *resume = tail ? tail->next : mid->next;
+    return freed;
+}
+
+/* Release free chunks, all arenas, until `want` bytes are released. */
+static uint64_t gp_trim_locked(gp_pool *p, uint64_t want)
+{
+    if (p->reserve_mode) return 0;
+    uint64_t freed = 0;
+    int synced = 0;
+    for (unsigned k = 0; k < p->n_arenas && freed < want; k++) {
+        gp_arena *a = &p->arenas[k];
+        for (gp_block *b = a->first, *nx; b && freed < want; b = nx) {
+            nx = b->next;
+            if (b->state != GP_BLOCK_FREE || b->size < a->chunk) continue;
+            /* A stream may still read a block it freed: wait for the device
+             * once before giving any chunk back. */
+            if (!synced) {
+                p->st.n_sync++;
+                if (p->be->synchronize(p->be) != GP_OK) return freed;
+                synced = 1;
+            }
+            freed += gp_trim_block(p, a, b, &nx);
+        }
+    }
+    if (freed) p->st.n_trim++;
+    return freed;
+}
+
+uint64_t gp_pool_trim(gp_pool *p, uint64_t bytes)
+{
+    pthread_mutex_lock(&p->lock);
+    uint64_t f = gp_trim_locked(p, bytes);
+    pthread_mutex_unlock(&p->lock);
+    return f;
+}
+
+uint64_t gp_pool_empty_cache(gp_pool *p) { return gp_pool_trim(p, UINT64_MAX); }
+
+/* ---------------------------------------------------------------- growing */
+
+/* Map new memory so that a free block of at least `size` bytes exists on
+ * stream sidx; return it (removed from its bins) or NULL with the error set. */
+static gp_block *gp_grow(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, gp_status *st)
+{
+    if (p->reserve_mode) {
+        *st = gp_error_set(GP_ERR_OOM, "the reserved pool is exhausted (reserve mode never maps more)");
+        return NULL;
+    }
+    uint64_t need = gp_round_up(size, a->chunk);
+    uint64_t limit = p->st.limit;
+    if (limit && p->st.reserved + need > limit) {
+        gp_trim_locked(p, p->st.reserved + need - limit);
+        if (p->st.reserved + need > limit) {
+            *st = gp_error_set(GP_ERR_LIMIT,
+                               "the pool limit of %" PRIu64 " bytes would be exceeded "
+                               "(reserved %" PRIu64 ", %" PRIu64 " more needed)",
+                               limit, p->st.reserved, need);
+            return NULL;
+        }
+    }
+    gp_block *u = gp_bins_find(&a->unmapped, need);
+    if (!u) {
+        *st = gp_error_set(GP_ERR_OOM, "no unmapped address range of %" PRIu64 " bytes left in the arena", need);
+        return NULL;
+    }
+    /* A free block of this stream just below u is extended rather than a new
+     * run started: map only what it lacks. */
+    gp_block *pv = u->prev;
+    if (pv && pv->state == GP_BLOCK_FREE && pv->sidx == sidx && pv->size < size)
+        need = gp_round_up(size - pv->size, a->chunk);
+    if ((*st = gp_reserve_headers(p, 2)) != GP_OK) return NULL;
+    if ((*st = gp_map_range(p, a, u->addr, need)) != GP_OK) return NULL;
+    gp_bins_remove(&a->unmapped, u);
+    gp_block *rest = u->size > need ? gp_split(p, u, need) : NULL;
+    u->state = GP_BLOCK_FREE; /* before the rest goes back, or they would merge */
+    u->sidx = (uint8_t)sidx;
+    if (rest) gp_insert_free(p, a, rest);
+    gp_block *b = gp_insert_free(p, a, u);
+    gp_bins_remove(a->bins[sidx], b);
+    return b;
+}
+
+/* A free block of another stream, made safe for `sidx` by a device-side
+ * wait on the stream that freed it. */
+static gp_block *gp_steal(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size)
+{
+    for (unsigned s = 0; s < p->n_streams; s++) {
+        if (s == sidx) continue;
+        gp_block *b = gp_bins_find(a->bins[s], size);
+        if (!b) continue;
+        p->st.n_stream_waits++;
+        if (p->be->stream_wait(p->be, p->streams[sidx], p->streams[s]) != GP_OK) continue;
+        gp_bins_remove(a->bins[s], b);
+        b->sidx = (uint8_t)sidx;
+        return b;
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------ alloc, free */
+
+static void gp_oom_report_locked(gp_pool *p, uint64_t requested, char *buf, size_t len);
+
+static inline void gp_peak(uint64_t *cur, uint64_t *peak, uint64_t add)
+{
+    *cur += add;
+    if (*cur > *peak) *peak = *cur;
+}
+
+void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priority, gp_status *status)
+{
+    gp_status st = GP_OK, dummy;
+    if (!status) status = &dummy;
+    if (size == 0 || size > GP_MAX_SIZE) {
+        *status = gp_error_set(GP_ERR_INVALID,
+                               "gpupool: cannot allocate %zu bytes: sizes from 1 byte to 256 TiB are accepted", size);
+        return NULL;
+    }
+    if (tag >= GP_MAX_TAGS || priority < 0 || priority > GP_PRIO_MAX) {
+        *status = gp_error_set(GP_ERR_INVALID, "gpupool: bad tag %u or priority %d (0..%d)",
+                               (unsigned)tag, priority, GP_PRIO_MAX);
+        return NULL;
+    }
+    uint64_t bsize = gp_block_size(p, size);
+    pthread_mutex_lock(&p->lock);
+    unsigned sidx;
+    gp_tag_stats *ts = &p->tags[tag];
+    gp_arena *a = &p->arenas[p->n_arenas == 1 || bsize >= p->small_size ? p->n_arenas - 1 : 0];
+    gp_block *b = NULL;
+    if ((st = gp_stream_index(p, stream, &sidx)) != GP_OK) goto fail;
+    if (ts->limit && ts->allocated + bsize > ts->limit) {
+        st = gp_error_set(GP_ERR_LIMIT,
+                          "tag '%s' is limited to %" PRIu64 " bytes and holds %" PRIu64
+                          "; %" PRIu64 " more were asked for",
+                          gp_tag_name(tag), ts->limit, ts->allocated, (uint64_t)bsize);
+        goto fail;
+    }
+    if (gp_reserve_headers(p, 1) != GP_OK) { st = GP_ERR_NOMEM; goto fail; }
+    b = gp_bins_find(a->bins[sidx], bsize);
+    if (b) {
+        gp_bins_remove(a->bins[sidx], b);
+        p->st.cache_hits++;
+    } else if (!(b = gp_steal(p, a, sidx, bsize))) {
+        b = gp_grow(p, a, sidx, bsize, &st);
+        if (!b && (st == GP_ERR_OOM || st == GP_ERR_LIMIT) && !p->reserve_mode) {
+            /* Out of device memory: give back cached chunks of every arena,
+             * then let the layer above (offload) free memory, and retry. */
+            p->st.n_alloc_retries++;
+            gp_trim_locked(p, UINT64_MAX);
+            b = gp_grow(p, a, sidx, bsize, &st);
+            if (!b && p->pressure) {
+                gp_pressure_fn fn = p->pressure;
+                void *arg = p->pressure_arg;
+                pthread_mutex_unlock(&p->lock);
+                uint64_t got = fn(arg, p, bsize, priority);
+                pthread_mutex_lock(&p->lock);
+                if (got) {
+                    b = gp_bins_find(a->bins[sidx], bsize);
+                    if (b) gp_bins_remove(a->bins[sidx], b);
+                    else b = gp_grow(p, a, sidx, bsize, &st);
+                }
+            }
+        }
+        if (!b) goto fail;
+    }
+    b->state = GP_BLOCK_USED; /* before the tail goes back, or they would merge */
+    if (b->size - bsize >= GP_ALIGN) {
+        gp_block *tail = gp_split(p, b, bsize);
+        tail->state = GP_BLOCK_FREE;
+        gp_insert_free(p, a, tail);
+    }
+    b->requested = size;
+    b->tag = tag;
+    b->prio = (uint8_t)priority;
+    if (p->hcount >= p->hmask + 1 && gp_hash_grow(p) != GP_OK) {
+        /* Keep going with longer chains: the table is only slower. */
+        gp_error_clear();
+    }
+    gp_hash_insert(p, b);
+    gp_peak(&p->st.allocated, &p->st.allocated_peak, b->size);
+    gp_peak(&p->st.requested, &p->st.requested_peak, size);
+    gp_peak(&p->st.active_blocks, &p->st.active_blocks_peak, 1);
+    p->st.n_alloc++;
+    gp_peak(&ts->allocated, &ts->allocated_peak, b->size);
+    ts->requested += size;
+    ts->active_blocks++;
+    ts->n_alloc++;
+    gp_peak(&p->prio_alloc[priority], &p->prio_peak[priority], b->size);
+    pthread_mutex_unlock(&p->lock);
+    *status = GP_OK;
+    return (void *)b->addr;
+
+fail:
+    if (st == GP_ERR_OOM || st == GP_ERR_LIMIT) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", gp_last_error());
+        p->st.n_oom++;
+        gp_oom_report_locked(p, size, p->last_oom, sizeof p->last_oom);
+        size_t n = strlen(p->last_oom);
+        snprintf(p->last_oom + n, sizeof p->last_oom - n, "\n  cause: %s", why);
+        gp_error_set(st, "%s", p->last_oom);
+    }
+    pthread_mutex_unlock(&p->lock);
+    *status = st;
+    return NULL;
+}
+
+static gp_arena *gp_arena_of(gp_pool *p, uintptr_t a)
+{
+    for (unsigned k = 0; k < p->n_arenas; k++)
+        if (a >= p->arenas[k].base && a < p->arenas[k].base + p->arenas[k].size) return &p->arenas[k];
+    return NULL;
+}
+
+/* The block containing address x of arena a (slow: error paths only). */
+static gp_block *gp_block_at(gp_arena *a, uintptr_t x)
+{
+    for (gp_block *b = a->first; b; b = b->next)
+        if (x >= b->addr && x < b->addr + b->size) return b;
+    return NULL;
+}
+
+/* Explain why x is not a live block start (error path). */
+static gp_status gp_bad_pointer(gp_pool *p, const void *ptr, const char *what)
+{
+    uintptr_t x = (uintptr_t)ptr;
+    gp_arena *a = gp_arena_of(p, x);
+    gp_block *b = a ? gp_block_at(a, x) : NULL;
+    if (!b)
+        return gp_error_set(GP_ERR_FOREIGN,
+                            "gpupool: %s of %p, which gpupool did not allocate (device %d)",
+                            what, ptr, p->be->device);
+    if (b->state != GP_BLOCK_USED)
+        return gp_error_set(GP_ERR_DOUBLE_FREE,
+                            "gpupool: %s of %p, which is not allocated: freed twice, or used after free",
+                            what, ptr);
+    return gp_error_set(GP_ERR_FOREIGN,
+                        "gpupool: %s of %p, which points %" PRIu64 " bytes into the block at 0x%" PRIxPTR
+                        " of %" PRIu64 " bytes, not at its start", what, ptr,
+                        (uint64_t)(x - b->addr), b->addr, b->size);
+}
+
+gp_status gp_free(gp_pool *p, void *ptr)
+{
+    if (!ptr) return GP_OK;
+    pthread_mutex_lock(&p->lock);
+    gp_block *b = gp_hash_remove(p, (uintptr_t)ptr);
+    if (!b) {
+        gp_status st = gp_bad_pointer(p, ptr, "free");
+        pthread_mutex_unlock(&p->lock);
+        return st;
+    }
+    gp_tag_stats *ts = &p->tags[b->tag];
+    p->st.allocated -= b->size;
+    p->st.requested -= b->requested;
+    p->st.active_blocks--;
+    p->st.n_free++;
+    ts->allocated -= b->size;
+    ts->requested -= b->requested;
+    ts->active_blocks--;
+    p->prio_alloc[b->prio] -= b->size;
+    b->state = GP_BLOCK_FREE;
+    gp_insert_free(p, &p->arenas[b->arena], b);
+    pthread_mutex_unlock(&p->lock);
+    return GP_OK;
+}
+
+/* ---------------------------------------------------------- create, destroy */
+
+static gp_status gp_arena_init(gp_pool *p, unsigned k, uint64_t size, uint64_t chunk)
+{
+    gp_arena *a = &p->arenas[k];
+    a->chunk = chunk;
+    a->size = gp_round_up(size, chunk);
+    a->handles = calloc(a->size / chunk, sizeof *a->handles);
+    if (!a->handles) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the chunk table");
+    gp_status st = p->be->reserve(p->be, a->size, chunk, &a->base);
+    if (st != GP_OK) return st;
+    if ((st = gp_reserve_headers(p, 1)) != GP_OK) return st;
+    gp_block *b = gp_new_block(p);
+    b->addr = a->base;
+    b->size = a->size;
+    b->state = GP_BLOCK_FREE_UNMAPPED;
+    b->arena = (uint8_t)k;
+    a->first = b;
+    gp_bins_insert(&a->unmapped, b);
+    return GP_OK;
+}
+
+/* The reserve of reserve mode, mapped at once in large chunks (they are
+ * never unmapped, and each mapping costs the same whatever its size). */
+static gp_status gp_map_reserve(gp_pool *p, uint64_t bytes)
+{
+    gp_arena *a = &p->arenas[0];
+    gp_block *u = a->first;
+    uint64_t len = bytes / a->chunk * a->chunk;
+    if (len == 0) len = a->chunk;
+    gp_status st = gp_reserve_headers(p, 1);
+    if (st == GP_OK) st = gp_map_range(p, a, u->addr, len);
+    if (st != GP_OK)
+        return gp_error_set(st, "gpupool: cannot map the reserve of %" PRIu64 " bytes on device %d: %s",
+                            len, p->be->device, gp_last_error());
+    gp_bins_remove(&a->unmapped, u);
+    gp_block *rest = u->size > len ? gp_split(p, u, len) : NULL;
+    u->state = GP_BLOCK_FREE;
+    u->sidx = 0;
+    if (rest) gp_insert_free(p, a, rest);
+    gp_insert_free(p, a, u);
+    return GP_OK;
+}
+
+gp_status gp_pool_create(gp_backend *be, const gp_config *cfg, gp_pool **out)
+{
+    *out = NULL;
+    gp_pool *p = calloc(1, sizeof *p);
+    if (!p) {
+        be->destroy(be);
+        return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the pool");
+    }
+    pthread_mutex_init(&p->lock, NULL);
+    p->be = be;
+    p->cfg = *cfg;
+    p->small_size = cfg->small_size ? cfg->small_size : (1u << 20);
+    p->st.device_total = be->total;
+    p->st.limit = gp_size_resolve(cfg->limit, be->total);
+    uint64_t chunk = cfg->chunk ? cfg->chunk : (2u << 20);
+    if (chunk % be->granularity) chunk = gp_round_up(chunk, be->granularity);
+    gp_status st = GP_OK;
+    p->hmask = 1023;
+    p->buckets = calloc(p->hmask + 1, sizeof *p->buckets);
+    if (!p->buckets) st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the pointer table");
+    /* Stream index 0 is the default stream, so that the reserve has bins. */
+    if (st == GP_OK) {
+        p->reserve_mode = cfg->mode == GP_MODE_RESERVE;
+        if (p->reserve_mode) {
+            uint64_t r = gp_size_resolve(cfg->reserve, be->total);
+            if (r == 0) r = (uint64_t)(0.8 * (double)be->total);
+            if (p->st.limit && r > p->st.limit) r = p->st.limit;
+            /* Few large chunks: about 64 of them, between `chunk` and 1 GiB. */
+            uint64_t big = chunk;
+            while (big < (1ull << 30) && big * 64 < r) big *= 2;
+            p->n_arenas = 1;
+            st = gp_arena_init(p, 0, r < big ? big : r, big);
+            p->st.arena_size[GP_ARENA_LARGE] = p->arenas[0].size;
+            p->st.chunk = big;
+            if (st == GP_OK) st = gp_stream_index(p, NULL, &(unsigned){0});
+            if (st == GP_OK) st = gp_map_reserve(p, r < big ? big : r);
+        } else {
+            p->n_arenas = 2;
+            st = gp_arena_init(p, GP_ARENA_SMALL, be->total, chunk);
+            if (st == GP_OK) st = gp_arena_init(p, GP_ARENA_LARGE, 2 * be->total, chunk);
+            p->st.arena_size[GP_ARENA_SMALL] = p->arenas[0].size;
+            p->st.arena_size[GP_ARENA_LARGE] = p->arenas[1].size;
+            p->st.chunk = chunk;
+        }
+    }
+    if (st != GP_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", gp_last_error());
+        gp_pool_destroy(p);
+        return gp_error_set(st, "%s", msg);
+    }
+    *out = p;
+    return GP_OK;
+}
+
+void gp_pool_destroy(gp_pool *p)
+{
+    if (!p) return;
+    if (p->st.reserved) p->be->synchronize(p->be);
+    for (unsigned k = 0; k < GP_ARENA_COUNT; k++) {
+        gp_arena *a = &p->arenas[k];
+        if (!a->base) continue;
+        /* Blocks are in address order and two mapped blocks may share a
+         * chunk: `done` keeps each chunk from being released twice. */
+        uintptr_t done = a->base;
+        for (gp_block *b = a->first; b; b = b->next) {
+            if (b->state == GP_BLOCK_FREE_UNMAPPED) continue;
+            uintptr_t c = b->addr / a->chunk * a->chunk;
+            for (c = c < done ? done : c; c < b->addr + b->size; c += a->chunk)
+                p->be->unmap(p->be, c, a->chunk, a->handles[gp_chunk_index(a, c)]);
+            done = c;
+        }
+        p->be->unreserve(p->be, a->base, a->size);
+        free(a->handles);
+        for (unsigned s = 0; s < GP_MAX_STREAMS; s++) free(a->bins[s]);
+    }
+    for (size_t i = 0; i < p->n_slabs; i++) free(p->slabs[i]);
+    free(p->slabs);
+    free(p->buckets);
+    p->be->destroy(p->be);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+}
+
+/* ---------------------------------------------------------------- queries */
+
+static void gp_info_of(const gp_pool *p, const gp_block *b, gp_block_info *o)
+{
+    *o = (gp_block_info){
+        .addr = b->addr, .size = b->size, .requested = b->requested,
+        .stream = b->state == GP_BLOCK_FREE_UNMAPPED ? NULL : p->streams[b->sidx],
+        .tag = b->tag, .priority = b->prio, .state = b->state,
+        .arena = p->n_arenas == 1 ? GP_ARENA_LARGE : b->arena,
+    };
+}
+
+gp_status gp_pool_lookup(gp_pool *p, const void *ptr, gp_block_info *out)
+{
+    pthread_mutex_lock(&p->lock);
+    gp_block *b = gp_hash_find(p, (uintptr_t)ptr);
+    if (!b) {
+        gp_arena *a = gp_arena_of(p, (uintptr_t)ptr);
+        b = a ? gp_block_at(a, (uintptr_t)ptr) : NULL;
+        if (b && b->state != GP_BLOCK_USED) b = NULL;
+    }
+    gp_status st = GP_OK;
+    if (b) gp_info_of(p, b, out);
+    else st = gp_bad_pointer(p, ptr, "lookup");
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
+void gp_pool_walk(gp_pool *p, gp_block_fn fn, void *arg)
+{
+    pthread_mutex_lock(&p->lock);
+    for (unsigned k = 0; k < p->n_arenas; k++) {
+        for (gp_block *b = p->arenas[k].first; b; b = b->next) {
+            gp_block_info info;
+            gp_info_of(p, b, &info);
+            if (fn(arg, &info)) goto out;
+        }
+    }
+out:
+    pthread_mutex_unlock(&p->lock);
+}
+
+void gp_pool_set_pressure(gp_pool *p, gp_pressure_fn fn, void *arg)
+{
+    pthread_mutex_lock(&p->lock);
+    p->pressure = fn;
+    p->pressure_arg = arg;
+    pthread_mutex_unlock(&p->lock);
+}
+
+void gp_pool_set_limit(gp_pool *p, uint64_t bytes)
+{
+    pthread_mutex_lock(&p->lock);
+    p->st.limit = bytes;
+    p->cfg.limit = (gp_size_spec){.bytes = bytes};
+    pthread_mutex_unlock(&p->lock);
+}
+
+gp_status gp_pool_set_tag_limit(gp_pool *p, gp_tag tag, uint64_t bytes)
+{
+    if (tag >= GP_MAX_TAGS || !gp_tag_name(tag))
+        return gp_error_set(GP_ERR_INVALID, "gpupool: tag id %u was never interned", (unsigned)tag);
+    pthread_mutex_lock(&p->lock);
+    p->tags[tag].limit = bytes;
+    pthread_mutex_unlock(&p->lock);
+    return GP_OK;
+}
+
+static void gp_scan_locked(gp_pool *p, gp_stats *o)
+{
+    for (unsigned k = 0; k < p->n_arenas; k++) {
+        int in_run = 0;
+        for (gp_block *b = p->arenas[k].first; b; b = b->next) {
+            int mapped = b->state != GP_BLOCK_FREE_UNMAPPED;
+            if (mapped && !in_run) o->segments++;
+            in_run = mapped;
+            if (b->state == GP_BLOCK_FREE) {
+                o->free_blocks++;
+                if (b->size > o->largest_free) o->largest_free = b->size;
+            }
+        }
+    }
+}
+
+void gp_pool_stats(gp_pool *p, gp_stats *out, int full)
+{
+    pthread_mutex_lock(&p->lock);
+    *out = p->st;
+    out->free_bytes = p->st.reserved - p->st.allocated;
+    if (full) gp_scan_locked(p, out);
+    pthread_mutex_unlock(&p->lock);
+}
+
+void gp_pool_tag_stats(gp_pool *p, gp_tag tag, gp_tag_stats *out)
+{
+    if (tag >= GP_MAX_TAGS) { memset(out, 0, sizeof *out); return; }
+    pthread_mutex_lock(&p->lock);
+    *out = p->tags[tag];
+    pthread_mutex_unlock(&p->lock);
+}
+
+void gp_pool_prio_stats(gp_pool *p, int prio, uint64_t *allocated, uint64_t *peak)
+{
+    *allocated = *peak = 0;
+    if (prio < 0 || prio > GP_PRIO_MAX) return;
+    pthread_mutex_lock(&p->lock);
+    *allocated = p->prio_alloc[prio];
+    *peak = p->prio_peak[prio];
+    pthread_mutex_unlock(&p->lock);
+}
+
+void gp_pool_reset_peaks(gp_pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    p->st.allocated_peak = p->st.allocated;
+    p->st.requested_peak = p->st.requested;
+    p->st.reserved_peak = p->st.reserved;
+    p->st.active_blocks_peak = p->st.active_blocks;
+    for (unsigned t = 0; t < GP_MAX_TAGS; t++) p->tags[t].allocated_peak = p->tags[t].allocated;
+    for (unsigned i = 0; i <= GP_PRIO_MAX; i++) p->prio_peak[i] = p->prio_alloc[i];
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* ------------------------------------------------------------- OOM report */
+
+static const char *gp_fmt_bytes(uint64_t b, char *buf, size_t len)
+{
+    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) { v /= 1024.0; u++; }
+    snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", v, units[u]);
+    return buf;
+}
+
+static void gp_oom_report_locked(gp_pool *p, uint64_t requested, char *buf, size_t len)
+{
+    gp_stats s = p->st;
+    s.largest_free = 0;
+    gp_scan_locked(p, &s);
+    uint64_t dfree = 0, dtotal = 0;
+    p->be->mem_info(p->be, &dfree, &dtotal);
+    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32];
+    size_t n = (size_t)snprintf(buf, len,
+        "gpupool: out of memory on device %d allocating %s (%" PRIu64 " bytes)\n"
+        "  allocated %s, reserved %s, largest free block %s, limit %s, device free %s of %s",
+        p->be->device, gp_fmt_bytes(requested, b1, sizeof b1), requested,
+        gp_fmt_bytes(s.allocated, b2, sizeof b2), gp_fmt_bytes(s.reserved, b3, sizeof b3),
+        gp_fmt_bytes(s.largest_free, b4, sizeof b4),
+        s.limit ? gp_fmt_bytes(s.limit, b5, sizeof b5) : "none",
+        gp_fmt_bytes(dfree, b6, sizeof b6), gp_fmt_bytes(dtotal, b1, sizeof b1));
+    /* The three biggest tags: where to look first. */
+    unsigned top[3] = {GP_MAX_TAGS, GP_MAX_TAGS, GP_MAX_TAGS};
+    unsigned nt = gp_tag_count();
+    for (unsigned t = 0; t < nt; t++) {
+        uint64_t v = p->tags[t].allocated;
+        if (!v) continue;
+        for (int i = 0; i < 3; i++) {
+            if (top[i] == GP_MAX_TAGS || v > p->tags[top[i]].allocated) {
+                memmove(&top[i + 1], &top[i], (size_t)(2 - i) * sizeof top[0]);
+                top[i] = t;
+                break;
+            }
+        }
+    }
+    for (int i = 0; i < 3 && top[i] != GP_MAX_TAGS && n < len; i++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%s %s", i ? ", " : "\n  top tags: ",
+                              gp_tag_name((gp_tag)top[i]),
+                              gp_fmt_bytes(p->tags[top[i]].allocated, b1, sizeof b1));
+}
+
+size_t gp_pool_oom_report(gp_pool *p, uint64_t requested, char *buf, size_t len)
+{
+    char tmp[1024];
+    pthread_mutex_lock(&p->lock);
+    gp_oom_report_locked(p, requested, tmp, sizeof tmp);
+    pthread_mutex_unlock(&p->lock);
+    if (len) snprintf(buf, len, "%s", tmp);
+    return strlen(tmp);
+}
+
+const char *gp_pool_last_oom(gp_pool *p) { return p->last_oom; }

@@ -1,0 +1,61 @@
+/*
+ * tag.c -- tag names interned to small ids, process-wide, so that a block
+ * header carries two bytes instead of a string and per-tag figures live in
+ * plain arrays indexed by id.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "backend.h"
+
+static pthread_mutex_t gp_tag_lock = PTHREAD_MUTEX_INITIALIZER;
+static char gp_tag_names[GP_MAX_TAGS][GP_TAG_NAME_MAX + 1] = {"untagged"};
+/* Readers use gp_tag_names[id] without the lock: a name is complete before
+ * the count that makes its id valid is published (release/acquire). */
+static atomic_uint gp_tag_n = 1;
+
+static int gp_tag_name_ok(const char *name, size_t n)
+{
+    if (n == 0 || n > GP_TAG_NAME_MAX) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (name[i] < 0x21 || name[i] > 0x7e) return 0;
+    return 1;
+}
+
+gp_status gp_tag_intern(const char *name, gp_tag *out)
+{
+    size_t n = name ? strlen(name) : 0;
+    if (!gp_tag_name_ok(name ? name : "", n))
+        return gp_error_set(GP_ERR_INVALID,
+                            "tag name '%.80s' is not valid: expected 1 to %d printable "
+                            "characters without spaces", name ? name : "(null)", GP_TAG_NAME_MAX);
+    pthread_mutex_lock(&gp_tag_lock);
+    unsigned count = atomic_load_explicit(&gp_tag_n, memory_order_relaxed);
+    for (unsigned i = 0; i < count; i++) {
+        if (strcmp(gp_tag_names[i], name) == 0) {
+            pthread_mutex_unlock(&gp_tag_lock);
+            *out = (gp_tag)i;
+            return GP_OK;
+        }
+    }
+    if (count == GP_MAX_TAGS) {
+        pthread_mutex_unlock(&gp_tag_lock);
+        return gp_error_set(GP_ERR_TOO_MANY,
+                            "cannot create tag '%s': all %d tags are in use (tags live for "
+                            "the whole process; reuse names rather than making one per step)",
+                            name, GP_MAX_TAGS);
+    }
+    memcpy(gp_tag_names[count], name, n + 1);
+    atomic_store_explicit(&gp_tag_n, count + 1, memory_order_release);
+    pthread_mutex_unlock(&gp_tag_lock);
+    *out = (gp_tag)count;
+    return GP_OK;
+}
+
+const char *gp_tag_name(gp_tag tag)
+{
+    return tag < atomic_load_explicit(&gp_tag_n, memory_order_acquire) ? gp_tag_names[tag] : NULL;
+}
+
+unsigned gp_tag_count(void) { return atomic_load_explicit(&gp_tag_n, memory_order_acquire); }

@@ -1,0 +1,401 @@
+/*
+ * test_pool.c -- unit tests of the pool on the host backend: bins, split and
+ * merge, alignment, streams, limits, OOM, bad pointers, injected failures,
+ * trimming and reserve mode.  Run under ASan and UBSan by the test suite.
+ */
+#include <string.h>
+
+#include "pool_check.h"
+
+static void *A(gp_pool *p, size_t n) { return gp_alloc(p, n, NULL, GP_TAG_UNTAGGED, GP_PRIO_NORMAL, NULL); }
+
+static void test_basic(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    void *a = A(p, 1), *b = A(p, 1000), *c = A(p, 3 * MiB + 7);
+    CHECK(a && b && c);
+    CHECK((uintptr_t)a % 512 == 0 && (uintptr_t)b % 512 == 0 && (uintptr_t)c % 512 == 0);
+    memset(a, 1, 1);
+    memset(b, 2, 1000);
+    memset(c, 3, 3 * MiB + 7);
+    gp_stats s;
+    gp_pool_stats(p, &s, 1);
+    CHECK(s.active_blocks == 3 && s.n_alloc == 3);
+    CHECK(s.requested == 1 + 1000 + 3 * MiB + 7);
+    CHECK(s.allocated >= s.requested && s.allocated < s.requested + 3 * MiB / 256 + 2048);
+    CHECK(s.reserved >= s.allocated);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_block_info info;
+    CHECK(gp_pool_lookup(p, (char *)c + 100, &info) == GP_OK && info.addr == (uintptr_t)c);
+    CHECK(info.requested == 3 * MiB + 7 && info.state == GP_BLOCK_USED && info.arena == GP_ARENA_LARGE);
+    CHECK(gp_free(p, a) == GP_OK && gp_free(p, b) == GP_OK && gp_free(p, c) == GP_OK);
+    gp_pool_stats(p, &s, 1);
+    CHECK(s.allocated == 0 && s.requested == 0 && s.active_blocks == 0 && s.n_free == 3);
+    CHECK(s.allocated_peak >= 3 * MiB && s.reserved == s.free_bytes);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_pool_destroy(p);
+}
+
+static void test_reuse_and_merge(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    char *x = A(p, 4096), *y = A(p, 4096), *z = A(p, 4096);
+    CHECK(y == x + 4096 && z == y + 4096); /* splits of one free block, in order */
+    gp_stats s0, s1;
+    gp_pool_stats(p, &s0, 0);
+    gp_free(p, y);
+    char *y2 = A(p, 4000);
+    CHECK(y2 == y); /* a freed block is reused at once on the same stream */
+    gp_free(p, y2);
+    gp_free(p, x);
+    char *xy = A(p, 8192); /* x and y merged into one block */
+    CHECK(xy == x);
+    gp_pool_stats(p, &s1, 0);
+    CHECK(s1.n_map == s0.n_map);                 /* no backend call for any of it */
+    CHECK(s1.cache_hits == s0.cache_hits + 2);
+    gp_free(p, xy);
+    gp_free(p, z);
+    gp_pool_stats(p, &s1, 1);
+    CHECK(s1.free_blocks == 1); /* everything merged back */
+    CHECK(pool_consistent(p, be) == 0);
+    gp_pool_destroy(p);
+}
+
+static void test_bins_many_sizes(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(256 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    enum { N = 400 };
+    void *ptr[N];
+    size_t sz[N];
+    for (int i = 0; i < N; i++) {
+        sz[i] = (size_t)1 << (i % 22);
+        sz[i] += (size_t)(i * 37) % sz[i];
+        ptr[i] = A(p, sz[i]);
+        CHECK(ptr[i] != NULL);
+    }
+    CHECK(pool_consistent(p, be) == 0);
+    for (int i = 0; i < N; i += 2) gp_free(p, ptr[i]);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_stats before, after;
+    gp_pool_stats(p, &before, 0);
+    /* A freed size is found again without mapping: the request's own class
+     * is searched before any larger block is cut. */
+    for (int i = 0; i < N; i += 2) {
+        CHECK((ptr[i] = A(p, sz[i])) != NULL);
+        gp_free(p, ptr[i]);
+    }
+    gp_pool_stats(p, &after, 0);
+    CHECK(after.n_map == before.n_map && after.reserved == before.reserved);
+    CHECK(after.cache_hits == before.cache_hits + N / 2);
+    CHECK(pool_consistent(p, be) == 0);
+    for (int i = 0; i < N; i += 2) CHECK((ptr[i] = A(p, sz[i])) != NULL);
+    for (int i = 0; i < N; i++) gp_free(p, ptr[i]);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_pool_destroy(p);
+}
+
+static void test_bad_pointers(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(16 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    char *a = A(p, 10000), *b = A(p, 10000);
+    int local;
+    CHECK(gp_free(p, &local) == GP_ERR_FOREIGN);
+    CHECK(strstr(gp_last_error(), "did not allocate") != NULL);
+    CHECK(gp_free(p, a + 512) == GP_ERR_FOREIGN);
+    CHECK(strstr(gp_last_error(), "not at its start") != NULL);
+    CHECK(gp_free(p, a) == GP_OK);
+    CHECK(gp_free(p, a) == GP_ERR_DOUBLE_FREE);
+    CHECK(strstr(gp_last_error(), "freed twice") != NULL);
+    CHECK(gp_free(p, NULL) == GP_OK);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_stats s;
+    gp_pool_stats(p, &s, 0);
+    CHECK(s.active_blocks == 1 && s.n_free == 1);
+    gp_status st;
+    CHECK(gp_alloc(p, 0, NULL, 0, 1, &st) == NULL && st == GP_ERR_INVALID);
+    CHECK(gp_alloc(p, SIZE_MAX, NULL, 0, 1, &st) == NULL && st == GP_ERR_INVALID);
+    CHECK(strstr(gp_last_error(), "256 TiB") != NULL);
+    CHECK(gp_alloc(p, 10, NULL, 0, 999, &st) == NULL && st == GP_ERR_INVALID);
+    gp_free(p, b);
+    gp_pool_destroy(p);
+}
+
+static void test_oom_and_trim(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(8 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    gp_status st;
+    void *big = gp_alloc(p, 6 * MiB, NULL, 0, 1, &st);
+    CHECK(big != NULL);
+    void *too = gp_alloc(p, 4 * MiB, NULL, 0, 1, &st);
+    CHECK(too == NULL && st == GP_ERR_OOM);
+    CHECK(strstr(gp_last_error(), "out of memory") != NULL);
+    CHECK(strstr(gp_pool_last_oom(p), "largest free block") != NULL);
+    CHECK(pool_consistent(p, be) == 0);
+    /* Small blocks fill a chunk of the small arena; once freed, that cached
+     * chunk is what the next large request needs: the pool trims and retries. */
+    void *small = A(p, 1000);
+    CHECK(small != NULL);
+    gp_free(p, small);
+    gp_free(p, big);
+    void *again = gp_alloc(p, 8 * MiB, NULL, 0, 1, &st);
+    CHECK(again != NULL);
+    gp_stats s;
+    gp_pool_stats(p, &s, 0);
+    CHECK(s.n_oom == 1 && s.n_alloc_retries >= 1 && s.reserved == 8 * MiB);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_free(p, again);
+    uint64_t freed = gp_pool_empty_cache(p);
+    gp_pool_stats(p, &s, 0);
+    CHECK(freed == 8 * MiB && s.reserved == 0);
+    gp_host_counters c;
+    gp_host_counters_get(be, &c);
+    CHECK(c.mapped == 0 && c.n_sync >= 1);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_pool_destroy(p);
+}
+
+static void test_trim_keeps_live_data(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    enum { N = 64 };
+    char *ptr[N];
+    for (int i = 0; i < N; i++) {
+        ptr[i] = A(p, 200 * KiB);
+        memset(ptr[i], i, 200 * KiB);
+    }
+    for (int i = 0; i < N; i++)
+        if (i % 4) gp_free(p, ptr[i]);
+    gp_stats s0, s1;
+    gp_pool_stats(p, &s0, 0);
+    uint64_t freed = gp_pool_empty_cache(p);
+    gp_pool_stats(p, &s1, 0);
+    CHECK(freed > 0 && s1.reserved == s0.reserved - freed);
+    /* Each live block keeps at most the chunks it touches (two). */
+    CHECK(s1.reserved <= (N / 4) * 2 * 256 * KiB);
+    for (int i = 0; i < N; i += 4) {
+        int ok = 1;
+        for (size_t k = 0; k < 200 * KiB; k++) ok &= ptr[i][k] == (char)i;
+        CHECK(ok);
+    }
+    CHECK(pool_consistent(p, be) == 0);
+    /* The holes are mapped again on demand. */
+    char *q = A(p, 10 * MiB);
+    CHECK(q != NULL);
+    memset(q, 7, 10 * MiB);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_pool_destroy(p);
+}
+
+static void test_limits(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    gp_pool_set_limit(p, 4 * MiB);
+    gp_status st;
+    void *a = gp_alloc(p, 3 * MiB, NULL, 0, 1, &st);
+    CHECK(a != NULL);
+    CHECK(gp_alloc(p, 2 * MiB, NULL, 0, 1, &st) == NULL && st == GP_ERR_LIMIT);
+    CHECK(strstr(gp_last_error(), "limit") != NULL);
+    gp_pool_set_limit(p, 0);
+    void *b = gp_alloc(p, 2 * MiB, NULL, 0, 1, &st);
+    CHECK(b != NULL);
+
+    gp_tag t;
+    CHECK(gp_tag_intern("kv_cache", &t) == GP_OK);
+    CHECK(gp_pool_set_tag_limit(p, t, 1 * MiB) == GP_OK);
+    void *k1 = gp_alloc(p, 600 * KiB, NULL, t, 1, &st);
+    CHECK(k1 != NULL);
+    CHECK(gp_alloc(p, 600 * KiB, NULL, t, 1, &st) == NULL && st == GP_ERR_LIMIT);
+    CHECK(strstr(gp_last_error(), "kv_cache") != NULL);
+    gp_tag_stats ts;
+    gp_pool_tag_stats(p, t, &ts);
+    CHECK(ts.allocated >= 600 * KiB && ts.active_blocks == 1 && ts.limit == 1 * MiB);
+    void *u = gp_alloc(p, 600 * KiB, NULL, GP_TAG_UNTAGGED, 1, &st); /* other tags unaffected */
+    CHECK(u != NULL);
+    CHECK(gp_pool_set_tag_limit(p, 1000, 1) == GP_ERR_INVALID);
+    gp_free(p, k1);
+    gp_pool_tag_stats(p, t, &ts);
+    CHECK(ts.allocated == 0 && ts.allocated_peak >= 600 * KiB);
+    uint64_t pa, pp;
+    gp_pool_prio_stats(p, 1, &pa, &pp);
+    CHECK(pa > 0 && pp >= pa);
+    gp_pool_reset_peaks(p);
+    gp_pool_tag_stats(p, t, &ts);
+    CHECK(ts.allocated_peak == 0);
+    gp_free(p, a);
+    gp_free(p, b);
+    gp_free(p, u);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_pool_destroy(p);
+}
+
+static void test_streams(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    gp_stream s1 = (gp_stream)0x1000, s2 = (gp_stream)0x2000;
+    gp_status st;
+    void *a = gp_alloc(p, 1 * MiB, s1, 0, 1, &st);
+    gp_free(p, a);
+    gp_host_counters c0, c1;
+    gp_host_counters_get(be, &c0);
+    /* Same stream: reused with no wait at all. */
+    void *b = gp_alloc(p, 1 * MiB, s1, 0, 1, &st);
+    CHECK(b == a);
+    gp_host_counters_get(be, &c1);
+    CHECK(c1.n_stream_wait == c0.n_stream_wait && c1.n_map == c0.n_map);
+    gp_free(p, b);
+    /* Another stream: reused only after it was made to wait for s1. */
+    void *c = gp_alloc(p, 1 * MiB, s2, 0, 1, &st);
+    CHECK(c == a);
+    gp_host_counters_get(be, &c1);
+    CHECK(c1.n_stream_wait == c0.n_stream_wait + 1 && c1.n_map == c0.n_map);
+    gp_block_info info;
+    CHECK(gp_pool_lookup(p, c, &info) == GP_OK && info.stream == s2);
+    gp_free(p, c);
+    /* Free blocks of different streams do not merge. */
+    void *x = gp_alloc(p, 64 * KiB, s1, 0, 1, &st), *y = gp_alloc(p, 64 * KiB, s2, 0, 1, &st);
+    CHECK(x && y);
+    gp_free(p, x);
+    gp_free(p, y);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_pool_destroy(p);
+}
+
+static void test_injected_failures(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    void *keep = A(p, 100 * KiB);
+    gp_status st;
+    /* Fail the 3rd chunk of a 1 MiB (4-chunk) growth: the two mapped ones
+     * are rolled back, the pool is as before, and the error says why. */
+    gp_host_fail_map(be, 3, GP_ERR_BACKEND);
+    gp_stats s0, s1;
+    gp_pool_stats(p, &s0, 0);
+    CHECK(gp_alloc(p, 1 * MiB, NULL, 0, 1, &st) == NULL && st == GP_ERR_BACKEND);
+    CHECK(strstr(gp_last_error(), "injected") != NULL);
+    gp_pool_stats(p, &s1, 0);
+    CHECK(s1.reserved == s0.reserved && s1.n_map_fail == 1);
+    CHECK(pool_consistent(p, be) == 0);
+    void *ok = A(p, 1 * MiB);
+    CHECK(ok != NULL);
+    /* An injected OOM is answered by trimming and a retry. */
+    gp_free(p, ok);
+    gp_host_fail_map(be, 1, GP_ERR_OOM);
+    void *big = A(p, 2 * MiB);
+    CHECK(big != NULL);
+    gp_pool_stats(p, &s1, 0);
+    CHECK(s1.n_alloc_retries == 1);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_free(p, big);
+    gp_free(p, keep);
+    gp_pool_destroy(p);
+
+    /* A failure while creating a reserve-mode pool is reported at creation. */
+    gp_config cfg;
+    gp_config_default(&cfg);
+    cfg.mode = GP_MODE_RESERVE;
+    cfg.reserve = (gp_size_spec){.bytes = 32 * MiB};
+    CHECK(gp_backend_host_create(16 * MiB, &be) == GP_OK);
+    CHECK(gp_pool_create(be, &cfg, &p) == GP_ERR_OOM && p == NULL);
+    CHECK(strstr(gp_last_error(), "reserve") != NULL);
+}
+
+static uint64_t pressure_calls;
+static uint64_t pressure_fn(void *arg, gp_pool *pool, uint64_t needed, int prio)
+{
+    (void)pool;
+    (void)prio;
+    pressure_calls++;
+    void **victim = arg;
+    if (!*victim) return 0;
+    gp_free(pool, *victim); /* the layer above gives memory back */
+    *victim = NULL;
+    return needed;
+}
+
+static void test_pressure(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(8 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    void *victim = A(p, 5 * MiB);
+    gp_pool_set_pressure(p, pressure_fn, &victim);
+    void *x = A(p, 5 * MiB);
+    CHECK(x != NULL && victim == NULL && pressure_calls == 1);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_free(p, x);
+    gp_pool_destroy(p);
+}
+
+static void test_reserve_mode(void)
+{
+    gp_backend *be;
+    gp_config cfg;
+    gp_config_default(&cfg);
+    cfg.mode = GP_MODE_RESERVE;
+    cfg.reserve = (gp_size_spec){.fraction = 0.5};
+    CHECK(gp_backend_host_create(64 * MiB, &be) == GP_OK);
+    gp_pool *p;
+    CHECK(gp_pool_create(be, &cfg, &p) == GP_OK);
+    gp_stats s0, s1;
+    gp_pool_stats(p, &s0, 0);
+    CHECK(s0.reserved == 32 * MiB);
+    void *v[64];
+    for (int i = 0; i < 64; i++) CHECK((v[i] = A(p, (size_t)(i + 1) * 4 * KiB)) != NULL);
+    for (int i = 0; i < 64; i += 2) gp_free(p, v[i]);
+    CHECK(gp_pool_empty_cache(p) == 0); /* reserve mode never gives back */
+    gp_status st;
+    CHECK(gp_alloc(p, 40 * MiB, NULL, 0, 1, &st) == NULL && st == GP_ERR_OOM);
+    CHECK(strstr(gp_last_error(), "reserve") != NULL);
+    gp_pool_stats(p, &s1, 0);
+    CHECK(s1.n_map == s0.n_map && s1.n_unmap == 0 && s1.reserved == 32 * MiB);
+    CHECK(pool_consistent(p, be) == 0);
+    for (int i = 1; i < 64; i += 2) gp_free(p, v[i]);
+    gp_pool_destroy(p);
+}
+
+static void test_tags(void)
+{
+    gp_tag a, b, c;
+    CHECK(gp_tag_intern("weights", &a) == GP_OK);
+    CHECK(gp_tag_intern("weights", &b) == GP_OK && a == b);
+    CHECK(gp_tag_intern("untagged", &c) == GP_OK && c == GP_TAG_UNTAGGED);
+    CHECK(strcmp(gp_tag_name(a), "weights") == 0);
+    CHECK(gp_tag_intern("", &c) == GP_ERR_INVALID);
+    CHECK(gp_tag_intern("has space", &c) == GP_ERR_INVALID);
+    CHECK(gp_tag_name(GP_MAX_TAGS - 1) == NULL);
+    char name[32];
+    gp_status st = GP_OK;
+    for (int i = 0; st == GP_OK && i < 2 * GP_MAX_TAGS; i++) {
+        snprintf(name, sizeof name, "t%d", i);
+        st = gp_tag_intern(name, &c);
+    }
+    CHECK(st == GP_ERR_TOO_MANY && gp_tag_count() == GP_MAX_TAGS);
+    CHECK(strstr(gp_last_error(), "1024") != NULL);
+    int prio;
+    CHECK(gp_parse_priority("high", &prio) == GP_OK && prio == GP_PRIO_HIGH);
+}
+
+int main(void)
+{
+    test_basic();
+    test_reuse_and_merge();
+    test_bins_many_sizes();
+    test_bad_pointers();
+    test_oom_and_trim();
+    test_trim_keeps_live_data();
+    test_limits();
+    test_streams();
+    test_injected_failures();
+    test_pressure();
+    test_reserve_mode();
+    test_tags();
+    return check_done();
+}
