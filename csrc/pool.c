@@ -449,25 +449,42 @@ static uint64_t gp_trim_block(gp_pool *p, gp_arena *a, gp_block *b, gp_block **r
     return freed;
 }
 
+/* Once the device is idle no stream can still be reading a free block, so
+ * free neighbours of different streams may become one block (of the first
+ * one's stream): a chunk they share can then be released. */
+static void gp_coalesce_idle(gp_pool *p, gp_arena *a)
+{
+    for (gp_block *b = a->first; b; b = b->next) {
+        if (b->state != GP_BLOCK_FREE) continue;
+        while (b->next && b->next->state == GP_BLOCK_FREE) {
+            gp_block *nx = b->next;
+            gp_bins_remove(a->bins[b->sidx], b);
+            gp_bins_remove(a->bins[nx->sidx], nx);
+            b->size += nx->size;
+            b->next = nx->next;
+            if (nx->next) nx->next->prev = b;
+            gp_drop_block(p, nx);
+            gp_bins_insert(a->bins[b->sidx], b);
+        }
+    }
+}
+
 /* Release free chunks, all arenas, until `want` bytes are released. */
 static uint64_t gp_trim_locked(gp_pool *p, uint64_t want)
 {
-    if (p->reserve_mode) return 0;
+    if (p->reserve_mode || p->st.reserved == p->st.allocated) return 0;
+    /* A stream may still read a block it freed: wait for the device before
+     * giving any chunk back. */
+    p->st.n_sync++;
+    if (p->be->synchronize(p->be) != GP_OK) return 0;
     uint64_t freed = 0;
-    int synced = 0;
     for (unsigned k = 0; k < p->n_arenas && freed < want; k++) {
         gp_arena *a = &p->arenas[k];
+        gp_coalesce_idle(p, a);
         for (gp_block *b = a->first, *nx; b && freed < want; b = nx) {
             nx = b->next;
-            if (b->state != GP_BLOCK_FREE || b->size < a->chunk) continue;
-            /* A stream may still read a block it freed: wait for the device
-             * once before giving any chunk back. */
-            if (!synced) {
-                p->st.n_sync++;
-                if (p->be->synchronize(p->be) != GP_OK) return freed;
-                synced = 1;
-            }
-            freed += gp_trim_block(p, a, b, &nx);
+            if (b->state == GP_BLOCK_FREE && b->size >= a->chunk)
+                freed += gp_trim_block(p, a, b, &nx);
         }
     }
     if (freed) p->st.n_trim++;
