@@ -1,0 +1,585 @@
+/*
+ * config.c -- every GPUPOOL_* option, read in one place: the table
+ * GP_OPTIONS below gives each option its variable, keyword, default,
+ * accepted values, meaning and the functions that parse and print it, so
+ * that the documentation (gp_config_options), the parser and the report
+ * cannot drift apart.
+ *
+ * Values are parsed by hand in ASCII rather than with strtod/strtoull or
+ * tolower: those follow the C locale of the host program (a decimal comma,
+ * a Turkish dotless i) and accept spaces, signs, hex and "inf" that no size
+ * should be.  A malformed value is always an error that names the option,
+ * the value and what is accepted -- never a silent default.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+
+/* POSIX leaves this declaration to the program. */
+extern char **environ;
+
+#define KiB (1ull << 10)
+#define MiB (1ull << 20)
+#define GiB (1ull << 30)
+
+/* The largest size: sizes must fit an int64 (off_t, Py_ssize_t) as well. */
+#define GP_SIZE_MAX 0x7fffffffffffffffull
+
+#define GP_SIZE_UNITS                                                          \
+    " (K, M, G, T, KiB, MiB, GiB, TiB are powers of 1024; KB, MB, GB, TB "     \
+    "powers of 1000)"
+#define GP_SIZE_TEXT "a size such as 512MiB, 20GB, 4096, 80% or 0.8" GP_SIZE_UNITS
+#define GP_ABS_SIZE_TEXT "a size such as 512MiB, 20GB or 4096" GP_SIZE_UNITS
+#define GP_BOOL_TEXT "0, 1, true, false, yes, no, on or off"
+#define GP_PRIO_TEXT "low, normal, high, critical or an integer 0..255"
+
+/* A parser writes its option into `cfg` only when `v` is valid; otherwise it
+ * may leave a reason more precise than the accepted text in `why`. */
+typedef int (*gp_parse_fn)(gp_config *cfg, const char *v, char *why, size_t n);
+/* A printer returns what snprintf returns. */
+typedef int (*gp_print_fn)(const gp_config *cfg, char *buf, size_t len);
+
+/* ------------------------------------------------------------ ASCII text */
+
+static int gp_lower(int c) { return c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c; }
+static int gp_digit(int c) { return c >= '0' && c <= '9'; }
+
+static int gp_ieq(const char *a, const char *b)
+{
+    while (*a && gp_lower((unsigned char)*a) == gp_lower((unsigned char)*b)) a++, b++;
+    return gp_lower((unsigned char)*a) == gp_lower((unsigned char)*b);
+}
+
+/* Index of `v` in the NULL-terminated `names`, case-insensitive; -1 if none. */
+static int gp_word(const char *v, const char *const *names)
+{
+    for (int i = 0; names[i]; i++)
+        if (gp_ieq(v, names[i])) return i;
+    return -1;
+}
+
+/* A decimal integer of digits only, at most `max`. */
+static int gp_uint(const char *v, unsigned max, unsigned *out)
+{
+    unsigned x = 0;
+    if (!*v) return -1;
+    for (; *v; v++) {
+        if (!gp_digit(*v)) return -1;
+        x = x * 10 + (unsigned)(*v - '0');
+        if (x > max) return -1; /* early, so that x never overflows */
+    }
+    *out = x;
+    return 0;
+}
+
+/* --------------------------------------------------------------- sizes */
+
+static const struct {
+    const char *name;
+    unsigned base, power;
+} gp_units[] = {
+    {"b", 1, 0},     {"k", 1024, 1},   {"kib", 1024, 1}, {"kb", 1000, 1},
+    {"m", 1024, 2},  {"mib", 1024, 2}, {"mb", 1000, 2},  {"g", 1024, 3},
+    {"gib", 1024, 3}, {"gb", 1000, 3}, {"t", 1024, 4},   {"tib", 1024, 4},
+    {"tb", 1000, 4},
+};
+
+/* Digits kept after the point: 10^15 * 1024 still fits a uint64 in the
+ * exact multiplication below, and later digits weigh less than a byte even
+ * in TiB. */
+#define GP_FRAC_DIGITS 15
+
+static int gp_size_scan(const char *s, int allow_fraction, gp_size_spec *out, char *why,
+                        size_t n)
+{
+    if (!*s) return snprintf(why, n, "it is empty"), -1;
+    if (!gp_digit(*s)) return snprintf(why, n, "it must start with a digit"), -1;
+    uint64_t whole = 0, num = 0, den = 1;
+    for (; gp_digit(*s); s++) {
+        unsigned d = (unsigned)(*s - '0');
+        if (whole > (UINT64_MAX - d) / 10) return snprintf(why, n, "it is too large"), -1;
+        whole = whole * 10 + d;
+    }
+    int point = *s == '.';
+    if (point) {
+        if (!gp_digit(*++s)) return snprintf(why, n, "a digit must follow the point"), -1;
+        for (int k = 0; gp_digit(*s); s++, k++) {
+            if (k < GP_FRAC_DIGITS) {
+                num = num * 10 + (uint64_t)(*s - '0');
+                den *= 10;
+            }
+        }
+    }
+    const char *unit = s;
+    while (*s == ' ') s++;
+    if (s != unit && !*s) return snprintf(why, n, "it ends in a space"), -1;
+    unit = s;
+    double value = (double)whole + (double)num / (double)den;
+
+    if (*unit == '%' && !unit[1]) {
+        if (!allow_fraction) return snprintf(why, n, "a percentage is not accepted here"), -1;
+        if (!(value > 0 && value <= 100))
+            return snprintf(why, n, "a percentage must be above 0%% and at most 100%%"), -1;
+        *out = (gp_size_spec){.fraction = value / 100};
+        return 0;
+    }
+    if (!*unit && point) {
+        if (!allow_fraction)
+            return snprintf(why, n, "a fraction is not accepted here (give a unit)"), -1;
+        if (!(value > 0 && value <= 1))
+            return snprintf(why, n, "a fraction must be above 0 and at most 1 (give a unit for bytes)"), -1;
+        *out = (gp_size_spec){.fraction = value};
+        return 0;
+    }
+    unsigned base = 1, power = 0;
+    if (*unit) {
+        size_t i = 0, nu = sizeof gp_units / sizeof gp_units[0];
+        while (i < nu && !gp_ieq(unit, gp_units[i].name)) i++;
+        if (i == nu) return snprintf(why, n, "unknown unit '%.16s'", unit), -1;
+        base = gp_units[i].base;
+        power = gp_units[i].power;
+    }
+    /* whole + num/den times base^power, exactly, rounded down: each step
+     * carries the whole bytes out of the fractional part. */
+    uint64_t bytes = whole;
+    for (unsigned k = 0; k < power; k++) {
+        if (bytes > GP_SIZE_MAX / base) return snprintf(why, n, "it is larger than 2^63-1 bytes"), -1;
+        bytes = bytes * base + num * base / den;
+        num = num * base % den;
+    }
+    if (bytes > GP_SIZE_MAX) return snprintf(why, n, "it is larger than 2^63-1 bytes"), -1;
+    if (bytes == 0 && value > 0) return snprintf(why, n, "it is less than one byte"), -1;
+    *out = (gp_size_spec){.bytes = bytes};
+    return 0;
+}
+
+/* The value quoted in messages, cut so that the rest of the message fits. */
+#define GP_QUOTE "'%.80s%s'"
+#define GP_QUOTE_ARG(v) (v), strlen(v) > 80 ? "..." : ""
+
+gp_status gp_parse_size(const char *text, int allow_fraction, gp_size_spec *out)
+{
+    char why[96];
+    if (!text || !out) return gp_error_set(GP_ERR_INVALID, "gp_parse_size: text or out is NULL");
+    if (gp_size_scan(text, allow_fraction, out, why, sizeof why) == 0) return GP_OK;
+    return gp_error_set(GP_ERR_INVALID, GP_QUOTE " is not a valid size: %s; expected %s",
+                        GP_QUOTE_ARG(text), why, allow_fraction ? GP_SIZE_TEXT : GP_ABS_SIZE_TEXT);
+}
+
+uint64_t gp_size_resolve(gp_size_spec s, uint64_t total)
+{
+    if (s.bytes) return s.bytes;
+    if (!(s.fraction > 0)) return 0; /* also NaN */
+    double r = s.fraction * (double)total;
+    /* (double)total may round up past UINT64_MAX, where the cast is undefined. */
+    return r >= (double)total ? total : (uint64_t)r;
+}
+
+/* The shortest exact text for `b` bytes (> 0), so that reports read
+ * "2MiB" and "20GB" and parse back to the same size. */
+static int gp_size_print(uint64_t b, char *buf, size_t len)
+{
+    static const char *const bin[] = {"KiB", "MiB", "GiB", "TiB"}, *const dec[] = {"KB", "MB", "GB", "TB"};
+    uint64_t best = b, p2 = 1, p10 = 1;
+    const char *unit = "";
+    for (int i = 0; i < 4; i++) {
+        p2 *= 1024;
+        p10 *= 1000;
+        if (b % p2 == 0 && b / p2 < best) best = b / p2, unit = bin[i];
+        if (b % p10 == 0 && b / p10 < best) best = b / p10, unit = dec[i];
+    }
+    return snprintf(buf, len, "%llu%s", (unsigned long long)best, unit);
+}
+
+static int gp_spec_print(gp_size_spec s, char *buf, size_t len)
+{
+    if (s.bytes) return gp_size_print(s.bytes, buf, len);
+    if (s.fraction > 0) return snprintf(buf, len, "%.6g%%", s.fraction * 100);
+    return snprintf(buf, len, "none");
+}
+
+/* "none" and "0" give the unset spec, which means "the default" or "no
+ * limit" depending on the option. */
+static int gp_spec_parse(gp_size_spec *dst, const char *v, char *why, size_t n)
+{
+    gp_size_spec s = {0, 0};
+    if (!gp_ieq(v, "none") && gp_size_scan(v, 1, &s, why, n) != 0) return -1;
+    *dst = s;
+    return 0;
+}
+
+/* An absolute size in [lo, hi], a power of two when `pow2`. */
+static int gp_abs_parse(uint64_t *dst, const char *v, uint64_t lo, uint64_t hi, int pow2,
+                        char *why, size_t n)
+{
+    gp_size_spec s;
+    if (gp_size_scan(v, 0, &s, why, n) != 0) return -1;
+    if (s.bytes < lo || s.bytes > hi) return snprintf(why, n, "it is out of range"), -1;
+    if (pow2 && (s.bytes & (s.bytes - 1))) return snprintf(why, n, "it is not a power of two"), -1;
+    *dst = s.bytes;
+    return 0;
+}
+
+/* ---------------------------------------------------------- priorities */
+
+static const char *const gp_prio_names[] = {"low", "normal", "high", "critical", NULL};
+
+static int gp_prio_scan(const char *text, int *out)
+{
+    int w = gp_word(text, gp_prio_names);
+    unsigned u;
+    if (w >= 0) *out = w;
+    else if (gp_uint(text, GP_PRIO_MAX, &u) == 0) *out = (int)u;
+    else return -1;
+    return 0;
+}
+
+gp_status gp_parse_priority(const char *text, int *out)
+{
+    if (!text || !out) return gp_error_set(GP_ERR_INVALID, "gp_parse_priority: text or out is NULL");
+    if (gp_prio_scan(text, out) == 0) return GP_OK;
+    return gp_error_set(GP_ERR_INVALID, GP_QUOTE " is not a valid priority: expected " GP_PRIO_TEXT,
+                        GP_QUOTE_ARG(text));
+}
+
+const char *gp_priority_name(int prio)
+{
+    return prio >= GP_PRIO_LOW && prio <= GP_PRIO_CRITICAL ? gp_prio_names[prio] : NULL;
+}
+
+/* ------------------------------------------------- the options, one each */
+
+static const char *const gp_mode_names[] = {"expandable", "reserve", NULL};
+static const char *const gp_log_names[] = {"off", "oom", "all", NULL};
+static const char *const gp_codec_names[] = {"none", "lz4", "zstd", "bytesplit",
+                                             "bytesplit+lz4", "bytesplit+zstd", NULL};
+/* Even entries are false, odd entries true. */
+static const char *const gp_bool_names[] = {"0", "1", "false", "true", "no", "yes", "off", "on", NULL};
+
+static int gp_parse_mode(gp_config *c, const char *v, char *why, size_t n)
+{
+    (void)why, (void)n;
+    int w = gp_word(v, gp_mode_names);
+    if (w < 0) return -1;
+    c->mode = (gp_mode)w;
+    return 0;
+}
+
+static int gp_print_mode(const gp_config *c, char *buf, size_t len)
+{
+    return snprintf(buf, len, "%s", gp_mode_names[c->mode == GP_MODE_RESERVE]);
+}
+
+static int gp_parse_reserve(gp_config *c, const char *v, char *why, size_t n)
+{
+    return gp_spec_parse(&c->reserve, v, why, n);
+}
+
+static int gp_print_reserve(const gp_config *c, char *buf, size_t len)
+{
+    return gp_spec_print(c->reserve, buf, len);
+}
+
+static int gp_parse_limit(gp_config *c, const char *v, char *why, size_t n)
+{
+    return gp_spec_parse(&c->limit, v, why, n);
+}
+
+static int gp_print_limit(const gp_config *c, char *buf, size_t len)
+{
+    return gp_spec_print(c->limit, buf, len);
+}
+
+static int gp_parse_prio(gp_config *c, const char *v, char *why, size_t n)
+{
+    (void)why, (void)n;
+    return gp_prio_scan(v, &c->priority);
+}
+
+static int gp_print_prio(const gp_config *c, char *buf, size_t len)
+{
+    const char *name = gp_priority_name(c->priority);
+    return name ? snprintf(buf, len, "%s", name) : snprintf(buf, len, "%d", c->priority);
+}
+
+static int gp_parse_codec(gp_config *c, const char *v, char *why, size_t n)
+{
+    (void)why, (void)n;
+    int w = gp_word(v, gp_codec_names);
+    if (w < 0) return -1;
+    /* The canonical spelling, so that consumers compare with strcmp. */
+    snprintf(c->codec, sizeof c->codec, "%s", gp_codec_names[w]);
+    return 0;
+}
+
+static int gp_print_codec(const gp_config *c, char *buf, size_t len)
+{
+    return snprintf(buf, len, "%s", c->codec);
+}
+
+static int gp_parse_threads(gp_config *c, const char *v, char *why, size_t n)
+{
+    unsigned u;
+    if (gp_uint(v, 1000, &u) != 0) return -1;
+    if (u < 1 || u > 64) return snprintf(why, n, "it is out of range"), -1;
+    c->offload_threads = (int)u;
+    return 0;
+}
+
+static int gp_print_threads(const gp_config *c, char *buf, size_t len)
+{
+    return snprintf(buf, len, "%d", c->offload_threads);
+}
+
+static int gp_parse_tenant(gp_config *c, const char *v, char *why, size_t n)
+{
+    size_t k = strlen(v);
+    if (k == 0 || k >= GP_TENANT_MAX) return snprintf(why, n, "it has %zu characters", k), -1;
+    for (size_t i = 0; i < k; i++) {
+        char ch = v[i];
+        if (!(gp_digit(ch) || (gp_lower(ch) >= 'a' && gp_lower(ch) <= 'z') || ch == '_' ||
+              ch == '.' || ch == '-'))
+            return snprintf(why, n, "character %zu is not allowed", i + 1), -1;
+    }
+    memcpy(c->tenant, v, k + 1);
+    return 0;
+}
+
+static int gp_print_tenant(const gp_config *c, char *buf, size_t len)
+{
+    return snprintf(buf, len, "%s", c->tenant);
+}
+
+static int gp_parse_log(gp_config *c, const char *v, char *why, size_t n)
+{
+    (void)why, (void)n;
+    int w = gp_word(v, gp_log_names);
+    if (w < 0) return -1;
+    c->log = (gp_log)w;
+    return 0;
+}
+
+static int gp_print_log(const gp_config *c, char *buf, size_t len)
+{
+    unsigned l = (unsigned)c->log;
+    return snprintf(buf, len, "%s", l <= GP_LOG_ALL ? gp_log_names[l] : "?");
+}
+
+static int gp_bool(int *dst, const char *v)
+{
+    int w = gp_word(v, gp_bool_names);
+    if (w < 0) return -1;
+    *dst = w & 1;
+    return 0;
+}
+
+static int gp_parse_trace(gp_config *c, const char *v, char *why, size_t n)
+{
+    (void)why, (void)n;
+    return gp_bool(&c->trace, v);
+}
+
+static int gp_print_trace(const gp_config *c, char *buf, size_t len)
+{
+    return snprintf(buf, len, "%d", c->trace != 0);
+}
+
+static int gp_parse_chunk(gp_config *c, const char *v, char *why, size_t n)
+{
+    return gp_abs_parse(&c->chunk, v, 64 * KiB, GiB, 1, why, n);
+}
+
+static int gp_print_chunk(const gp_config *c, char *buf, size_t len)
+{
+    return gp_size_print(c->chunk, buf, len);
+}
+
+static int gp_parse_small(gp_config *c, const char *v, char *why, size_t n)
+{
+    return gp_abs_parse(&c->small_size, v, 4 * KiB, 64 * MiB, 0, why, n);
+}
+
+static int gp_print_small(const gp_config *c, char *buf, size_t len)
+{
+    return gp_size_print(c->small_size, buf, len);
+}
+
+static int gp_parse_patch(gp_config *c, const char *v, char *why, size_t n)
+{
+    (void)why, (void)n;
+    return gp_bool(&c->torch_patch, v);
+}
+
+static int gp_print_patch(const gp_config *c, char *buf, size_t len)
+{
+    return snprintf(buf, len, "%d", c->torch_patch != 0);
+}
+
+/* The table: variable, keyword, default, accepted values, meaning, parser,
+ * printer.  The variable is always GPUPOOL_ and the keyword in upper case. */
+#define GP_OPTIONS(X)                                                                     \
+    X("GPUPOOL_MODE", "mode", "expandable", "expandable or reserve",                      \
+      "expandable: map chunks as the pool grows and give them back; reserve: map the "    \
+      "whole pool at start, never again",                                                 \
+      gp_parse_mode, gp_print_mode)                                                       \
+    X("GPUPOOL_RESERVE", "reserve", "80% (in reserve mode)",                              \
+      GP_SIZE_TEXT "; none or 0 for the default",                                         \
+      "size of the pool in reserve mode (ignored in expandable mode)",                    \
+      gp_parse_reserve, gp_print_reserve)                                                 \
+    X("GPUPOOL_LIMIT", "limit", "none", GP_SIZE_TEXT "; none or 0 for no limit",          \
+      "cap on the bytes gpupool reserves on a device", gp_parse_limit, gp_print_limit)    \
+    X("GPUPOOL_PRIORITY", "priority", "normal", GP_PRIO_TEXT,                             \
+      "default priority of allocations; higher is more important", gp_parse_prio,        \
+      gp_print_prio)                                                                      \
+    X("GPUPOOL_CODEC", "codec", "none",                                                   \
+      "none, lz4, zstd, bytesplit, bytesplit+lz4 or bytesplit+zstd",                      \
+      "compression of blocks offloaded to host memory", gp_parse_codec, gp_print_codec)   \
+    X("GPUPOOL_OFFLOAD_THREADS", "offload_threads", "4", "an integer 1..64",              \
+      "offload worker threads", gp_parse_threads, gp_print_threads)                       \
+    X("GPUPOOL_TENANT", "tenant", "(empty)",                                              \
+      "1 to 63 characters of A-Z, a-z, 0-9, '_', '.' and '-'",                            \
+      "group of processes sharing a GPU through the arbiter", gp_parse_tenant,            \
+      gp_print_tenant)                                                                    \
+    X("GPUPOOL_LOG", "log", "oom", "off, oom or all",                                     \
+      "what to print on stderr: nothing, out-of-memory reports, or all events",           \
+      gp_parse_log, gp_print_log)                                                         \
+    X("GPUPOOL_TRACE", "trace", "0", GP_BOOL_TEXT,                                        \
+      "record an alloc/free history for snapshots", gp_parse_trace, gp_print_trace)       \
+    X("GPUPOOL_CHUNK", "chunk", "2MiB", "a power of two between 64KiB and 1GiB",          \
+      "physical mapping unit: memory is mapped and given back in chunks of this size",    \
+      gp_parse_chunk, gp_print_chunk)                                                     \
+    X("GPUPOOL_SMALL_SIZE", "small_size", "1MiB", "a size between 4KiB and 64MiB",        \
+      "requests below this size come from the small-block arena", gp_parse_small,         \
+      gp_print_small)                                                                     \
+    X("GPUPOOL_TORCH_PATCH", "torch_patch", "1", GP_BOOL_TEXT,                            \
+      "route torch.cuda memory APIs to gpupool", gp_parse_patch, gp_print_patch)
+
+#define GP_INFO(env, key, def, accepted, help, parse, print) {env, key, def, accepted, help},
+static const gp_option_info gp_options[] = {GP_OPTIONS(GP_INFO)};
+#undef GP_INFO
+
+#define GP_HANDLERS(env, key, def, accepted, help, parse, print) {parse, print},
+static const struct {
+    gp_parse_fn parse;
+    gp_print_fn print;
+} gp_handlers[] = {GP_OPTIONS(GP_HANDLERS)};
+#undef GP_HANDLERS
+
+#define GP_N_OPTIONS (sizeof gp_options / sizeof gp_options[0])
+
+const gp_option_info *gp_config_options(size_t *count)
+{
+    if (count) *count = GP_N_OPTIONS;
+    return gp_options;
+}
+
+void gp_config_default(gp_config *cfg)
+{
+    /* Keep in step with the defaults of GP_OPTIONS (test_config checks). */
+    *cfg = (gp_config){
+        .mode = GP_MODE_EXPANDABLE,
+        .priority = GP_PRIO_NORMAL,
+        .codec = "none",
+        .offload_threads = 4,
+        .log = GP_LOG_OOM,
+        .chunk = 2 * MiB,
+        .small_size = 1 * MiB,
+        .torch_patch = 1,
+    };
+}
+
+static int gp_option_find(const char *name)
+{
+    for (size_t i = 0; i < GP_N_OPTIONS; i++)
+        if (gp_ieq(name, gp_options[i].env) || gp_ieq(name, gp_options[i].key)) return (int)i;
+    return -1;
+}
+
+/* "a, b, c" of the keywords (or the variables) for "unknown option". */
+static void gp_option_list(int env, char *buf, size_t len)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < GP_N_OPTIONS && at < len; i++) {
+        int k = snprintf(buf + at, len - at, "%s%s", i ? ", " : "",
+                         env ? gp_options[i].env : gp_options[i].key);
+        if (k > 0) at += (size_t)k;
+    }
+}
+
+gp_status gp_config_set(gp_config *cfg, const char *name, const char *value)
+{
+    char list[512], why[96] = "";
+    if (!cfg || !name) return gp_error_set(GP_ERR_INVALID, "gp_config_set: cfg or name is NULL");
+    int i = gp_option_find(name);
+    if (i < 0) {
+        gp_option_list(0, list, sizeof list);
+        return gp_error_set(GP_ERR_INVALID, "unknown gpupool option " GP_QUOTE "; the options are %s",
+                            GP_QUOTE_ARG(name), list);
+    }
+    const gp_option_info *o = &gp_options[i];
+    if (!value) return gp_error_set(GP_ERR_INVALID, "%s: no value given; expected %s", o->env, o->accepted);
+    gp_config next = *cfg;
+    if (*value && gp_handlers[i].parse(&next, value, why, sizeof why) == 0) {
+        *cfg = next;
+        return GP_OK;
+    }
+    if (!*value) snprintf(why, sizeof why, "it is empty (unset it for the default)");
+    return gp_error_set(GP_ERR_INVALID, "%s=" GP_QUOTE " is not valid: %s%sexpected %s", o->env,
+                        GP_QUOTE_ARG(value), why, *why ? "; " : "", o->accepted);
+}
+
+gp_status gp_config_from_env(gp_config *cfg)
+{
+    char list[512];
+    if (!cfg) return gp_error_set(GP_ERR_INVALID, "gp_config_from_env: cfg is NULL");
+    /* Unknown names first: a typo is the likelier mistake, and in any
+     * letter case it must not pass silently. */
+    for (char **e = environ; e && *e; e++) {
+        const char *eq = strchr(*e, '=');
+        size_t k = eq ? (size_t)(eq - *e) : strlen(*e);
+        if (k < 8) continue;
+        int ours = 1;
+        for (size_t j = 0; j < 8; j++) ours &= gp_lower((unsigned char)(*e)[j]) == "gpupool_"[j];
+        if (!ours) continue;
+        int known = 0;
+        for (size_t i = 0; i < GP_N_OPTIONS && !known; i++)
+            known = strlen(gp_options[i].env) == k && memcmp(gp_options[i].env, *e, k) == 0;
+        if (!known) {
+            gp_option_list(1, list, sizeof list);
+            return gp_error_set(GP_ERR_INVALID,
+                                "unknown gpupool variable %.*s in the environment; the "
+                                "variables are %s", (int)(k > 80 ? 80 : k), *e, list);
+        }
+    }
+    /* Table order, not environment order, so that the first error reported
+     * does not depend on how the shell listed the variables. */
+    gp_config next = *cfg;
+    for (size_t i = 0; i < GP_N_OPTIONS; i++) {
+        const char *v = getenv(gp_options[i].env);
+        if (v && gp_config_set(&next, gp_options[i].env, v) != GP_OK) return GP_ERR_INVALID;
+    }
+    *cfg = next;
+    return GP_OK;
+}
+
+gp_status gp_config_get(const gp_config *cfg, const char *name, char *buf, size_t len)
+{
+    if (!cfg || !name || !buf || !len)
+        return gp_error_set(GP_ERR_INVALID, "gp_config_get: cfg, name or buf is NULL or empty");
+    int i = gp_option_find(name);
+    if (i < 0) {
+        char list[512];
+        gp_option_list(0, list, sizeof list);
+        buf[0] = '\0';
+        return gp_error_set(GP_ERR_INVALID, "unknown gpupool option " GP_QUOTE "; the options are %s",
+                            GP_QUOTE_ARG(name), list);
+    }
+    int k = gp_handlers[i].print(cfg, buf, len);
+    if (k < 0 || (size_t)k >= len)
+        return gp_error_set(GP_ERR_INVALID, "gp_config_get: %s needs %d bytes, the buffer has %zu",
+                            gp_options[i].env, k + 1, len);
+    return GP_OK;
+}

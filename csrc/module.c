@@ -1,0 +1,700 @@
+/*
+ * module.c -- the CPython module gpupool._C, and the two C symbols PyTorch's
+ * CUDAPluggableAllocator loads from this same shared object:
+ *
+ *   void *gpupool_malloc(ssize_t size, int device, cudaStream_t stream);
+ *   void  gpupool_free(void *ptr, ssize_t size, int device, cudaStream_t stream);
+ *
+ * One pool per CUDA device, created on the first allocation on it with the
+ * configuration given to configure() (GPUPOOL_* variables and enable()
+ * keywords).  The tag and priority of an allocation come from a thread-local
+ * context that gpupool.tag() sets through set_context().
+ *
+ * The Python type Pool wraps any gp_pool: a device pool (not owned) or a
+ * HostPool over the host backend (owned), with the same methods, so that the
+ * whole Python API is tested without a GPU.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "backend.h"
+
+#define GP_MAX_DEVICES 64
+
+/* ------------------------------------------------------ global device state */
+
+static gp_config g_cfg;
+static int g_configured;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic(gp_pool *) g_pools[GP_MAX_DEVICES];
+static atomic_ullong g_free_errors;
+static char g_create_error[1024];
+
+static _Thread_local gp_tag t_tag = GP_TAG_UNTAGGED;
+static _Thread_local int t_prio = -1; /* -1: the configured default */
+
+static void gp_log_oom(const char *what)
+{
+    if (g_cfg.log != GP_LOG_OFF) fprintf(stderr, "%s\n", what);
+}
+
+/* The pool of `device`, created on first use (slow path, under g_lock). */
+static gp_pool *gp_device_pool(int device)
+{
+    if (device < 0 || device >= GP_MAX_DEVICES) {
+        gp_error_set(GP_ERR_INVALID, "gpupool: device %d is out of range (0..%d)", device, GP_MAX_DEVICES - 1);
+        return NULL;
+    }
+    gp_pool *p = atomic_load_explicit(&g_pools[device], memory_order_acquire);
+    if (p) return p;
+    pthread_mutex_lock(&g_lock);
+    p = atomic_load_explicit(&g_pools[device], memory_order_relaxed);
+    if (!p) {
+        if (!g_configured) gp_config_default(&g_cfg);
+        gp_backend *be;
+        gp_status st = gp_backend_cuda_create(device, &be);
+        if (st == GP_OK) st = gp_pool_create(be, &g_cfg, &p);
+        if (st != GP_OK) {
+            snprintf(g_create_error, sizeof g_create_error, "%s", gp_last_error());
+            p = NULL;
+        } else {
+            atomic_store_explicit(&g_pools[device], p, memory_order_release);
+            if (g_cfg.log == GP_LOG_ALL) {
+                gp_stats s;
+                gp_pool_stats(p, &s, 0);
+                fprintf(stderr, "gpupool: device %d pool created (%s mode, reserved %llu bytes)\n",
+                        device, g_cfg.mode == GP_MODE_RESERVE ? "reserve" : "expandable",
+                        (unsigned long long)s.reserved);
+            }
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return p;
+}
+
+__attribute__((visibility("default"))) void *gpupool_malloc(ssize_t size, int device, void *stream)
+{
+    if (size <= 0) return NULL; /* PyTorch keeps NULL for empty tensors */
+    gp_pool *p = atomic_load_explicit(&g_pools[device & (GP_MAX_DEVICES - 1)], memory_order_acquire);
+    if (!p || device < 0 || device >= GP_MAX_DEVICES) {
+        p = gp_device_pool(device);
+        if (!p) {
+            fprintf(stderr, "gpupool: cannot create the pool of device %d: %s\n", device, g_create_error);
+            return NULL;
+        }
+    }
+    int prio = t_prio >= 0 ? t_prio : g_cfg.priority;
+    gp_status st;
+    void *r = gp_alloc(p, (size_t)size, stream, t_tag, prio, &st);
+    if (!r && (st == GP_ERR_OOM || st == GP_ERR_LIMIT)) gp_log_oom(gp_pool_last_oom(p));
+    else if (!r) fprintf(stderr, "gpupool: allocation of %zd bytes failed: %s\n", size, gp_last_error());
+    return r;
+}
+
+__attribute__((visibility("default"))) void gpupool_free(void *ptr, ssize_t size, int device, void *stream)
+{
+    (void)size;
+    (void)stream;
+    if (!ptr) return;
+    gp_pool *p = device >= 0 && device < GP_MAX_DEVICES
+                     ? atomic_load_explicit(&g_pools[device], memory_order_acquire) : NULL;
+    if (!p) {
+        atomic_fetch_add(&g_free_errors, 1);
+        fprintf(stderr, "gpupool: free of %p on device %d, which has no gpupool pool\n", ptr, device);
+        return;
+    }
+    if (gp_free(p, ptr) != GP_OK) {
+        /* PyTorch's deleter cannot take an error: count it and say it. */
+        atomic_fetch_add(&g_free_errors, 1);
+        fprintf(stderr, "%s\n", gp_last_error());
+    }
+}
+
+/* ------------------------------------------------------------ error helper */
+
+static PyObject *gp_err_type(gp_status st)
+{
+    switch (st) {
+    case GP_ERR_OOM:
+    case GP_ERR_LIMIT: return PyExc_MemoryError;
+    case GP_ERR_INVALID:
+    case GP_ERR_FOREIGN:
+    case GP_ERR_DOUBLE_FREE: return PyExc_ValueError;
+    case GP_ERR_NOMEM: return PyExc_MemoryError;
+    default: return PyExc_RuntimeError;
+    }
+}
+
+static PyObject *gp_raise(gp_status st)
+{
+    PyErr_SetString(gp_err_type(st), gp_last_error()[0] ? gp_last_error() : gp_status_str(st));
+    return NULL;
+}
+
+/* ------------------------------------------------------------- Pool type */
+
+typedef struct {
+    PyObject_HEAD
+    gp_pool *pool;
+    int owned;
+} PoolObject;
+
+static PyTypeObject PoolType;
+
+static PyObject *pool_wrap(gp_pool *p, int owned)
+{
+    PoolObject *o = PyObject_New(PoolObject, &PoolType);
+    if (!o) return NULL;
+    o->pool = p;
+    o->owned = owned;
+    return (PyObject *)o;
+}
+
+static void pool_dealloc(PoolObject *self)
+{
+    if (self->owned && self->pool) gp_pool_destroy(self->pool);
+    PyObject_Free(self);
+}
+
+/* Build a config from defaults, GPUPOOL_* (when use_env) and a dict. */
+static int config_from(PyObject *opts, int use_env, gp_config *cfg)
+{
+    gp_config_default(cfg);
+    if (use_env && gp_config_from_env(cfg) != GP_OK) {
+        gp_raise(GP_ERR_INVALID);
+        return -1;
+    }
+    if (!opts || opts == Py_None) return 0;
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(opts, &pos, &key, &value)) {
+        if (value == Py_None) continue;
+        PyObject *text;
+        if (PyBool_Check(value)) text = PyUnicode_FromString(value == Py_True ? "1" : "0");
+        else text = PyObject_Str(value);
+        if (!text) return -1;
+        const char *k = PyUnicode_AsUTF8(key), *v = PyUnicode_AsUTF8(text);
+        gp_status st = k && v ? gp_config_set(cfg, k, v) : GP_ERR_INVALID;
+        Py_DECREF(text);
+        if (!k || !v) return -1;
+        if (st != GP_OK) {
+            gp_raise(st);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *host_pool_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    (void)type;
+    static char *kwlist[] = {"capacity", "options", NULL};
+    unsigned long long capacity;
+    PyObject *opts = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "K|O!", kwlist, &capacity, &PyDict_Type, &opts)) return NULL;
+    gp_config cfg;
+    if (config_from(opts, 0, &cfg) < 0) return NULL;
+    gp_backend *be;
+    gp_status st = gp_backend_host_create(capacity, &be);
+    if (st != GP_OK) return gp_raise(st);
+    gp_pool *p;
+    if ((st = gp_pool_create(be, &cfg, &p)) != GP_OK) return gp_raise(st);
+    return pool_wrap(p, 1);
+}
+
+static int parse_stream(PyObject *o, gp_stream *out)
+{
+    if (!o || o == Py_None) { *out = NULL; return 1; }
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (PyErr_Occurred()) return 0;
+    *out = (gp_stream)(uintptr_t)v;
+    return 1;
+}
+
+static PyObject *pool_alloc(PoolObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"size", "stream", "tag", "priority", NULL};
+    long long size;
+    PyObject *stream_o = NULL;
+    int tag = -1, prio = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "L|Oii", kwlist, &size, &stream_o, &tag, &prio)) return NULL;
+    gp_stream s;
+    if (!parse_stream(stream_o, &s)) return NULL;
+    if (size <= 0) {
+        PyErr_Format(PyExc_ValueError, "alloc size must be > 0 bytes, got %lld", size);
+        return NULL;
+    }
+    gp_status st;
+    void *r;
+    Py_BEGIN_ALLOW_THREADS
+    r = gp_alloc(self->pool, (size_t)size, s, tag >= 0 ? (gp_tag)tag : t_tag,
+                 prio >= 0 ? prio : (t_prio >= 0 ? t_prio : g_cfg.priority), &st);
+    Py_END_ALLOW_THREADS
+    if (!r) return gp_raise(st);
+    return PyLong_FromVoidPtr(r);
+}
+
+static PyObject *pool_free(PoolObject *self, PyObject *arg)
+{
+    void *ptr = PyLong_AsVoidPtr(arg);
+    if (PyErr_Occurred()) return NULL;
+    gp_status st = gp_free(self->pool, ptr);
+    if (st != GP_OK) return gp_raise(st);
+    Py_RETURN_NONE;
+}
+
+#define SET(d, k, v)                                                       \
+    do {                                                                   \
+        PyObject *_v = PyLong_FromUnsignedLongLong((unsigned long long)(v)); \
+        if (!_v || PyDict_SetItemString(d, k, _v) < 0) {                   \
+            Py_XDECREF(_v);                                                \
+            Py_DECREF(d);                                                  \
+            return NULL;                                                   \
+        }                                                                  \
+        Py_DECREF(_v);                                                     \
+    } while (0)
+
+static PyObject *stats_dict(gp_pool *p, int full)
+{
+    gp_stats s;
+    gp_pool_stats(p, &s, full);
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    SET(d, "allocated", s.allocated);
+    SET(d, "allocated_peak", s.allocated_peak);
+    SET(d, "requested", s.requested);
+    SET(d, "requested_peak", s.requested_peak);
+    SET(d, "reserved", s.reserved);
+    SET(d, "reserved_peak", s.reserved_peak);
+    SET(d, "active_blocks", s.active_blocks);
+    SET(d, "active_blocks_peak", s.active_blocks_peak);
+    SET(d, "n_alloc", s.n_alloc);
+    SET(d, "n_free", s.n_free);
+    SET(d, "cache_hits", s.cache_hits);
+    SET(d, "n_map", s.n_map);
+    SET(d, "n_unmap", s.n_unmap);
+    SET(d, "n_map_fail", s.n_map_fail);
+    SET(d, "n_stream_waits", s.n_stream_waits);
+    SET(d, "n_sync", s.n_sync);
+    SET(d, "n_trim", s.n_trim);
+    SET(d, "n_oom", s.n_oom);
+    SET(d, "n_alloc_retries", s.n_alloc_retries);
+    SET(d, "segments", s.segments);
+    SET(d, "free_blocks", s.free_blocks);
+    SET(d, "free_bytes", s.free_bytes);
+    SET(d, "largest_free", s.largest_free);
+    SET(d, "limit", s.limit);
+    SET(d, "device_total", s.device_total);
+    SET(d, "chunk", s.chunk);
+    SET(d, "offloaded", s.offloaded);
+    return d;
+}
+
+static PyObject *pool_stats(PoolObject *self, PyObject *args)
+{
+    int full = 1;
+    if (!PyArg_ParseTuple(args, "|p", &full)) return NULL;
+    return stats_dict(self->pool, full);
+}
+
+static PyObject *pool_tag_stats(PoolObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    PyObject *out = PyDict_New();
+    if (!out) return NULL;
+    unsigned n = gp_tag_count();
+    for (unsigned t = 0; t < n; t++) {
+        gp_tag_stats ts;
+        gp_pool_tag_stats(self->pool, (gp_tag)t, &ts);
+        if (!ts.n_alloc && !ts.limit) continue;
+        PyObject *d = PyDict_New();
+        if (!d) { Py_DECREF(out); return NULL; }
+        SET(d, "allocated", ts.allocated);
+        SET(d, "allocated_peak", ts.allocated_peak);
+        SET(d, "requested", ts.requested);
+        SET(d, "active_blocks", ts.active_blocks);
+        SET(d, "n_alloc", ts.n_alloc);
+        SET(d, "limit", ts.limit);
+        int rc = PyDict_SetItemString(out, gp_tag_name((gp_tag)t), d);
+        Py_DECREF(d);
+        if (rc < 0) { Py_DECREF(out); return NULL; }
+    }
+    return out;
+}
+
+static PyObject *pool_prio_stats(PoolObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    PyObject *out = PyDict_New();
+    if (!out) return NULL;
+    for (int pr = 0; pr <= GP_PRIO_MAX; pr++) {
+        uint64_t cur, peak;
+        gp_pool_prio_stats(self->pool, pr, &cur, &peak);
+        if (!peak) continue;
+        PyObject *v = Py_BuildValue("(KK)", (unsigned long long)cur, (unsigned long long)peak);
+        PyObject *k = PyLong_FromLong(pr);
+        int rc = v && k ? PyDict_SetItem(out, k, v) : -1;
+        Py_XDECREF(v);
+        Py_XDECREF(k);
+        if (rc < 0) { Py_DECREF(out); return NULL; }
+    }
+    return out;
+}
+
+static int walk_to_list(void *arg, const gp_block_info *b)
+{
+    PyObject *t = Py_BuildValue("(KKKKiiii)", (unsigned long long)b->addr, (unsigned long long)b->size,
+                                (unsigned long long)b->requested, (unsigned long long)(uintptr_t)b->stream,
+                                (int)b->tag, (int)b->priority, (int)b->state, (int)b->arena);
+    if (!t) return 1;
+    int rc = PyList_Append((PyObject *)arg, t);
+    Py_DECREF(t);
+    return rc < 0;
+}
+
+static PyObject *pool_blocks(PoolObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    PyObject *l = PyList_New(0);
+    if (!l) return NULL;
+    gp_pool_walk(self->pool, walk_to_list, l);
+    if (PyErr_Occurred()) { Py_DECREF(l); return NULL; }
+    return l;
+}
+
+static PyObject *pool_trim(PoolObject *self, PyObject *args)
+{
+    unsigned long long bytes = UINT64_MAX;
+    if (!PyArg_ParseTuple(args, "|K", &bytes)) return NULL;
+    uint64_t r;
+    Py_BEGIN_ALLOW_THREADS
+    r = gp_pool_trim(self->pool, bytes);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromUnsignedLongLong(r);
+}
+
+static PyObject *pool_set_limit(PoolObject *self, PyObject *arg)
+{
+    unsigned long long v = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    gp_pool_set_limit(self->pool, v);
+    Py_RETURN_NONE;
+}
+
+static PyObject *pool_set_tag_limit(PoolObject *self, PyObject *args)
+{
+    int tag;
+    unsigned long long bytes;
+    if (!PyArg_ParseTuple(args, "iK", &tag, &bytes)) return NULL;
+    gp_status st = gp_pool_set_tag_limit(self->pool, (gp_tag)tag, bytes);
+    if (st != GP_OK) return gp_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *pool_reset_peaks(PoolObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    gp_pool_reset_peaks(self->pool);
+    Py_RETURN_NONE;
+}
+
+static PyObject *pool_last_oom(PoolObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    return PyUnicode_FromString(gp_pool_last_oom(self->pool));
+}
+
+static PyObject *pool_lookup(PoolObject *self, PyObject *arg)
+{
+    void *ptr = PyLong_AsVoidPtr(arg);
+    if (PyErr_Occurred()) return NULL;
+    gp_block_info b;
+    gp_status st = gp_pool_lookup(self->pool, ptr, &b);
+    if (st != GP_OK) return gp_raise(st);
+    PyObject *l = PyList_New(0);
+    if (!l) return NULL;
+    if (walk_to_list(l, &b)) { Py_DECREF(l); return NULL; }
+    PyObject *t = PyList_GetItem(l, 0);
+    Py_INCREF(t);
+    Py_DECREF(l);
+    return t;
+}
+
+static PyObject *pool_mem_info(PoolObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    gp_stats s;
+    gp_pool_stats(self->pool, &s, 0);
+    return Py_BuildValue("(KK)", (unsigned long long)s.device_total, (unsigned long long)s.reserved);
+}
+
+static PyMethodDef pool_methods[] = {
+    {"alloc", (PyCFunction)(void (*)(void))pool_alloc, METH_VARARGS | METH_KEYWORDS,
+     "alloc(size, stream=0, tag=-1, priority=-1) -> address; tag/priority -1: this thread's context"},
+    {"free", (PyCFunction)pool_free, METH_O, "free(address)"},
+    {"stats", (PyCFunction)pool_stats, METH_VARARGS, "stats(full=True) -> dict of the pool's figures"},
+    {"tag_stats", (PyCFunction)pool_tag_stats, METH_NOARGS, "tag_stats() -> {tag: dict}"},
+    {"prio_stats", (PyCFunction)pool_prio_stats, METH_NOARGS, "prio_stats() -> {priority: (allocated, peak)}"},
+    {"blocks", (PyCFunction)pool_blocks, METH_NOARGS,
+     "blocks() -> [(addr, size, requested, stream, tag, priority, state, arena)] in address order"},
+    {"trim", (PyCFunction)pool_trim, METH_VARARGS, "trim(bytes=all) -> bytes released"},
+    {"set_limit", (PyCFunction)pool_set_limit, METH_O, "set_limit(bytes); 0 removes it"},
+    {"set_tag_limit", (PyCFunction)pool_set_tag_limit, METH_VARARGS, "set_tag_limit(tag_id, bytes)"},
+    {"reset_peaks", (PyCFunction)pool_reset_peaks, METH_NOARGS, "reset every peak to the current value"},
+    {"last_oom", (PyCFunction)pool_last_oom, METH_NOARGS, "the last out-of-memory report"},
+    {"lookup", (PyCFunction)pool_lookup, METH_O, "lookup(address) -> block tuple of the live block there"},
+    {"mem_info", (PyCFunction)pool_mem_info, METH_NOARGS, "(device total, reserved)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject PoolType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gpupool._C.Pool",
+    .tp_basicsize = sizeof(PoolObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A gpupool pool. Pool(capacity, options=None) makes one over the host backend.",
+    .tp_new = host_pool_new,
+    .tp_dealloc = (destructor)pool_dealloc,
+    .tp_methods = pool_methods,
+};
+
+/* ------------------------------------------------------ module functions */
+
+static PyObject *m_configure(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *opts = NULL;
+    if (!PyArg_ParseTuple(args, "|O", &opts)) return NULL;
+    if (opts && opts != Py_None && !PyDict_Check(opts)) {
+        PyErr_SetString(PyExc_TypeError, "configure(options): options must be a dict or None");
+        return NULL;
+    }
+    gp_config cfg;
+    if (config_from(opts, 1, &cfg) < 0) return NULL;
+    pthread_mutex_lock(&g_lock);
+    int live = 0;
+    for (int i = 0; i < GP_MAX_DEVICES; i++) live |= atomic_load(&g_pools[i]) != NULL;
+    if (!live) {
+        g_cfg = cfg;
+        g_configured = 1;
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (live) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "gpupool: configure() after a device pool was created; call gpupool.enable() "
+                        "once, before the first CUDA allocation");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *m_config(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    gp_config cfg = g_cfg;
+    if (!g_configured) gp_config_default(&cfg);
+    size_t n;
+    const gp_option_info *o = gp_config_options(&n);
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        char buf[128];
+        gp_config_get(&cfg, o[i].key, buf, sizeof buf);
+        PyObject *v = PyUnicode_FromString(buf);
+        if (!v || PyDict_SetItemString(d, o[i].key, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return d;
+}
+
+static PyObject *m_config_options(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    size_t n;
+    const gp_option_info *o = gp_config_options(&n);
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    if (!l) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        PyObject *t = Py_BuildValue("(sssss)", o[i].env, o[i].key, o[i].def, o[i].accepted, o[i].help);
+        if (!t) { Py_DECREF(l); return NULL; }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, t);
+    }
+    return l;
+}
+
+static PyObject *m_parse_size(PyObject *self, PyObject *args)
+{
+    (void)self;
+    const char *text;
+    int frac = 1;
+    if (!PyArg_ParseTuple(args, "s|p", &text, &frac)) return NULL;
+    gp_size_spec s;
+    gp_status st = gp_parse_size(text, frac, &s);
+    if (st != GP_OK) return gp_raise(st);
+    return Py_BuildValue("(Kd)", (unsigned long long)s.bytes, s.fraction);
+}
+
+static PyObject *m_parse_priority(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const char *text = PyUnicode_AsUTF8(arg);
+    if (!text) return NULL;
+    int p;
+    gp_status st = gp_parse_priority(text, &p);
+    if (st != GP_OK) return gp_raise(st);
+    return PyLong_FromLong(p);
+}
+
+static PyObject *m_tag_intern(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    gp_tag t;
+    gp_status st = gp_tag_intern(name, &t);
+    if (st != GP_OK) return gp_raise(st);
+    return PyLong_FromLong(t);
+}
+
+static PyObject *m_tag_name(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    long t = PyLong_AsLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    const char *n = t >= 0 && t < GP_MAX_TAGS ? gp_tag_name((gp_tag)t) : NULL;
+    if (!n) {
+        PyErr_Format(PyExc_ValueError, "tag id %ld was never interned", t);
+        return NULL;
+    }
+    return PyUnicode_FromString(n);
+}
+
+static PyObject *m_set_context(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int tag, prio;
+    if (!PyArg_ParseTuple(args, "ii", &tag, &prio)) return NULL;
+    if (tag < 0 || tag >= (int)gp_tag_count() || prio < -1 || prio > GP_PRIO_MAX) {
+        PyErr_Format(PyExc_ValueError, "bad context: tag %d, priority %d", tag, prio);
+        return NULL;
+    }
+    PyObject *old = Py_BuildValue("(ii)", (int)t_tag, t_prio);
+    t_tag = (gp_tag)tag;
+    t_prio = prio;
+    return old;
+}
+
+static PyObject *m_get_context(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return Py_BuildValue("(ii)", (int)t_tag, t_prio >= 0 ? t_prio : g_cfg.priority);
+}
+
+static PyObject *m_device_pool(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int device, create = 0;
+    if (!PyArg_ParseTuple(args, "i|p", &device, &create)) return NULL;
+    gp_pool *p = device >= 0 && device < GP_MAX_DEVICES ? atomic_load(&g_pools[device]) : NULL;
+    if (!p && create) {
+        p = gp_device_pool(device);
+        if (!p) {
+            PyErr_Format(PyExc_RuntimeError, "gpupool: cannot create the pool of device %d: %s",
+                         device, g_create_error[0] ? g_create_error : gp_last_error());
+            return NULL;
+        }
+    }
+    if (!p) Py_RETURN_NONE;
+    return pool_wrap(p, 0);
+}
+
+static PyObject *m_devices(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    PyObject *l = PyList_New(0);
+    for (int i = 0; l && i < GP_MAX_DEVICES; i++) {
+        if (!atomic_load(&g_pools[i])) continue;
+        PyObject *v = PyLong_FromLong(i);
+        if (!v || PyList_Append(l, v) < 0) { Py_XDECREF(v); Py_DECREF(l); return NULL; }
+        Py_DECREF(v);
+    }
+    return l;
+}
+
+static PyObject *m_free_errors(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return PyLong_FromUnsignedLongLong(atomic_load(&g_free_errors));
+}
+
+static PyObject *m_build_info(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+#ifdef GP_HAVE_ZSTD
+    int zstd = 1;
+#else
+    int zstd = 0;
+#endif
+#ifdef GP_HAVE_LZ4
+    int lz4 = 1;
+#else
+    int lz4 = 0;
+#endif
+    return Py_BuildValue("{s:s,s:O,s:O,s:s}", "version", GP_VERSION, "zstd", zstd ? Py_True : Py_False,
+                         "lz4", lz4 ? Py_True : Py_False, "compiler", __VERSION__);
+}
+
+static PyMethodDef module_methods[] = {
+    {"configure", m_configure, METH_VARARGS,
+     "configure(options=None): defaults, then GPUPOOL_* variables, then options; before the first device pool"},
+    {"config", m_config, METH_NOARGS, "config() -> {key: value as text} in force"},
+    {"config_options", m_config_options, METH_NOARGS, "[(env, key, default, accepted, help)]"},
+    {"parse_size", m_parse_size, METH_VARARGS, "parse_size(text, allow_fraction=True) -> (bytes, fraction)"},
+    {"parse_priority", m_parse_priority, METH_O, "parse_priority(text) -> int"},
+    {"tag_intern", m_tag_intern, METH_O, "tag_intern(name) -> id"},
+    {"tag_name", m_tag_name, METH_O, "tag_name(id) -> name"},
+    {"set_context", m_set_context, METH_VARARGS,
+     "set_context(tag_id, priority) -> previous (tag_id, priority); priority -1: the default"},
+    {"get_context", m_get_context, METH_NOARGS, "(tag_id, priority) of this thread"},
+    {"device_pool", m_device_pool, METH_VARARGS, "device_pool(device, create=False) -> Pool or None"},
+    {"devices", m_devices, METH_NOARGS, "devices with a pool"},
+    {"free_errors", m_free_errors, METH_NOARGS, "frees PyTorch made that gpupool rejected"},
+    {"build_info", m_build_info, METH_NOARGS, "how the extension was built"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "gpupool._C",
+    "gpupool's C core: pools, configuration, tags, and the allocator symbols for PyTorch.",
+    -1, module_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__C(void)
+{
+    if (PyType_Ready(&PoolType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module_def);
+    if (!m) return NULL;
+    Py_INCREF(&PoolType);
+    if (PyModule_AddObject(m, "Pool", (PyObject *)&PoolType) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_TAGS", GP_MAX_TAGS) < 0 ||
+        PyModule_AddIntConstant(m, "PRIO_MAX", GP_PRIO_MAX) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,85 @@
+"""gpupool: a caching, pooled GPU memory allocator for PyTorch.
+
+    import gpupool
+    gpupool.enable()          # first thing: every CUDA tensor now lives in gpupool
+    ...
+    print(gpupool.report())
+
+Importing gpupool needs neither torch nor a GPU; HostPool runs the same
+allocator over host memory."""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from . import _C
+from ._context import current_tag, priority_value, tag
+from ._pool import Block, HostPool, PoolView, format_bytes
+from ._torch import device_pool, enable, is_enabled
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__", "build_info", "enable", "is_enabled", "stats", "report", "reset_peak_stats",
+    "empty_cache", "set_limit", "budget", "last_oom_report", "tag", "current_tag", "HostPool",
+    "PoolView", "Block", "format_bytes", "config", "config_options", "priority_value",
+]
+
+
+def build_info() -> Dict[str, Any]:
+    """Version and optional codecs (zstd, lz4) the extension was built with."""
+    return dict(_C.build_info())
+
+
+def config() -> Dict[str, str]:
+    """The configuration in force (defaults until enable() is called)."""
+    return dict(_C.config())
+
+
+def config_options() -> list:
+    """Every GPUPOOL_* option: (variable, keyword, default, accepted, meaning)."""
+    return list(_C.config_options())
+
+
+def stats(device: Optional[int] = None) -> Dict[str, Any]:
+    """Figures of a device's pool: allocated, reserved, peaks, counts, driver
+    calls, fragmentation, per tag ('tags') and per priority ('priorities')."""
+    return device_pool(device).stats()
+
+
+def report(device: Optional[int] = None, file: Any = None) -> str:
+    """A readable table of the device's memory; also written to `file` if given."""
+    text = device_pool(device).report()
+    if file is not None:
+        print(text, file=file)
+    return text
+
+
+def reset_peak_stats(device: Optional[int] = None) -> None:
+    """Reset every peak figure of the device's pool to its current value."""
+    device_pool(device).reset_peak_stats()
+
+
+def empty_cache(device: Optional[int] = None) -> int:
+    """Give cached (free) physical memory back to the device; returns bytes released."""
+    return device_pool(device).empty_cache()
+
+
+def set_limit(nbytes: Optional[int], tag: Optional[str] = None, device: Optional[int] = None) -> None:
+    """Cap the pool's reserved bytes, or a tag's allocated bytes; None removes the cap."""
+    device_pool(device).set_limit(nbytes, tag)
+
+
+def last_oom_report(device: Optional[int] = None) -> str:
+    """The report of the last allocation that ran out of memory ('' if none)."""
+    return device_pool(device).last_oom_report()
+
+
+def budget(device: Optional[int] = None) -> Dict[str, int]:
+    """Device total, free (as the driver sees it), the pool limit and what gpupool holds."""
+    import torch
+
+    d = device if device is not None else torch.cuda.current_device()
+    free, total = torch.cuda.mem_get_info(d)
+    s = device_pool(d).stats()
+    return {"total": int(total), "free": int(free), "limit": s["limit"],
+            "reserved": s["reserved"], "allocated": s["allocated"]}

@@ -1,0 +1,78 @@
+"""Plugging gpupool into PyTorch: enable() installs the C allocator through
+torch.cuda.memory.CUDAPluggableAllocator.  torch is imported only here, and
+only when enable() (or a device query) is called."""
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, Optional
+
+from . import _C
+from ._pool import PoolView
+
+__all__ = ["enable", "is_enabled", "device_pool", "current_device"]
+
+_lock = threading.Lock()
+_allocator: Any = None
+_options: Optional[Dict[str, Any]] = None
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise RuntimeError("gpupool.enable() needs PyTorch: pip install 'gpupool[torch]'") from e
+    return torch
+
+
+def enable(**options: Any) -> None:
+    """Make gpupool PyTorch's CUDA allocator for this process.
+
+    Call it once, at the top of the script, before anything allocates CUDA
+    memory.  Keywords are the GPUPOOL_* options without the prefix, in lower
+    case (mode="reserve", reserve="80%", limit="20GiB", priority="high", ...);
+    they override the environment.  A malformed value raises ValueError
+    naming the option and what is accepted."""
+    global _allocator, _options
+    with _lock:
+        if _allocator is not None:
+            if options and options != _options:
+                raise RuntimeError(
+                    f"gpupool is already enabled with options {_options}; it cannot be "
+                    f"re-enabled with {options} in the same process")
+            return
+        torch = _torch()
+        if not torch.cuda.is_available():
+            raise RuntimeError("gpupool.enable(): torch sees no CUDA device "
+                               "(torch.cuda.is_available() is False)")
+        _C.configure(options)
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, "gpupool_malloc", "gpupool_free")
+        try:
+            torch.cuda.memory.change_current_allocator(alloc)
+        except RuntimeError as e:
+            raise RuntimeError(
+                "gpupool.enable() must run before the first CUDA allocation of the process: "
+                "PyTorch's own allocator is already in use. Call it at the top of the script, "
+                "or use `python -m gpupool run script.py`.") from e
+        _allocator, _options = alloc, dict(options)
+
+
+def is_enabled() -> bool:
+    """True once enable() succeeded in this process."""
+    return _allocator is not None
+
+
+def current_device() -> int:
+    """torch's current CUDA device when torch is loaded, else 0."""
+    import sys
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        return int(torch.cuda.current_device())
+    return 0
+
+
+def device_pool(device: Optional[int] = None) -> PoolView:
+    """The pool of a CUDA device (the current one by default)."""
+    if not is_enabled():
+        raise RuntimeError("gpupool is not enabled: call gpupool.enable() first")
+    d = current_device() if device is None else int(device)
+    return PoolView(_C.device_pool(d, True), f"device {d}")

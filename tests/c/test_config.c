@@ -1,0 +1,553 @@
+/*
+ * test_config.c -- unit tests of the options (config.c): every GPUPOOL_*
+ * option with good and bad values, the words of the error messages, sizes
+ * at their edges, the environment (unknown variables included), printing
+ * and parsing back.  Run under ASan and UBSan by the test suite.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "backend.h"
+#include "check.h"
+
+#define KiB (1ull << 10)
+#define MiB (1ull << 20)
+#define GiB (1ull << 30)
+#define TiB (1ull << 40)
+
+extern char **environ;
+
+static int cfg_eq(const gp_config *a, const gp_config *b)
+{
+    return a->mode == b->mode && a->reserve.bytes == b->reserve.bytes &&
+           a->reserve.fraction == b->reserve.fraction && a->limit.bytes == b->limit.bytes &&
+           a->limit.fraction == b->limit.fraction && a->priority == b->priority &&
+           strcmp(a->codec, b->codec) == 0 && a->offload_threads == b->offload_threads &&
+           strcmp(a->tenant, b->tenant) == 0 && a->log == b->log && a->trace == b->trace &&
+           a->chunk == b->chunk && a->small_size == b->small_size &&
+           a->torch_patch == b->torch_patch;
+}
+
+static int has(const char *needle) { return strstr(gp_last_error(), needle) != NULL; }
+
+/* Set `name` to `value` on a default config; 1 when accepted. */
+static int set_ok(gp_config *cfg, const char *name, const char *value)
+{
+    gp_config_default(cfg);
+    return gp_config_set(cfg, name, value) == GP_OK;
+}
+
+/* A bad value is refused, the config is left as it was, and the message
+ * names the variable and quotes the value. */
+static int set_bad(const char *name, const char *value)
+{
+    gp_config cfg, before;
+    gp_config_default(&cfg);
+    CHECK(gp_config_set(&cfg, "tenant", "team-a") == GP_OK);
+    before = cfg;
+    gp_error_clear();
+    if (gp_config_set(&cfg, name, value) != GP_ERR_INVALID) return 0;
+    char quoted[128];
+    snprintf(quoted, sizeof quoted, "='%s'", value);
+    size_t n;
+    const gp_option_info *o = gp_config_options(&n);
+    int named = 0;
+    for (size_t i = 0; i < n; i++) named |= strcmp(o[i].key, name) == 0 && has(o[i].env);
+    int ok = cfg_eq(&cfg, &before) && named && has(quoted) && has("is not valid");
+    if (!ok) fprintf(stderr, "  set_bad(%s, '%s'): %s\n", name, value, gp_last_error());
+    return ok;
+}
+
+static int size_is(const char *text, int frac, uint64_t bytes, double fraction)
+{
+    gp_size_spec s = {12345, 0.5};
+    if (gp_parse_size(text, frac, &s) != GP_OK) {
+        fprintf(stderr, "  size '%s' refused: %s\n", text, gp_last_error());
+        return 0;
+    }
+    double d = s.fraction - fraction;
+    return s.bytes == bytes && d < 1e-12 && d > -1e-12;
+}
+
+static int size_bad(const char *text, int frac)
+{
+    gp_size_spec s = {12345, 0.5};
+    gp_error_clear();
+    return gp_parse_size(text, frac, &s) == GP_ERR_INVALID && s.bytes == 12345 &&
+           s.fraction == 0.5 && has("is not a valid size") && has("expected a");
+}
+
+static int get_is(const gp_config *cfg, const char *name, const char *want)
+{
+    char buf[128];
+    if (gp_config_get(cfg, name, buf, sizeof buf) != GP_OK) return 0;
+    if (strcmp(buf, want) != 0) fprintf(stderr, "  get(%s) = '%s', want '%s'\n", name, buf, want);
+    return strcmp(buf, want) == 0;
+}
+
+/* Remove every GPUPOOL_* variable (in any letter case), so that the caller's environment (a test
+ * knob, a user setting) does not leak into the tests. */
+static void clear_env(void)
+{
+    for (int again = 1; again;) {
+        again = 0;
+        for (char **e = environ; *e; e++) {
+            if (strncasecmp(*e, "GPUPOOL_", 8) == 0) {
+                char name[256];
+                size_t k = strcspn(*e, "=");
+                snprintf(name, sizeof name, "%.*s", (int)k, *e);
+                unsetenv(name);
+                again = 1; /* environ changed under us */
+                break;
+            }
+        }
+    }
+}
+
+static void test_table(void)
+{
+    size_t n = 0;
+    const gp_option_info *o = gp_config_options(&n);
+    CHECK(n == 12);
+    gp_config cfg;
+    gp_config_default(&cfg);
+    for (size_t i = 0; i < n; i++) {
+        CHECK(o[i].env && o[i].key && o[i].def && o[i].accepted && o[i].help);
+        CHECK(*o[i].def && *o[i].accepted && *o[i].help);
+        /* The variable is GPUPOOL_ and the keyword in upper case. */
+        char env[64] = "GPUPOOL_";
+        for (size_t j = 0; o[i].key[j] && j < 40; j++)
+            env[8 + j] = (char)(o[i].key[j] >= 'a' && o[i].key[j] <= 'z' ? o[i].key[j] - 32 : o[i].key[j]);
+        CHECK(strcmp(env, o[i].env) == 0);
+        /* The documented default is what gp_config_default gives, but for
+         * the two whose default is "nothing set". */
+        if (strcmp(o[i].key, "reserve") == 0) CHECK(get_is(&cfg, o[i].key, "none"));
+        else if (strcmp(o[i].key, "tenant") == 0) CHECK(get_is(&cfg, o[i].key, ""));
+        else CHECK(get_is(&cfg, o[i].key, o[i].def));
+    }
+    CHECK(strstr(o[1].def, "80%") != NULL);
+    const char *keys[] = {"mode", "reserve", "limit", "priority", "codec", "offload_threads",
+                          "tenant", "log", "trace", "chunk", "small_size", "torch_patch"};
+    for (size_t i = 0; i < n && i < 12; i++) CHECK(strcmp(o[i].key, keys[i]) == 0);
+}
+
+static void test_defaults(void)
+{
+    gp_config c;
+    memset(&c, 0xab, sizeof c);
+    gp_config_default(&c);
+    CHECK(c.mode == GP_MODE_EXPANDABLE);
+    CHECK(c.reserve.bytes == 0 && c.reserve.fraction == 0);
+    CHECK(c.limit.bytes == 0 && c.limit.fraction == 0);
+    CHECK(c.priority == GP_PRIO_NORMAL);
+    CHECK(strcmp(c.codec, "none") == 0);
+    CHECK(c.offload_threads == 4);
+    CHECK(c.tenant[0] == '\0');
+    CHECK(c.log == GP_LOG_OOM);
+    CHECK(c.trace == 0);
+    CHECK(c.chunk == 2 * MiB);
+    CHECK(c.small_size == 1 * MiB);
+    CHECK(c.torch_patch == 1);
+}
+
+static void test_sizes(void)
+{
+    CHECK(size_is("4096", 0, 4096, 0));
+    CHECK(size_is("0", 1, 0, 0));
+    CHECK(size_is("0MiB", 0, 0, 0));
+    CHECK(size_is("1B", 0, 1, 0));
+    CHECK(size_is("7b", 0, 7, 0));
+    CHECK(size_is("1K", 0, KiB, 0));
+    CHECK(size_is("1k", 0, KiB, 0));
+    CHECK(size_is("1KiB", 0, KiB, 0));
+    CHECK(size_is("1kib", 0, KiB, 0));
+    CHECK(size_is("1KB", 0, 1000, 0));
+    CHECK(size_is("1kB", 0, 1000, 0));
+    CHECK(size_is("1M", 0, MiB, 0));
+    CHECK(size_is("512MiB", 0, 512 * MiB, 0));
+    CHECK(size_is("1MB", 0, 1000000, 0));
+    CHECK(size_is("1G", 0, GiB, 0));
+    CHECK(size_is("1GIB", 0, GiB, 0));
+    CHECK(size_is("20GB", 0, 20000000000ull, 0));
+    CHECK(size_is("1T", 0, TiB, 0));
+    CHECK(size_is("1TiB", 0, TiB, 0));
+    CHECK(size_is("1TB", 0, 1000000000000ull, 0));
+    CHECK(size_is("1.5GiB", 0, 3 * GiB / 2, 0));
+    CHECK(size_is("1.5 GiB", 0, 3 * GiB / 2, 0));
+    CHECK(size_is("2  MiB", 0, 2 * MiB, 0));
+    CHECK(size_is("0.5KB", 0, 500, 0));
+    CHECK(size_is("0.1KiB", 0, 102, 0)); /* 102.4, rounded down */
+    CHECK(size_is("1.999B", 0, 1, 0));
+    CHECK(size_is("0.000001TB", 0, 1000000, 0));
+    CHECK(size_is("1.0000000000000000000000001KiB", 0, KiB, 0));
+    CHECK(size_is("007MiB", 0, 7 * MiB, 0));
+    CHECK(size_is("80%", 1, 0, 0.8));
+    CHECK(size_is("100%", 1, 0, 1.0));
+    CHECK(size_is("0.5%", 1, 0, 0.005));
+    CHECK(size_is("12.5 %", 1, 0, 0.125));
+    CHECK(size_is("0.8", 1, 0, 0.8));
+    CHECK(size_is("1.0", 1, 0, 1.0));
+    CHECK(size_is("0.333333333333333333333333", 1, 0, 1.0 / 3));
+    /* The largest size is 2^63-1 bytes. */
+    CHECK(size_is("9223372036854775807", 0, 9223372036854775807ull, 0));
+    CHECK(size_is("8388607TiB", 0, 8388607ull * TiB, 0));
+    CHECK(size_is("8388607.999999TiB", 0, 8388607ull * TiB + 999999ull * TiB / 1000000, 0));
+    CHECK(size_bad("9223372036854775808", 0));
+    CHECK(size_bad("8388608TiB", 0));
+    CHECK(size_bad("9223372036854775.808KB", 0));
+    CHECK(size_bad("18446744073709551616", 0));
+    CHECK(size_bad("99999999999999999999999999GiB", 0));
+    /* Malformed. */
+    CHECK(size_bad("", 1));
+    CHECK(size_bad("-1", 1));
+    CHECK(size_bad("-1GiB", 1));
+    CHECK(size_bad("+1", 1));
+    CHECK(size_bad(" 1", 1));
+    CHECK(size_bad("1 ", 1));
+    CHECK(size_bad("1MiB ", 1));
+    CHECK(size_bad("1MiBx", 1));
+    CHECK(size_bad("12XB", 1) && has("'12XB'") && has("unknown unit 'XB'"));
+    CHECK(size_bad("1KI", 1));
+    CHECK(size_bad("1EiB", 1));
+    CHECK(size_bad("nan", 1));
+    CHECK(size_bad("inf", 1));
+    CHECK(size_bad("NaN%", 1));
+    CHECK(size_bad("1e3", 1));
+    CHECK(size_bad("0x10", 1));
+    CHECK(size_bad(".5", 1));
+    CHECK(size_bad("5.", 1));
+    CHECK(size_bad("5.GiB", 1));
+    CHECK(size_bad("1..5", 1));
+    CHECK(size_bad("1.2.3", 1));
+    CHECK(size_bad("1,5GiB", 1)); /* no locale's decimal comma */
+    CHECK(size_bad("MiB", 1));
+    CHECK(size_bad("%", 1));
+    CHECK(size_bad("1%%", 1));
+    CHECK(size_bad("0.1B", 1) && has("less than one byte"));
+    /* Fractions and percentages: in (0, 1] and (0%, 100%]. */
+    CHECK(size_bad("0%", 1));
+    CHECK(size_bad("0.0%", 1));
+    CHECK(size_bad("100.1%", 1));
+    CHECK(size_bad("101%", 1));
+    CHECK(size_bad("0.0", 1));
+    CHECK(size_bad("1.5", 1));
+    CHECK(size_bad("1.0000001", 1));
+    /* Only where fractions are allowed; the message then does not offer them. */
+    CHECK(size_bad("80%", 0) && !has("80%,") && has("512MiB"));
+    CHECK(size_bad("0.8", 0));
+    CHECK(size_bad("1.0", 0));
+    gp_size_spec s;
+    CHECK(gp_parse_size(NULL, 1, &s) == GP_ERR_INVALID);
+    CHECK(gp_parse_size("1", 1, NULL) == GP_ERR_INVALID);
+    /* A long value is quoted cut short, and the message still says why. */
+    char big[300];
+    memset(big, '7', sizeof big - 2);
+    big[sizeof big - 2] = 'X';
+    big[sizeof big - 1] = '\0';
+    CHECK(size_bad(big, 1) && has("...'") && has("expected"));
+}
+
+static void test_resolve(void)
+{
+    CHECK(gp_size_resolve((gp_size_spec){0, 0}, 100 * GiB) == 0);
+    CHECK(gp_size_resolve((gp_size_spec){4096, 0}, 100 * GiB) == 4096);
+    CHECK(gp_size_resolve((gp_size_spec){4096, 0.5}, 100 * GiB) == 4096);
+    CHECK(gp_size_resolve((gp_size_spec){0, 0.5}, 100 * GiB) == 50 * GiB);
+    CHECK(gp_size_resolve((gp_size_spec){0, 0.8}, 80 * GiB) == 64 * GiB);
+    CHECK(gp_size_resolve((gp_size_spec){0, 0.8}, 10) == 8);
+    CHECK(gp_size_resolve((gp_size_spec){0, 0.25}, 3) == 0); /* rounded down */
+    CHECK(gp_size_resolve((gp_size_spec){0, 1.0}, UINT64_MAX) == UINT64_MAX);
+    CHECK(gp_size_resolve((gp_size_spec){0, 0.9999999999999999}, UINT64_MAX) <= UINT64_MAX);
+    CHECK(gp_size_resolve((gp_size_spec){0, 0.5}, 0) == 0);
+    CHECK(gp_size_resolve((gp_size_spec){0, -0.5}, 100) == 0);
+    gp_size_spec p;
+    CHECK(gp_parse_size("80%", 1, &p) == GP_OK && gp_size_resolve(p, 80 * GiB) == 64 * GiB);
+    CHECK(gp_parse_size("0.7", 1, &p) == GP_OK && gp_size_resolve(p, 100) == 70);
+}
+
+static void test_priority(void)
+{
+    int p = -7;
+    CHECK(gp_parse_priority("low", &p) == GP_OK && p == GP_PRIO_LOW);
+    CHECK(gp_parse_priority("normal", &p) == GP_OK && p == GP_PRIO_NORMAL);
+    CHECK(gp_parse_priority("high", &p) == GP_OK && p == GP_PRIO_HIGH);
+    CHECK(gp_parse_priority("critical", &p) == GP_OK && p == GP_PRIO_CRITICAL);
+    CHECK(gp_parse_priority("HIGH", &p) == GP_OK && p == GP_PRIO_HIGH);
+    CHECK(gp_parse_priority("Critical", &p) == GP_OK && p == GP_PRIO_CRITICAL);
+    CHECK(gp_parse_priority("0", &p) == GP_OK && p == 0);
+    CHECK(gp_parse_priority("255", &p) == GP_OK && p == 255);
+    CHECK(gp_parse_priority("007", &p) == GP_OK && p == 7);
+    p = -7;
+    const char *bad[] = {"256", "-1", "+1", "", " 1", "1 ", "1x", "urgent", "lowest",
+                         "99999999999999999999", "2.0", "0x10", NULL};
+    for (int i = 0; bad[i]; i++) {
+        char quoted[64];
+        snprintf(quoted, sizeof quoted, "'%s'", bad[i]);
+        CHECK(gp_parse_priority(bad[i], &p) == GP_ERR_INVALID && p == -7 && has(quoted) &&
+              has("critical"));
+    }
+    CHECK(gp_parse_priority(NULL, &p) == GP_ERR_INVALID);
+    CHECK(gp_parse_priority("low", NULL) == GP_ERR_INVALID);
+    CHECK(strcmp(gp_priority_name(GP_PRIO_LOW), "low") == 0);
+    CHECK(strcmp(gp_priority_name(GP_PRIO_NORMAL), "normal") == 0);
+    CHECK(strcmp(gp_priority_name(GP_PRIO_HIGH), "high") == 0);
+    CHECK(strcmp(gp_priority_name(GP_PRIO_CRITICAL), "critical") == 0);
+    CHECK(gp_priority_name(4) == NULL && gp_priority_name(255) == NULL && gp_priority_name(-1) == NULL);
+}
+
+static void test_options(void)
+{
+    gp_config c;
+    /* mode */
+    CHECK(set_ok(&c, "mode", "reserve") && c.mode == GP_MODE_RESERVE);
+    CHECK(set_ok(&c, "mode", "EXPANDABLE") && c.mode == GP_MODE_EXPANDABLE);
+    CHECK(set_bad("mode", "fast") && has("expandable or reserve"));
+    CHECK(set_bad("mode", ""));
+    CHECK(set_bad("mode", "reserve "));
+    /* reserve */
+    CHECK(set_ok(&c, "reserve", "20GiB") && c.reserve.bytes == 20 * GiB && c.reserve.fraction == 0);
+    CHECK(set_ok(&c, "reserve", "50%") && c.reserve.bytes == 0 && c.reserve.fraction == 0.5);
+    CHECK(set_ok(&c, "reserve", "0.9") && c.reserve.fraction == 0.9);
+    CHECK(set_ok(&c, "reserve", "none") && c.reserve.bytes == 0 && c.reserve.fraction == 0);
+    CHECK(set_bad("reserve", "120%"));
+    CHECK(set_bad("reserve", "lots"));
+    /* limit: a later value replaces an earlier one entirely */
+    gp_config_default(&c);
+    CHECK(gp_config_set(&c, "limit", "80%") == GP_OK && c.limit.fraction == 0.8);
+    CHECK(gp_config_set(&c, "limit", "1GiB") == GP_OK && c.limit.bytes == GiB && c.limit.fraction == 0);
+    CHECK(gp_config_set(&c, "limit", "NONE") == GP_OK && c.limit.bytes == 0 && c.limit.fraction == 0);
+    CHECK(gp_config_set(&c, "limit", "0") == GP_OK && c.limit.bytes == 0 && c.limit.fraction == 0);
+    CHECK(set_bad("limit", "12XB") && has("GPUPOOL_LIMIT='12XB' is not valid") &&
+          has("expected a size such as 512MiB, 20GB, 4096, 80% or 0.8") && has("unknown unit"));
+    CHECK(set_bad("limit", "-5GiB"));
+    CHECK(set_bad("limit", "0%"));
+    CHECK(set_bad("limit", "") && has("empty"));
+    CHECK(set_bad("limit", "none please"));
+    /* priority */
+    CHECK(set_ok(&c, "priority", "critical") && c.priority == GP_PRIO_CRITICAL);
+    CHECK(set_ok(&c, "priority", "200") && c.priority == 200);
+    CHECK(set_bad("priority", "urgent") && has("0..255"));
+    CHECK(set_bad("priority", "256"));
+    /* codec: stored in its canonical spelling */
+    const char *codecs[] = {"none", "lz4", "zstd", "bytesplit", "bytesplit+lz4", "bytesplit+zstd", NULL};
+    for (int i = 0; codecs[i]; i++) CHECK(set_ok(&c, "codec", codecs[i]) && strcmp(c.codec, codecs[i]) == 0);
+    CHECK(set_ok(&c, "codec", "ByteSplit+ZSTD") && strcmp(c.codec, "bytesplit+zstd") == 0);
+    CHECK(set_bad("codec", "gzip") && has("bytesplit+zstd"));
+    CHECK(set_bad("codec", "zstd+bytesplit"));
+    CHECK(set_bad("codec", "bytesplit+"));
+    CHECK(set_bad("codec", "lz4 "));
+    /* offload_threads */
+    CHECK(set_ok(&c, "offload_threads", "1") && c.offload_threads == 1);
+    CHECK(set_ok(&c, "offload_threads", "64") && c.offload_threads == 64);
+    CHECK(set_bad("offload_threads", "0") && has("1..64"));
+    CHECK(set_bad("offload_threads", "65"));
+    CHECK(set_bad("offload_threads", "-1"));
+    CHECK(set_bad("offload_threads", "4x"));
+    CHECK(set_bad("offload_threads", "4.0"));
+    CHECK(set_bad("offload_threads", "99999999999999999999"));
+    /* tenant */
+    CHECK(set_ok(&c, "tenant", "job-42_a.b") && strcmp(c.tenant, "job-42_a.b") == 0);
+    char t63[64], t64[65];
+    memset(t63, 'x', 63);
+    t63[63] = '\0';
+    memset(t64, 'y', 64);
+    t64[64] = '\0';
+    CHECK(set_ok(&c, "tenant", t63) && strcmp(c.tenant, t63) == 0);
+    CHECK(set_bad("tenant", t64));
+    CHECK(set_bad("tenant", "a b"));
+    CHECK(set_bad("tenant", "a/b"));
+    CHECK(set_bad("tenant", "caf\xc3\xa9"));
+    CHECK(set_bad("tenant", ""));
+    /* log */
+    CHECK(set_ok(&c, "log", "off") && c.log == GP_LOG_OFF);
+    CHECK(set_ok(&c, "log", "oom") && c.log == GP_LOG_OOM);
+    CHECK(set_ok(&c, "log", "ALL") && c.log == GP_LOG_ALL);
+    CHECK(set_bad("log", "verbose") && has("off, oom or all"));
+    CHECK(set_bad("log", "2"));
+    /* trace and torch_patch: booleans */
+    const char *yes[] = {"1", "true", "yes", "on", "TRUE", "Yes", "ON", NULL};
+    const char *no[] = {"0", "false", "no", "off", "False", "NO", "Off", NULL};
+    for (int i = 0; yes[i]; i++) {
+        CHECK(set_ok(&c, "trace", yes[i]) && c.trace == 1);
+        CHECK(set_ok(&c, "torch_patch", yes[i]) && c.torch_patch == 1);
+    }
+    for (int i = 0; no[i]; i++) {
+        CHECK(set_ok(&c, "trace", no[i]) && c.trace == 0);
+        CHECK(set_ok(&c, "torch_patch", no[i]) && c.torch_patch == 0);
+    }
+    const char *notbool[] = {"2", "maybe", "y", "n", "01", "", " 1", NULL};
+    for (int i = 0; notbool[i]; i++) {
+        CHECK(set_bad("trace", notbool[i]));
+        CHECK(set_bad("torch_patch", notbool[i]));
+    }
+    /* chunk: absolute, a power of two in [64KiB, 1GiB] */
+    CHECK(set_ok(&c, "chunk", "64KiB") && c.chunk == 64 * KiB);
+    CHECK(set_ok(&c, "chunk", "1GiB") && c.chunk == GiB);
+    CHECK(set_ok(&c, "chunk", "4194304") && c.chunk == 4 * MiB);
+    CHECK(set_bad("chunk", "3MiB") && has("power of two"));
+    CHECK(set_bad("chunk", "32KiB"));
+    CHECK(set_bad("chunk", "2GiB"));
+    CHECK(set_bad("chunk", "2MB"));
+    CHECK(set_bad("chunk", "50%"));
+    CHECK(set_bad("chunk", "0.5"));
+    CHECK(set_bad("chunk", "0"));
+    /* small_size: absolute, in [4KiB, 64MiB] */
+    CHECK(set_ok(&c, "small_size", "4KiB") && c.small_size == 4 * KiB);
+    CHECK(set_ok(&c, "small_size", "64MiB") && c.small_size == 64 * MiB);
+    CHECK(set_ok(&c, "small_size", "100000") && c.small_size == 100000);
+    CHECK(set_bad("small_size", "4095"));
+    CHECK(set_bad("small_size", "65MiB"));
+    CHECK(set_bad("small_size", "10%"));
+    CHECK(set_bad("small_size", "none"));
+}
+
+static void test_names(void)
+{
+    gp_config c, before;
+    CHECK(set_ok(&c, "GPUPOOL_LIMIT", "1GiB") && c.limit.bytes == GiB);
+    CHECK(set_ok(&c, "gpupool_limit", "2GiB") && c.limit.bytes == 2 * GiB);
+    CHECK(set_ok(&c, "LIMIT", "3GiB") && c.limit.bytes == 3 * GiB);
+    CHECK(set_ok(&c, "Small_Size", "8KiB") && c.small_size == 8 * KiB);
+    CHECK(set_ok(&c, "GPUPOOL_OFFLOAD_THREADS", "8") && c.offload_threads == 8);
+    /* Unknown names, with the list of the real ones. */
+    gp_config_default(&c);
+    before = c;
+    const char *unknown[] = {"limt", "GPUPOOL_LIMT", "GPUPOOL_", "", "gpupool_limit_", "limit ", NULL};
+    for (int i = 0; unknown[i]; i++) {
+        char quoted[64];
+        snprintf(quoted, sizeof quoted, "'%s'", unknown[i]);
+        CHECK(gp_config_set(&c, unknown[i], "1GiB") == GP_ERR_INVALID && cfg_eq(&c, &before));
+        CHECK(has(quoted) && has("limit") && has("offload_threads") && has("torch_patch"));
+    }
+    CHECK(gp_config_set(&c, NULL, "1") == GP_ERR_INVALID);
+    CHECK(gp_config_set(NULL, "limit", "1") == GP_ERR_INVALID);
+    CHECK(gp_config_set(&c, "limit", NULL) == GP_ERR_INVALID && has("GPUPOOL_LIMIT") && cfg_eq(&c, &before));
+    /* The message is in the variable's name even when set by keyword. */
+    CHECK(gp_config_set(&c, "Mode", "fast") == GP_ERR_INVALID && has("GPUPOOL_MODE='fast'"));
+}
+
+static void test_get(void)
+{
+    gp_config c;
+    gp_config_default(&c);
+    CHECK(get_is(&c, "mode", "expandable"));
+    CHECK(get_is(&c, "GPUPOOL_CHUNK", "2MiB"));
+    CHECK(get_is(&c, "limit", "none"));
+    CHECK(gp_config_set(&c, "limit", "20GB") == GP_OK && get_is(&c, "limit", "20GB"));
+    CHECK(gp_config_set(&c, "limit", "80%") == GP_OK && get_is(&c, "limit", "80%"));
+    CHECK(gp_config_set(&c, "limit", "12.5%") == GP_OK && get_is(&c, "limit", "12.5%"));
+    CHECK(gp_config_set(&c, "limit", "0.25") == GP_OK && get_is(&c, "limit", "25%"));
+    CHECK(gp_config_set(&c, "limit", "1000") == GP_OK && get_is(&c, "limit", "1KB"));
+    CHECK(gp_config_set(&c, "limit", "1536") == GP_OK && get_is(&c, "limit", "1536"));
+    CHECK(gp_config_set(&c, "limit", "1.5GiB") == GP_OK && get_is(&c, "limit", "1536MiB"));
+    CHECK(gp_config_set(&c, "limit", "1TB") == GP_OK && get_is(&c, "limit", "1TB"));
+    CHECK(gp_config_set(&c, "limit", "3TiB") == GP_OK && get_is(&c, "limit", "3TiB"));
+    CHECK(gp_config_set(&c, "limit", "5") == GP_OK && get_is(&c, "limit", "5"));
+    CHECK(gp_config_set(&c, "priority", "high") == GP_OK && get_is(&c, "priority", "high"));
+    CHECK(gp_config_set(&c, "priority", "7") == GP_OK && get_is(&c, "priority", "7"));
+    CHECK(gp_config_set(&c, "priority", "1") == GP_OK && get_is(&c, "priority", "normal"));
+    CHECK(gp_config_set(&c, "trace", "yes") == GP_OK && get_is(&c, "trace", "1"));
+    CHECK(gp_config_set(&c, "tenant", "t1") == GP_OK && get_is(&c, "tenant", "t1"));
+    char buf[8];
+    CHECK(gp_config_get(&c, "nonsense", buf, sizeof buf) == GP_ERR_INVALID && has("'nonsense'"));
+    CHECK(gp_config_get(&c, "mode", buf, 4) == GP_ERR_INVALID && strlen(buf) == 3);
+    CHECK(gp_config_get(&c, "mode", buf, 0) == GP_ERR_INVALID);
+    CHECK(gp_config_get(&c, "mode", NULL, 8) == GP_ERR_INVALID);
+    CHECK(gp_config_set(&c, "mode", "reserve") == GP_OK);
+    CHECK(gp_config_get(&c, "mode", buf, 7) == GP_ERR_INVALID && has("GPUPOOL_MODE"));
+    CHECK(gp_config_get(&c, "mode", buf, 8) == GP_OK && strcmp(buf, "reserve") == 0);
+
+    /* Every option printed parses back to the same config. */
+    gp_config a, b;
+    gp_config_default(&a);
+    const char *set[][2] = {{"mode", "reserve"},     {"reserve", "0.9"},     {"limit", "20GB"},
+                            {"priority", "42"},      {"codec", "BYTESPLIT"}, {"offload_threads", "9"},
+                            {"tenant", "x.y-z"},     {"log", "all"},         {"trace", "on"},
+                            {"chunk", "128KiB"},     {"small_size", "12345"}, {"torch_patch", "off"}};
+    for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) CHECK(gp_config_set(&a, set[i][0], set[i][1]) == GP_OK);
+    size_t n;
+    const gp_option_info *o = gp_config_options(&n);
+    gp_config_default(&b);
+    for (size_t i = 0; i < n; i++) {
+        char v[128];
+        CHECK(gp_config_get(&a, o[i].key, v, sizeof v) == GP_OK);
+        CHECK(gp_config_set(&b, o[i].env, v) == GP_OK);
+    }
+    CHECK(cfg_eq(&a, &b));
+}
+
+static void test_env(void)
+{
+    gp_config c, before;
+    clear_env();
+    gp_config_default(&c);
+    before = c;
+    CHECK(gp_config_from_env(&c) == GP_OK && cfg_eq(&c, &before));
+
+    setenv("GPUPOOL_MODE", "reserve", 1);
+    setenv("GPUPOOL_RESERVE", "70%", 1);
+    setenv("GPUPOOL_LIMIT", "30GiB", 1);
+    setenv("GPUPOOL_PRIORITY", "high", 1);
+    setenv("GPUPOOL_CODEC", "zstd", 1);
+    setenv("GPUPOOL_OFFLOAD_THREADS", "2", 1);
+    setenv("GPUPOOL_TENANT", "jobs", 1);
+    setenv("GPUPOOL_LOG", "off", 1);
+    setenv("GPUPOOL_TRACE", "true", 1);
+    setenv("GPUPOOL_CHUNK", "4MiB", 1);
+    setenv("GPUPOOL_SMALL_SIZE", "512KiB", 1);
+    setenv("GPUPOOL_TORCH_PATCH", "0", 1);
+    setenv("GPUPOOLX", "not ours", 1);
+    setenv("OTHER_GPUPOOL_LIMIT", "not ours", 1);
+    CHECK(gp_config_from_env(&c) == GP_OK);
+    CHECK(c.mode == GP_MODE_RESERVE && c.reserve.fraction == 0.7 && c.limit.bytes == 30 * GiB);
+    CHECK(c.priority == GP_PRIO_HIGH && strcmp(c.codec, "zstd") == 0 && c.offload_threads == 2);
+    CHECK(strcmp(c.tenant, "jobs") == 0 && c.log == GP_LOG_OFF && c.trace == 1);
+    CHECK(c.chunk == 4 * MiB && c.small_size == 512 * KiB && c.torch_patch == 0);
+    unsetenv("GPUPOOLX");
+    unsetenv("OTHER_GPUPOOL_LIMIT");
+
+    /* A malformed value: the message names it, nothing is applied. */
+    clear_env();
+    gp_config_default(&c);
+    setenv("GPUPOOL_LIMIT", "1GiB", 1);
+    setenv("GPUPOOL_CHUNK", "3MiB", 1);
+    CHECK(gp_config_from_env(&c) == GP_ERR_INVALID && cfg_eq(&c, &before));
+    CHECK(has("GPUPOOL_CHUNK='3MiB'") && has("power of two"));
+    setenv("GPUPOOL_CHUNK", "", 1);
+    CHECK(gp_config_from_env(&c) == GP_ERR_INVALID && cfg_eq(&c, &before));
+    CHECK(has("GPUPOOL_CHUNK=''") && has("empty"));
+    unsetenv("GPUPOOL_CHUNK");
+    CHECK(gp_config_from_env(&c) == GP_OK && c.limit.bytes == GiB);
+
+    /* Unknown variables, in any letter case, are errors naming them. */
+    const char *typos[] = {"GPUPOOL_LIMT", "gpupool_limit", "Gpupool_Mode", "GPUPOOL_", "GPUPOOL_MODE_",
+                           "GPUPOOL_CHUNKSIZE", NULL};
+    for (int i = 0; typos[i]; i++) {
+        clear_env();
+        gp_config_default(&c);
+        setenv("GPUPOOL_LIMIT", "1GiB", 1);
+        setenv(typos[i], "1", 1);
+        gp_error_clear();
+        CHECK(gp_config_from_env(&c) == GP_ERR_INVALID && cfg_eq(&c, &before));
+        CHECK(has(typos[i]) && has("GPUPOOL_LIMIT") && has("GPUPOOL_TORCH_PATCH"));
+        if (!has(typos[i])) fprintf(stderr, "  env %s: %s\n", typos[i], gp_last_error());
+    }
+    clear_env();
+    CHECK(gp_config_from_env(NULL) == GP_ERR_INVALID);
+}
+
+int main(void)
+{
+    clear_env();
+    test_table();
+    test_defaults();
+    test_sizes();
+    test_resolve();
+    test_priority();
+    test_options();
+    test_names();
+    test_get();
+    test_env();
+    return check_done();
+}

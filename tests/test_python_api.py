@@ -1,0 +1,212 @@
+"""The Python API over the host backend: pools, statistics, reports, tags and
+priorities, configuration errors.  Needs neither torch nor a GPU."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import gpupool
+from gpupool import HostPool, _C
+
+MiB = 1 << 20
+
+
+def test_import_needs_no_torch() -> None:
+    code = ("import sys; sys.modules['torch'] = None; import gpupool; "
+            "p = gpupool.HostPool(1 << 24); a = p.alloc(100); p.free(a); print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_build_info() -> None:
+    info = gpupool.build_info()
+    assert info["version"] == gpupool.__version__
+    assert isinstance(info["zstd"], bool) and isinstance(info["lz4"], bool)
+
+
+def test_alloc_free_stats() -> None:
+    p = HostPool(64 * MiB, chunk="256KiB")
+    a = p.alloc(1000)
+    b = p.alloc(3 * MiB)
+    assert a % 512 == 0 and b % 512 == 0
+    s = p.stats()
+    assert s["active_blocks"] == 2 and s["requested"] == 1000 + 3 * MiB
+    assert s["allocated"] >= s["requested"] and s["reserved"] >= s["allocated"]
+    assert s["tags"]["untagged"]["active_blocks"] == 2
+    p.free(a)
+    p.free(b)
+    s = p.stats()
+    assert s["allocated"] == 0 and s["n_free"] == 2 and s["allocated_peak"] >= 3 * MiB
+    assert p.empty_cache() == s["reserved"]
+    assert p.stats()["reserved"] == 0
+
+
+def test_reuse_is_a_cache_hit() -> None:
+    p = HostPool(64 * MiB, chunk="256KiB")
+    a = p.alloc(5000)
+    p.free(a)
+    maps = p.stats()["n_map"]
+    assert p.alloc(5000) == a
+    s = p.stats()
+    assert s["n_map"] == maps and s["cache_hits"] >= 1
+
+
+def test_errors_are_exceptions_with_reasons() -> None:
+    p = HostPool(8 * MiB, chunk="256KiB")
+    a = p.alloc(4096)
+    p.free(a)
+    with pytest.raises(ValueError, match="freed twice"):
+        p.free(a)
+    with pytest.raises(ValueError, match="did not allocate"):
+        p.free(12345 * 4096)
+    with pytest.raises(ValueError, match="> 0"):
+        p.alloc(0)
+    with pytest.raises(MemoryError, match="out of memory"):
+        p.alloc(64 * MiB)
+    assert "largest free block" in p.last_oom_report()
+    with pytest.raises(ValueError, match="capacity"):
+        HostPool(0)
+
+
+def test_limits() -> None:
+    p = HostPool(64 * MiB, chunk="256KiB")
+    p.set_limit(2 * MiB)
+    with pytest.raises(MemoryError, match="limit"):
+        p.alloc(3 * MiB)
+    p.set_limit(None)
+    p.set_limit(MiB, tag="kv")
+    a = p.alloc(700 * 1024, tag="kv")
+    with pytest.raises(MemoryError, match="kv"):
+        p.alloc(700 * 1024, tag="kv")
+    p.free(a)
+    with pytest.raises(ValueError):
+        p.set_limit(-1)
+
+
+def test_report_names_tags() -> None:
+    p = HostPool(64 * MiB, chunk="256KiB")
+    w = p.alloc(4 * MiB, tag="weights")
+    x = p.alloc(MiB, tag="activations")
+    text = p.report()
+    assert "allocated" in text and "reserved" in text
+    assert text.index("weights") < text.index("activations")  # biggest first
+    assert "4.00 MiB" in text
+    p.free(w)
+    p.free(x)
+
+
+def test_blocks_and_lookup() -> None:
+    p = HostPool(64 * MiB, chunk="256KiB")
+    a = p.alloc(10000, tag="t1", priority="high")
+    blk = p.lookup(a + 100)
+    assert blk.addr == a and blk.requested == 10000 and blk.tag == "t1" and blk.priority == 2
+    assert blk.state == "used" and blk.arena == "small"
+    blocks = p.blocks()
+    assert any(b.addr == a for b in blocks)
+    assert sum(b.size for b in blocks if b.state != "unmapped") == p.stats()["reserved"]
+    p.free(a)
+
+
+def test_tag_context_nests_and_restores() -> None:
+    p = HostPool(64 * MiB, chunk="256KiB")
+    assert gpupool.current_tag() == "untagged"
+    with gpupool.tag("outer", priority="low"):
+        a = p.alloc(1000)
+        with gpupool.tag("inner"):
+            b = p.alloc(1000)
+        c = p.alloc(1000)
+    assert gpupool.current_tag() == "untagged"
+    assert [p.lookup(x).tag for x in (a, b, c)] == ["outer", "inner", "outer"]
+    assert p.lookup(b).priority == 0  # inherits the enclosing priority
+    with pytest.raises(KeyError):
+        with gpupool.tag("boom"):
+            raise KeyError("x")
+    assert gpupool.current_tag() == "untagged"
+    for x in (a, b, c):
+        p.free(x)
+
+
+def test_tag_is_per_thread_and_a_decorator() -> None:
+    p = HostPool(64 * MiB, chunk="256KiB")
+    seen = {}
+
+    @gpupool.tag("worker")
+    def work() -> None:
+        seen["thread"] = p.lookup(p.alloc(512)).tag
+
+    with gpupool.tag("main"):
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+        seen["main"] = p.lookup(p.alloc(512)).tag
+    assert seen == {"thread": "worker", "main": "main"}
+
+
+def test_bad_tags_and_priorities() -> None:
+    with pytest.raises(ValueError, match="printable"):
+        gpupool.tag("has space")
+    with pytest.raises(ValueError):
+        gpupool.tag("x", priority="urgent")
+    with pytest.raises(TypeError):
+        gpupool.tag("x", priority=1.5)
+    assert gpupool.priority_value("critical") == 3 and gpupool.priority_value(200) == 200
+
+
+def test_streams_wait_before_reuse() -> None:
+    p = HostPool(64 * MiB, chunk="256KiB")
+    a = p.alloc(MiB, stream=1)
+    p.free(a)
+    b = p.alloc(MiB, stream=2)
+    assert b == a and p.lookup(b).stream == 2
+    assert p.stats()["n_stream_waits"] == 1
+
+
+def test_reserve_mode() -> None:
+    p = HostPool(64 * MiB, mode="reserve", reserve="50%")
+    s = p.stats()
+    assert s["reserved"] == 32 * MiB
+    addrs = [p.alloc(MiB) for _ in range(20)]
+    for a in addrs:
+        p.free(a)
+    assert p.stats()["n_map"] == s["n_map"]
+    assert p.empty_cache() == 0
+
+
+@pytest.mark.parametrize("key,value", [
+    ("limit", "12XB"), ("mode", "fast"), ("chunk", "3MiB"), ("priority", "urgent"),
+    ("log", "verbose"), ("nonsense", "1"),
+])
+def test_bad_options_name_the_option(key: str, value: str) -> None:
+    with pytest.raises(ValueError) as e:
+        HostPool(MiB, **{key: value})
+    assert value in str(e.value) or key in str(e.value).lower()
+
+
+def test_bad_environment_is_an_error() -> None:
+    code = "import gpupool._C as c; c.configure(None)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={"GPUPOOL_LIMT": "1GiB", "PATH": ""})
+    assert r.returncode != 0 and "GPUPOOL_LIMT" in r.stderr
+
+
+def test_parse_size() -> None:
+    assert _C.parse_size("512MiB") == (512 * MiB, 0.0)
+    assert _C.parse_size("80%") == (0, pytest.approx(0.8))
+    with pytest.raises(ValueError):
+        _C.parse_size("0.8", False)
+
+
+def test_cli_config_lists_every_option() -> None:
+    r = subprocess.run([sys.executable, "-m", "gpupool", "config"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for env, *_ in gpupool.config_options():
+        assert env in r.stdout
+
+
+def test_enable_without_torch_is_a_clear_error() -> None:
+    code = "import sys; sys.modules['torch'] = None; import gpupool; gpupool.enable()"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode != 0 and "needs PyTorch" in r.stderr
