@@ -61,7 +61,7 @@ ext = Extension(
     include_dirs=["csrc", find_cuda_include()],
     define_macros=macros + [("_GNU_SOURCE", "1")],
     libraries=libraries,
-    extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra",
+    extra_compile_args=["-std=c11", "-O2", "-fexceptions", "-fvisibility=hidden", "-Wall", "-Wextra",
                         "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
 )
 

@@ -23,6 +23,7 @@
 #include <sys/types.h>
 
 #include "backend.h"
+#include "torch_oom.h"
 
 #define GP_MAX_DEVICES 64
 
@@ -91,9 +92,19 @@ __attribute__((visibility("default"))) void *gpupool_malloc(ssize_t size, int de
     int prio = t_prio >= 0 ? t_prio : g_cfg.priority;
     gp_status st;
     void *r = gp_alloc(p, (size_t)size, stream, t_tag, prio, &st);
-    if (!r && (st == GP_ERR_OOM || st == GP_ERR_LIMIT)) gp_log_oom(gp_pool_last_oom(p));
-    else if (!r) fprintf(stderr, "gpupool: allocation of %zd bytes failed: %s\n", size, gp_last_error());
-    return r;
+    if (r) return r;
+    char msg[1200];
+    if (st == GP_ERR_OOM || st == GP_ERR_LIMIT) {
+        gp_log_oom(gp_pool_last_oom(p));
+        /* "CUDA out of memory." first: code that matches PyTorch's message
+         * (accelerate's batch-size finder, for one) recognises it. */
+        snprintf(msg, sizeof msg, "CUDA out of memory. %s", gp_pool_last_oom(p));
+    } else {
+        snprintf(msg, sizeof msg, "gpupool: allocation of %zd bytes failed: %s", size, gp_last_error());
+        fprintf(stderr, "%s\n", msg);
+    }
+    gp_torch_throw_oom(msg); /* does not return when torch's C++ runtime is there */
+    return NULL;
 }
 
 __attribute__((visibility("default"))) void gpupool_free(void *ptr, ssize_t size, int device, void *stream)
@@ -659,6 +670,15 @@ static PyObject *m_build_info(PyObject *self, PyObject *noargs)
                          "lz4", lz4 ? Py_True : Py_False, "compiler", __VERSION__);
 }
 
+static PyObject *m_torch_oom_missing(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    const char *m = gp_torch_oom_missing();
+    if (!m) Py_RETURN_NONE;
+    return PyUnicode_FromString(m);
+}
+
 static PyMethodDef module_methods[] = {
     {"configure", m_configure, METH_VARARGS,
      "configure(options=None): defaults, then GPUPOOL_* variables, then options; before the first device pool"},
@@ -675,6 +695,8 @@ static PyMethodDef module_methods[] = {
     {"devices", m_devices, METH_NOARGS, "devices with a pool"},
     {"free_errors", m_free_errors, METH_NOARGS, "frees PyTorch made that gpupool rejected"},
     {"build_info", m_build_info, METH_NOARGS, "how the extension was built"},
+    {"torch_oom_missing", m_torch_oom_missing, METH_NOARGS,
+     "None when gpupool can raise torch.OutOfMemoryError, else the C++ symbol it lacks"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -13,6 +13,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def child_env(extra: dict | None = None) -> dict:
+    """The environment for a child Python: this checkout first on its path, so
+    the gpupool under test is the one imported, installed or not."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1", **(extra or {}))
+
+
 def _has_cuda() -> bool:
     try:
         import torch
@@ -37,9 +44,8 @@ def run_py(tmp_path: Path):
     def run(code: str, env: dict | None = None, timeout: int = 600, check: bool = True):
         script = tmp_path / "case.py"
         script.write_text(textwrap.dedent(code))
-        e = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                           env=e, cwd=tmp_path, timeout=timeout)
+                           env=child_env(env), cwd=tmp_path, timeout=timeout)
         if check:
             assert r.returncode == 0, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
         return r

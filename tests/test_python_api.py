@@ -9,6 +9,7 @@ import threading
 import pytest
 
 import gpupool
+from conftest import child_env
 from gpupool import HostPool, _C
 
 MiB = 1 << 20
@@ -17,7 +18,7 @@ MiB = 1 << 20
 def test_import_needs_no_torch() -> None:
     code = ("import sys; sys.modules['torch'] = None; import gpupool; "
             "p = gpupool.HostPool(1 << 24); a = p.alloc(100); p.free(a); print('ok')")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env())
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
@@ -188,7 +189,7 @@ def test_bad_options_name_the_option(key: str, value: str) -> None:
 def test_bad_environment_is_an_error() -> None:
     code = "import gpupool._C as c; c.configure(None)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={"GPUPOOL_LIMT": "1GiB", "PATH": ""})
+                       env=child_env({"GPUPOOL_LIMT": "1GiB"}))
     assert r.returncode != 0 and "GPUPOOL_LIMT" in r.stderr
 
 
@@ -200,7 +201,7 @@ def test_parse_size() -> None:
 
 
 def test_cli_config_lists_every_option() -> None:
-    r = subprocess.run([sys.executable, "-m", "gpupool", "config"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "gpupool", "config"], capture_output=True, text=True, env=child_env())
     assert r.returncode == 0, r.stderr
     for env, *_ in gpupool.config_options():
         assert env in r.stdout
@@ -208,5 +209,5 @@ def test_cli_config_lists_every_option() -> None:
 
 def test_enable_without_torch_is_a_clear_error() -> None:
     code = "import sys; sys.modules['torch'] = None; import gpupool; gpupool.enable()"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env())
     assert r.returncode != 0 and "needs PyTorch" in r.stderr

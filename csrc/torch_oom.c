@@ -1,0 +1,118 @@
+/*
+ * torch_oom.c -- raise torch.OutOfMemoryError from gpupool_malloc.
+ *
+ * PyTorch's CUDAPluggableAllocator does not check what the malloc hook
+ * returns (measured with torch 2.11): a NULL becomes a tensor whose data
+ * pointer is NULL, and the next kernel that touches it faults and poisons the
+ * CUDA context.  PyTorch's own allocator throws c10::OutOfMemoryError, which
+ * its Python bindings turn into torch.OutOfMemoryError.  We do the same from
+ * C, through the C++ ABI that the process has loaded anyway (torch brings
+ * libstdc++ and libc10): nothing is linked, every symbol is looked up in the
+ * libraries already loaded, and if any is missing the caller gets NULL back
+ * as before.
+ *
+ * The thrown object is built by c10::Error's exported constructor
+ * Error(SourceLocation, std::string); c10::OutOfMemoryError adds no member
+ * to c10::Error, so that object thrown with OutOfMemoryError's type_info is
+ * caught as one (catch clauses match on type_info; virtual calls go through
+ * Error's vtable, which serves both).
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "torch_oom.h"
+
+/* c10::SourceLocation, passed by value: {function, file, line}. */
+typedef struct gp_srcloc {
+    const char *function;
+    const char *file;
+    uint32_t line;
+} gp_srcloc;
+
+/* Large enough for c10::Error (about 150 bytes in torch 2.x): the size only
+ * sets how much the exception allocation holds. */
+#define GP_EXC_BYTES 1024
+
+typedef void *(*cxa_alloc_fn)(size_t);
+typedef void (*cxa_throw_fn)(void *, void *, void (*)(void *));
+typedef void (*string_ctor_fn)(void *self, const char *s, const void *alloc);
+typedef void (*string_dtor_fn)(void *self);
+/* std::string is not trivially copyable: passed by value, it travels as a
+ * pointer to the caller's copy, after `this` and before nothing else (the
+ * 24-byte SourceLocation goes on the stack and takes no register). */
+typedef void (*error_ctor_fn)(void *self, gp_srcloc loc, void *str);
+
+static struct {
+    cxa_alloc_fn alloc;
+    cxa_throw_fn throw_exc;
+    string_ctor_fn str_ctor;
+    string_dtor_fn str_dtor;
+    error_ctor_fn err_ctor;
+    void *oom_typeinfo;
+} gp_cxx;
+
+static pthread_once_t gp_cxx_once = PTHREAD_ONCE_INIT;
+
+/* A symbol from any of the libraries torch loads (they are loaded locally,
+ * so the global scope may not see them). */
+static void *gp_cxx_sym(const char *name)
+{
+    static const char *libs[] = {"libc10.so", "libtorch_python.so", "libtorch_cpu.so",
+                                 "libc10_cuda.so", "libtorch_cuda.so", "libstdc++.so.6", NULL};
+    void *p = dlsym(RTLD_DEFAULT, name);
+    for (int i = 0; !p && libs[i]; i++) {
+        void *h = dlopen(libs[i], RTLD_NOW | RTLD_NOLOAD);
+        if (h) {
+            p = dlsym(h, name);
+            dlclose(h); /* NOLOAD took a reference; the library stays loaded */
+        }
+    }
+    return p;
+}
+
+static const char *gp_cxx_missing; /* the first symbol not found, if any */
+
+static void *gp_cxx_need(const char *name)
+{
+    void *p = gp_cxx_sym(name);
+    if (!p && !gp_cxx_missing) gp_cxx_missing = name;
+    return p;
+}
+
+static void gp_cxx_init(void)
+{
+    gp_cxx.alloc = (cxa_alloc_fn)gp_cxx_need("__cxa_allocate_exception");
+    gp_cxx.throw_exc = (cxa_throw_fn)gp_cxx_need("__cxa_throw");
+    gp_cxx.str_ctor = (string_ctor_fn)gp_cxx_need("_ZNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEC1EPKcRKS3_");
+    gp_cxx.str_dtor = (string_dtor_fn)gp_cxx_need("_ZNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEED1Ev");
+    gp_cxx.err_ctor = (error_ctor_fn)gp_cxx_need(
+        "_ZN3c105ErrorC1ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE");
+    gp_cxx.oom_typeinfo = gp_cxx_need("_ZTIN3c1016OutOfMemoryErrorE");
+}
+
+const char *gp_torch_oom_missing(void)
+{
+    pthread_once(&gp_cxx_once, gp_cxx_init);
+    return gp_cxx_missing;
+}
+
+void gp_torch_throw_oom(const char *msg)
+{
+    if (gp_torch_oom_missing()) return;
+    /* std::string of libstdc++'s new ABI: 32 bytes; room to spare. */
+    _Alignas(16) unsigned char str[64];
+    char alloc_tag = 0; /* std::allocator<char> is empty */
+    gp_cxx.str_ctor(str, msg, &alloc_tag);
+    void *exc = gp_cxx.alloc(GP_EXC_BYTES);
+    memset(exc, 0, GP_EXC_BYTES);
+    gp_srcloc loc = {"gpupool_malloc", __FILE__, (uint32_t)__LINE__};
+    gp_cxx.err_ctor(exc, loc, str);
+    gp_cxx.str_dtor(str);
+    /* c10::Error's destructor is not exported, but every std::exception's
+     * vtable begins with the complete-object destructor (Itanium C++ ABI:
+     * ~exception is its first virtual function): take it from there. */
+    void (*dtor)(void *) = (*(void (***)(void *))exc)[0];
+    gp_cxx.throw_exc(exc, gp_cxx.oom_typeinfo, dtor);
+}
