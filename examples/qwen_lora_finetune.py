@@ -9,7 +9,8 @@
 The model is randomly initialised from a config (nothing is downloaded, ever;
 ``--model PATH`` loads weights from a local folder only). LoRA adapters
 (r=8, alpha=16) sit on q_proj, k_proj and v_proj; the base weights are bf16
-and frozen. Each step draws one sequence length uniformly in
+and frozen (float32 on the CPU, where bf16 matrix products are slow; see
+``--dtype``). Each step draws one sequence length uniformly in
 [--min-len, --max-len], so tensor shapes change from step to step as they do
 with real, unpadded data: that is what makes a caching allocator fragment.
 Tokens are random ids and the labels are the inputs (fixed seed).
@@ -56,30 +57,46 @@ SIZES: Dict[str, Dict[str, Any]] = {
 }
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """The command line (parsed before torch is imported)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def common_parser(doc: str, batch: int, min_len: int, max_len: int, steps: int,
+                  warmup: int) -> argparse.ArgumentParser:
+    """The options this example shares with qwen_inference.py, with its own defaults."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=doc.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--allocator", choices=ALLOCATORS, default="gpupool",
                    help="CUDA allocator of this process (default: gpupool)")
     p.add_argument("--size", choices=sorted(SIZES), default="tiny", help="model shape (default: tiny)")
     p.add_argument("--model", metavar="PATH", help="load weights from this local folder instead")
     p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default: cuda)")
-    p.add_argument("--batch", type=int, default=8, help="sequences per step (default: 8)")
-    p.add_argument("--min-len", type=int, default=128, help="shortest sequence (default: 128)")
-    p.add_argument("--max-len", type=int, default=1024, help="longest sequence (default: 1024)")
-    p.add_argument("--steps", type=int, default=20, help="timed steps (default: 20)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps before them (default: 3)")
-    p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default: 1e-4)")
+    p.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto",
+                   help="weights' dtype; auto: bf16 on CUDA, fp32 on the CPU (default: auto)")
+    p.add_argument("--batch", type=int, default=batch, help=f"sequences per step (default: {batch})")
+    p.add_argument("--min-len", type=int, default=min_len, help=f"shortest sequence (default: {min_len})")
+    p.add_argument("--max-len", type=int, default=max_len, help=f"longest sequence (default: {max_len})")
+    p.add_argument("--steps", type=int, default=steps, help=f"timed steps (default: {steps})")
+    p.add_argument("--warmup", type=int, default=warmup, help=f"untimed steps before them (default: {warmup})")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and data (default: 0)")
-    p.add_argument("--log-every", type=int, default=10, help="print the loss every N steps (default: 10)")
     p.add_argument("--json", metavar="PATH", help="write the results to this JSON file")
-    args = p.parse_args(argv)
+    return p
+
+
+def check_common(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """Reject values of the common options that cannot work; returns `args`."""
     if not 1 <= args.min_len <= args.max_len:
         p.error("need 1 <= --min-len <= --max-len")
-    if args.batch < 1 or args.steps < 1 or args.warmup < 0 or args.log_every < 1:
-        p.error("--batch, --steps and --log-every must be positive, --warmup not negative")
+    if args.batch < 1 or args.steps < 1 or args.warmup < 0:
+        p.error("--batch and --steps must be positive, --warmup not negative")
     return args
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """The command line (parsed before torch is imported)."""
+    p = common_parser(__doc__, batch=8, min_len=128, max_len=1024, steps=20, warmup=3)
+    p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default: 1e-4)")
+    p.add_argument("--log-every", type=int, default=10, help="print the loss every N steps (default: 10)")
+    args = p.parse_args(argv)
+    if args.log_every < 1:
+        p.error("--log-every must be positive")
+    return check_common(p, args)
 
 
 def select_allocator(allocator: str, device: str) -> bool:
@@ -126,7 +143,8 @@ def build_model(args: argparse.Namespace, device: "torch.device") -> Any:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    dtype = {dtype_kwarg(): torch.bfloat16}
+    bf16 = args.dtype == "bf16" or (args.dtype == "auto" and device.type == "cuda")
+    dtype = {dtype_kwarg(): torch.bfloat16 if bf16 else torch.float32}
     if args.model:
         return AutoModelForCausalLM.from_pretrained(args.model, local_files_only=True, **dtype).to(device)
     config = Qwen2Config(**SIZES[args.size])
@@ -170,21 +188,67 @@ def peak_memory(use_gpupool: bool, device: "torch.device") -> Tuple[Optional[int
     return int(torch.cuda.max_memory_allocated(device)), int(torch.cuda.max_memory_reserved(device))
 
 
+def alloc_calls(use_gpupool: bool, device: "torch.device") -> Optional[int]:
+    """Driver allocation calls (map + unmap, or cudaMalloc + cudaFree) made so
+    far by the allocator in use, where it counts them."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    if use_gpupool:
+        import gpupool
+
+        s = gpupool.stats(device.index)
+        return int(s["n_map"] + s["n_unmap"])
+    try:
+        s = torch.cuda.memory_stats(device)
+    except RuntimeError:  # an allocator without statistics
+        return None
+    if "num_device_alloc" not in s:
+        return None
+    return int(s["num_device_alloc"] + s.get("num_device_free", 0))
+
+
 def gib(n: Optional[int]) -> str:
     """Bytes as GiB, or n/a."""
     return "n/a" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def open_device(name: str) -> "torch.device":
+    """The torch.device of --device (made current when it is CUDA); exits if there is none."""
+    import torch
+
+    device = torch.device(name)
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        sys.exit("error: no CUDA device visible to torch; run with --device cpu")
+    if device.index is not None:  # set_device() rejects a device without an index
+        torch.cuda.set_device(device.index)
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def synchronize(device: "torch.device") -> None:
+    """Wait for the device's queued work, so that a clock read after it is honest."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def describe(args: argparse.Namespace, model: Any, device: "torch.device") -> str:
+    """One line naming the model, its size and where it runs."""
+    n = sum(p.numel() for p in model.parameters())
+    what = f"weights from {args.model}" if args.model else f"{args.size} (random init)"
+    alloc = args.allocator if device.type == "cuda" else "n/a"
+    return f"model: {what}, {n / 1e6:.1f}M parameters, {model.dtype}; device {device}, allocator {alloc}"
 
 
 def train(args: argparse.Namespace, use_gpupool: bool) -> Dict[str, Any]:
     """Fine-tune for --warmup + --steps steps; returns the figures of the timed steps."""
     import torch
 
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            sys.exit("error: no CUDA device visible to torch; run with --device cpu")
-        torch.cuda.set_device(device)
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = open_device(args.device)
     torch.manual_seed(args.seed)
 
     with tag(use_gpupool, "weights"):
@@ -193,19 +257,12 @@ def train(args: argparse.Namespace, use_gpupool: bool) -> Dict[str, Any]:
         model = add_lora(model)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    n_all = sum(p.numel() for p in model.parameters())
-    n_train = sum(p.numel() for p in trainable)
     opt = torch.optim.AdamW(trainable, lr=args.lr)
     vocab = model.config.vocab_size
-    print(f"model: {'weights from ' + args.model if args.model else args.size + ' (random init)'}, "
-          f"{n_all / 1e6:.1f}M parameters, {n_train / 1e6:.2f}M trainable (LoRA r=8 on q/k/v)")
-    print(f"device: {device}, allocator: {args.allocator if device.type == 'cuda' else 'n/a (cpu)'}, "
+    print(describe(args, model.get_base_model(), device))
+    print(f"LoRA r=8 on q/k/v: {sum(p.numel() for p in trainable) / 1e6:.2f}M trainable parameters; "
           f"batch {args.batch}, lengths {args.min_len}..{args.max_len}, "
           f"{args.warmup} warm-up + {args.steps} timed steps")
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
 
     data = batches(args, vocab, args.warmup + args.steps)
     total = len(data)
@@ -227,31 +284,32 @@ def train(args: argparse.Namespace, use_gpupool: bool) -> Dict[str, Any]:
 
     for i, ids in enumerate(data[:args.warmup], start=1):
         step(i, ids)
-    sync()
+    synchronize(device)
+    calls0 = alloc_calls(use_gpupool, device)
     t0 = time.perf_counter()
     tokens = 0
     for i, ids in enumerate(data[args.warmup:], start=args.warmup + 1):
         loss = step(i, ids)
         tokens += ids.numel()
-    sync()
+    synchronize(device)
     seconds = time.perf_counter() - t0
+    calls = alloc_calls(use_gpupool, device)
     peak_alloc, peak_res = peak_memory(use_gpupool, device)
     return {"tokens_per_s": tokens / seconds, "tokens": tokens, "seconds": seconds,
             "peak_allocated": peak_alloc, "peak_reserved": peak_res, "loss": loss,
+            "alloc_calls_timed": None if calls is None or calls0 is None else calls - calls0,
             "mode": args.allocator if device.type == "cuda" else "cpu", "steps": args.steps,
             "warmup": args.warmup, "batch": args.batch, "size": args.model or args.size,
-            "device": str(device), "torch": torch.__version__}
+            "dtype": str(model.dtype), "device": str(device), "torch": torch.__version__}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the fine-tune and print (and optionally save) its figures."""
-    args = parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the hub, even by accident
-    use_gpupool = select_allocator(args.allocator, args.device)
-    result = train(args, use_gpupool)
-    print(f"tokens/s: {result['tokens_per_s']:.1f} ({result['tokens']} tokens in {result['seconds']:.2f} s, "
-          f"{args.steps} timed steps)")
+def finish(args: argparse.Namespace, result: Dict[str, Any], use_gpupool: bool, counted: str) -> None:
+    """Print the figures of a run (and gpupool's report), and write them to --json."""
+    print(f"tokens/s: {result['tokens_per_s']:.1f} ({result['tokens']} {counted} in {result['seconds']:.2f} s "
+          f"over {args.steps} timed steps)")
     print(f"peak allocated: {gib(result['peak_allocated'])}, peak reserved: {gib(result['peak_reserved'])}")
+    if result.get("alloc_calls_timed") is not None:
+        print(f"driver allocation calls during the timed steps: {result['alloc_calls_timed']}")
     if use_gpupool:
         import gpupool
 
@@ -259,6 +317,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the fine-tune and print (and optionally save) its figures."""
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the hub, even by accident
+    use_gpupool = select_allocator(args.allocator, args.device)
+    finish(args, train(args, use_gpupool), use_gpupool, "tokens")
     return 0
 
 

@@ -1,0 +1,245 @@
+"""python -m benchmarks: run the workloads in every mode, interleaved, and print the table.
+
+See the package's doc (benchmarks/__init__.py) for what is measured."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from .modes import GPUPOOL_MODES, MODES, PYTORCH_MODES, child_env
+from .nvml import Nvml, PeakSampler
+from .workloads import ROOT, WORKLOADS, Workload
+
+GIB = float(2**30)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """The command line."""
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", default=",".join(WORKLOADS),
+                   help=f"comma-separated workloads (default: {','.join(WORKLOADS)})")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated modes (default: {','.join(MODES)})")
+    p.add_argument("--reps", type=int, default=3, help="repetitions of each (workload, mode) (default: 3)")
+    p.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds one worker may run (default: 300)")
+    p.add_argument("--json", metavar="PATH", default="benchmark-results.json",
+                   help="write every run and the summary here (default: benchmark-results.json)")
+    args = p.parse_args(argv)
+    args.only = [w for w in args.only.split(",") if w]
+    args.modes = [m for m in args.modes.split(",") if m]
+    for w in args.only:
+        if w not in WORKLOADS:
+            p.error(f"unknown workload {w!r}; expected some of {', '.join(WORKLOADS)}")
+    for m in args.modes:
+        if m not in MODES:
+            p.error(f"unknown mode {m!r}; expected some of {', '.join(MODES)}")
+    if args.reps < 1:
+        p.error("--reps must be positive")
+    return args
+
+
+def nvml_for_workers() -> Nvml:
+    """NVML on the GPU the workers use as their device 0: CUDA_VISIBLE_DEVICES' first
+    entry (a UUID or an index in PCI bus order, which the workers are told to use)."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if first.startswith("GPU-"):
+        return Nvml(first)
+    return Nvml(None, int(first) if first.isdigit() else 0)
+
+
+def run_worker(w: Workload, mode: str, quick: bool, timeout: float, nvml: Nvml,
+               env: Dict[str, str], workdir: Path) -> Dict[str, Any]:
+    """One worker process; its JSON result plus the NVML peak, or {"error": ...}."""
+    out = workdir / f"{w.name}-{mode}-{time.monotonic_ns()}.json"
+    log = out.with_suffix(".log")
+    cmd = w.command(mode, out, quick)
+    sampler = PeakSampler(nvml) if nvml.available else None
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+        if sampler:
+            sampler.start(proc.pid)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            rc = None
+    seen = sampler.stop() if sampler else {}
+    wall = time.perf_counter() - t0
+    if rc != 0 or not out.exists():
+        tail = log.read_text(errors="replace").strip().splitlines()[-15:]
+        why = f"timed out after {timeout:.0f} s" if rc is None else f"exit status {rc}"
+        return {"error": f"{why}: {' | '.join(tail)}", "wall_s": wall}
+    result = json.loads(out.read_text())
+    result.update(seen)
+    result["wall_s"] = wall
+    return result
+
+
+def summarize(runs: List[Dict[str, Any]], w: Workload) -> Dict[str, Dict[str, Any]]:
+    """Per mode: median, min and max of the workload's metric, and medians of the memory figures."""
+    by_mode: Dict[str, List[Dict[str, Any]]] = {}
+    for r in runs:
+        if r["workload"] == w.name and "error" not in r["result"]:
+            by_mode.setdefault(r["mode"], []).append(r["result"])
+    out: Dict[str, Dict[str, Any]] = {}
+    for mode, results in by_mode.items():
+        values = [r[w.metric] for r in results]
+
+        def med(key: str) -> Optional[float]:
+            xs = [r[key] for r in results if r.get(key) is not None]
+            return statistics.median(xs) if xs else None
+
+        s = {"n": len(values), "median": statistics.median(values), "min": min(values), "max": max(values),
+             "peak_allocated": med("peak_allocated"), "peak_reserved": med("peak_reserved"),
+             "nvml_peak": med("nvml_peak"), "alloc_calls_timed": med("alloc_calls_timed")}
+        pa, pr = s["peak_allocated"], s["peak_reserved"]
+        s["reserved_over_allocated"] = pr / pa if pa and pr else None
+        out[mode] = s
+    best = [out[m]["median"] for m in PYTORCH_MODES if m in out]
+    if best:
+        ref = max(best) if w.higher_is_better else min(best)
+        for s in out.values():
+            s["vs_best_pytorch"] = s["median"] / ref
+    if "native" in out:
+        for s in out.values():
+            s["vs_native"] = s["median"] / out["native"]["median"]
+    return out
+
+
+def fmt(x: Optional[float], spec: str, scale: float = 1.0) -> str:
+    """A figure, or '-' where there is none."""
+    return "-" if x is None else format(x / scale, spec)
+
+
+def table(w: Workload, summary: Dict[str, Dict[str, Any]], modes: Sequence[str]) -> str:
+    """The workload's rows, as a Markdown table."""
+    lines = [f"### {w.name}: {w.description}", "",
+             f"| mode | {w.unit} median | spread (min..max) | vs best PyTorch | vs native | peak alloc GiB "
+             f"| peak reserved GiB | reserved/alloc | NVML peak GiB | driver alloc calls (timed) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    spec = ".3f" if w.scale != 1.0 or w.unit.startswith("us") else ".0f"
+    for m in modes:
+        s = summary.get(m)
+        if s is None:
+            lines.append(f"| {m} | failed | | | | | | | | |")
+            continue
+        lines.append(
+            f"| {m} | {fmt(s['median'], spec, w.scale)} | {fmt(s['min'], spec, w.scale)}.."
+            f"{fmt(s['max'], spec, w.scale)} (n={s['n']}) | {fmt(s.get('vs_best_pytorch'), '.3f')} "
+            f"| {fmt(s.get('vs_native'), '.3f')} | {fmt(s['peak_allocated'], '.2f', GIB)} "
+            f"| {fmt(s['peak_reserved'], '.2f', GIB)} | {fmt(s['reserved_over_allocated'], '.3f')} "
+            f"| {fmt(s['nvml_peak'], '.2f', GIB)} | {fmt(s['alloc_calls_timed'], '.0f')} |")
+    return "\n".join(lines)
+
+
+def goals(summaries: Dict[str, Dict[str, Dict[str, Any]]]) -> List[str]:
+    """The issue's goals, each with the figures that decide it: 'PASS ...' or 'FAIL ...'."""
+    out: List[str] = []
+
+    def check(ok: bool, text: str) -> None:
+        out.append(f"{'PASS' if ok else 'FAIL'}  {text}")
+
+    for mode in GPUPOOL_MODES:
+        lora = summaries.get("lora", {})
+        g = lora.get(mode)
+        if g and g.get("vs_best_pytorch") is not None:
+            check(g["vs_best_pytorch"] >= 1.0, f"lora {mode}: tokens/s {g['vs_best_pytorch']:.3f}x the best "
+                  f"PyTorch mode (goal >= 1.00)")
+            if g["reserved_over_allocated"] is not None:
+                check(g["reserved_over_allocated"] <= 1.05, f"lora {mode}: peak reserved / peak allocated "
+                      f"{g['reserved_over_allocated']:.3f} (goal <= 1.05)")
+            others = [lora[m]["nvml_peak"] for m in PYTORCH_MODES if m in lora and lora[m]["nvml_peak"]]
+            if g["nvml_peak"] and others:
+                check(g["nvml_peak"] < min(others), f"lora {mode}: NVML peak {g['nvml_peak'] / GIB:.2f} GiB, "
+                      f"lowest PyTorch mode {min(others) / GIB:.2f} GiB (goal: below every PyTorch mode)")
+        c = summaries.get("churn", {}).get(mode)
+        if c and c.get("vs_native") is not None:
+            check(c["vs_native"] <= 0.9, f"churn {mode}: {c['vs_native']:.3f}x native's us per pair (goal <= 0.90)")
+        i = summaries.get("inference", {}).get(mode)
+        if i and i.get("vs_native") is not None:
+            check(i["vs_native"] >= 1.0, f"inference {mode}: tokens/s {i['vs_native']:.3f}x native (goal >= 1.00)")
+            if i["reserved_over_allocated"] is not None:
+                check(i["reserved_over_allocated"] <= 1.05, f"inference {mode}: peak reserved / peak allocated "
+                      f"{i['reserved_over_allocated']:.3f} (goal <= 1.05)")
+    for name, s in summaries.items():
+        r = s.get("gpupool-reserve")
+        if r and r["alloc_calls_timed"] is not None:
+            check(r["alloc_calls_timed"] == 0, f"{name} gpupool-reserve: {r['alloc_calls_timed']:.0f} driver "
+                  f"allocation calls after warm-up (goal: 0)")
+    return out
+
+
+def machine() -> Dict[str, Any]:
+    """Where the figures come from: GPU, driver, torch (asked of a throwaway process, so that
+    this one never creates a CUDA context)."""
+    probe = ("import json, torch; p = torch.cuda.get_device_properties(0); "
+             "print(json.dumps({'gpu': p.name, 'gpu_memory_gib': round(p.total_memory / 2**30, 1), "
+             "'torch': torch.__version__, 'cuda': torch.version.cuda}))")
+    try:
+        info = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                         timeout=120, check=True).stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError) as e:
+        info = {"probe_error": str(e)}
+    info.update({"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                 "python": platform.python_version(), "host": platform.machine()})
+    return info
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run every (workload, mode) --reps times, modes interleaved, then print and save the table."""
+    args = parse_args(argv)
+    env = child_env(os.environ, [str(ROOT)])
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # NVML's order: so that both name the same device
+    info = machine()
+    print(f"machine: {json.dumps(info)}", flush=True)
+    nvml = nvml_for_workers()
+    if nvml.note:
+        print(f"note: {nvml.note}")
+    runs: List[Dict[str, Any]] = []
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp:
+        for rep in range(args.reps):
+            for name in args.only:
+                w = WORKLOADS[name]
+                # Rotate the order each repetition, so that no mode always runs first (warm clocks).
+                k = rep % len(args.modes)
+                for mode in args.modes[k:] + args.modes[:k]:
+                    r = run_worker(w, mode, args.quick, args.timeout, nvml, env, Path(tmp))
+                    runs.append({"workload": name, "mode": mode, "rep": rep, "result": r})
+                    shown = r.get("error") or f"{r[w.metric] / w.scale:.3f} {w.unit}"
+                    print(f"[rep {rep + 1}/{args.reps}] {name:9s} {mode:15s} {r['wall_s']:6.1f} s  {shown}",
+                          flush=True)
+    nvml.close()
+    summaries = {name: summarize(runs, WORKLOADS[name]) for name in args.only}
+    print(f"\n## gpupool benchmarks, {info.get('date')}: {info.get('gpu', '?')}, torch {info.get('torch', '?')}, "
+          f"median of {args.reps} interleaved runs{' (--quick)' if args.quick else ''}\n")
+    for name in args.only:
+        print(table(WORKLOADS[name], summaries[name], args.modes) + "\n")
+    verdicts = goals(summaries)
+    if verdicts:
+        print("Goals:\n" + "\n".join(verdicts))
+    failed = [r for r in runs if "error" in r["result"]]
+    for r in failed:
+        print(f"FAILED {r['workload']} {r['mode']} rep {r['rep'] + 1}: {r['result']['error']}")
+    print(f"total {time.perf_counter() - t_start:.0f} s")
+    with open(args.json, "w") as f:
+        json.dump({"machine": info, "args": {k: v for k, v in vars(args).items()}, "runs": runs,
+                   "summary": summaries, "goals": verdicts}, f, indent=2)
+    print(f"wrote {args.json}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
