@@ -40,6 +40,15 @@ struct gp_backend {
      * on `signaler` so far. */
     gp_status (*stream_wait)(gp_backend *be, gp_stream waiter,
                              gp_stream signaler);
+    /* Events, for Tensor.record_stream: record one on `stream` (it completes
+     * when the work queued there so far has), ask whether it has completed
+     * (no host wait), and give it back.  `*event` is never 0. */
+    gp_status (*event_record)(gp_backend *be, gp_stream stream, uint64_t *event);
+    gp_status (*event_query)(gp_backend *be, uint64_t event, int *done);
+    void (*event_release)(gp_backend *be, uint64_t event);
+    /* Whether `stream` is capturing a CUDA graph now (*capturing 0 or 1).
+     * Asked only while a capture is known to be underway. */
+    gp_status (*is_capturing)(gp_backend *be, gp_stream stream, int *capturing);
     /* Block the host until all work on the device has completed. */
     gp_status (*synchronize)(gp_backend *be);
     /* Free and total memory of the device as its driver sees it. */
@@ -58,6 +67,9 @@ void gp_error_clear(void);
 typedef struct gp_host_counters {
     uint64_t n_map, n_unmap, n_reserve, n_unreserve;
     uint64_t n_stream_wait, n_sync;
+    uint64_t n_map_capturing; /* map() calls while a fake capture was on */
+    uint64_t n_event_record, n_event_query;
+    uint64_t events_live;     /* recorded and not yet released */
     uint64_t mapped;         /* bytes mapped now */
 } gp_host_counters;
 
@@ -67,5 +79,13 @@ void gp_host_fail_map(gp_backend *be, uint64_t nth, gp_status status);
 void gp_host_counters_get(gp_backend *be, gp_host_counters *out);
 /* Change the capacity (bytes that may be mapped at once). */
 void gp_host_set_capacity(gp_backend *be, uint64_t capacity);
+/* Fake stream progress: events recorded on `stream` so far complete (all
+ * events complete on synchronize()).  Until then event_query says "not done",
+ * as for a stream that still runs a long kernel. */
+void gp_host_stream_complete(gp_backend *be, gp_stream stream);
+/* Mark `stream` as capturing a graph (on != 0) or not.  While any stream
+ * captures, stream_wait() involving it fails, as on CUDA, and map() calls are
+ * counted in n_map_capturing. */
+void gp_host_set_capturing(gp_backend *be, gp_stream stream, int on);
 
 #endif /* GP_BACKEND_H */

@@ -71,6 +71,8 @@ typedef CUresult (CUDAAPI *cu_pfn_event_destroy)(CUevent);
 typedef CUresult (CUDAAPI *cu_pfn_event_record)(CUevent, CUstream);
 typedef CUresult (CUDAAPI *cu_pfn_stream_wait_event)(CUstream, CUevent, unsigned int);
 typedef CUresult (CUDAAPI *cu_pfn_stream_is_capturing)(CUstream, CUstreamCaptureStatus *);
+typedef CUresult (CUDAAPI *cu_pfn_event_query)(CUevent);
+typedef CUresult (CUDAAPI *cu_pfn_thread_exchange_capture_mode)(CUstreamCaptureMode *);
 
 /* field, ABI symbol.  The symbol is spelled out (not left to cuda.h's
  * #define cuX cuX_v2) so that what dlsym looks up is visible here. */
@@ -101,7 +103,9 @@ typedef CUresult (CUDAAPI *cu_pfn_stream_is_capturing)(CUstream, CUstreamCapture
     X(event_destroy, cuEventDestroy_v2)                \
     X(event_record, cuEventRecord)                     \
     X(stream_wait_event, cuStreamWaitEvent)            \
-    X(stream_is_capturing, cuStreamIsCapturing)
+    X(stream_is_capturing, cuStreamIsCapturing)        \
+    X(event_query, cuEventQuery)                       \
+    X(thread_exchange_capture_mode, cuThreadExchangeStreamCaptureMode)
 
 /* A typo in a typedef or a symbol name that cuda.h does not declare fails
  * the build here rather than corrupting the stack at run time.  _Generic does
@@ -195,8 +199,10 @@ static gp_status cu_status(CUresult r)
 /* ------------------------------------------------------------- the backend */
 
 /* Events go back to the list right after cuStreamWaitEvent, which captures
- * the event's state at call time, so a few cover any number of callers. */
-#define CU_EVENT_CACHE 8
+ * the event's state at call time, so a few cover any number of callers.
+ * record_stream events live until their block is reused; more than the cache
+ * holds are destroyed when given back. */
+#define CU_EVENT_CACHE 32
 
 typedef struct cu_backend {
     gp_backend be; /* first: the pool sees only this */
@@ -282,15 +288,24 @@ static gp_status cu_map(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t 
                             (unsigned long long)be->granularity);
     int pushed;
     CU_ENTER_OR_FAIL(cb, pushed, "map");
+    /* While a stream captures a CUDA graph in "global" mode (PyTorch's
+     * default), the driver refuses cuMemCreate/cuMemMap on every thread.  Mapping
+     * memory is not work on a stream, and memory mapped now stays mapped for as
+     * long as a graph may use it, so it is safe: switch this thread to relaxed
+     * mode for the call, as PyTorch's own allocator does around cudaMalloc. */
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    cu_api.thread_exchange_capture_mode(&mode);
     CUmemGenericAllocationHandle h = 0;
     CUresult r = cu_api.mem_create(&h, size, &cb->prop, 0);
     if (r != CUDA_SUCCESS) {
+        cu_api.thread_exchange_capture_mode(&mode);
         cu_leave(pushed);
         return CU_FAIL(r, be->device, "cuMemCreate(size=%llu)", (unsigned long long)size);
     }
     r = cu_api.mem_map((CUdeviceptr)addr, size, 0, h, 0);
     if (r != CUDA_SUCCESS) {
         cu_api.mem_release(h);
+        cu_api.thread_exchange_capture_mode(&mode);
         cu_leave(pushed);
         return CU_FAIL(r, be->device, "cuMemMap(addr=%#llx, size=%llu)", (unsigned long long)addr,
                        (unsigned long long)size);
@@ -301,10 +316,12 @@ static gp_status cu_map(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t 
     if (r != CUDA_SUCCESS) {
         cu_api.mem_unmap((CUdeviceptr)addr, size);
         cu_api.mem_release(h);
+        cu_api.thread_exchange_capture_mode(&mode);
         cu_leave(pushed);
         return CU_FAIL(r, be->device, "cuMemSetAccess(addr=%#llx, size=%llu, read-write)",
                        (unsigned long long)addr, (unsigned long long)size);
     }
+    cu_api.thread_exchange_capture_mode(&mode);
     cu_leave(pushed);
     *handle = (uint64_t)h;
     return GP_OK;
@@ -416,6 +433,62 @@ static gp_status cu_stream_wait(gp_backend *be, gp_stream waiter, gp_stream sign
     cu_leave(pushed);
     if (r != CUDA_SUCCESS)
         return CU_FAIL(r, be->device, "%s(waiter=%p, signaler=%p)", call, waiter, signaler);
+    return GP_OK;
+}
+
+static gp_status cu_event_record(gp_backend *be, gp_stream stream, uint64_t *event)
+{
+    cu_backend *cb = CU(be);
+    int pushed;
+    CU_ENTER_OR_FAIL(cb, pushed, "event_record");
+    CUevent ev = NULL;
+    CUresult r = cu_event_get(cb, &ev);
+    if (r != CUDA_SUCCESS) {
+        cu_leave(pushed);
+        return CU_FAIL(r, be->device, "cuEventCreate(%s)", "CU_EVENT_DISABLE_TIMING");
+    }
+    r = cu_api.event_record(ev, (CUstream)stream);
+    if (r != CUDA_SUCCESS) cu_event_put(cb, ev);
+    cu_leave(pushed);
+    if (r != CUDA_SUCCESS) return CU_FAIL(r, be->device, "cuEventRecord(stream=%p)", stream);
+    _Static_assert(sizeof(CUevent) <= sizeof(uint64_t), "an event fits a uint64_t");
+    *event = (uint64_t)(uintptr_t)ev;
+    return GP_OK;
+}
+
+static gp_status cu_event_query(gp_backend *be, uint64_t event, int *done)
+{
+    cu_backend *cb = CU(be);
+    int pushed;
+    CU_ENTER_OR_FAIL(cb, pushed, "event_query");
+    CUresult r = cu_api.event_query((CUevent)(uintptr_t)event);
+    cu_leave(pushed);
+    if (r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY) {
+        *done = r == CUDA_SUCCESS;
+        return GP_OK;
+    }
+    return CU_FAIL(r, be->device, "%s", "cuEventQuery()");
+}
+
+static void cu_event_release(gp_backend *be, uint64_t event)
+{
+    int pushed;
+    if (cu_enter(CU(be), &pushed) != CUDA_SUCCESS) return;
+    cu_event_put(CU(be), (CUevent)(uintptr_t)event);
+    cu_leave(pushed);
+}
+
+static gp_status cu_is_capturing(gp_backend *be, gp_stream stream, int *capturing)
+{
+    cu_backend *cb = CU(be);
+    int pushed;
+    CU_ENTER_OR_FAIL(cb, pushed, "is_capturing");
+    CUresult r = cu_capturing((CUstream)stream, capturing);
+    cu_leave(pushed);
+    if (r != CUDA_SUCCESS) return CU_FAIL(r, be->device, "cuStreamIsCapturing(%p)", stream);
+    /* IMPLICIT: the legacy stream, which another stream's capture makes
+     * unusable but which is not capturing itself. */
+    *capturing = *capturing == CU_CAPTURE_ACTIVE;
     return GP_OK;
 }
 
@@ -536,6 +609,10 @@ gp_status gp_backend_cuda_create(int device, gp_backend **out)
     be->map = cu_map;
     be->unmap = cu_unmap;
     be->stream_wait = cu_stream_wait;
+    be->event_record = cu_event_record;
+    be->event_query = cu_event_query;
+    be->event_release = cu_event_release;
+    be->is_capturing = cu_is_capturing;
     be->synchronize = cu_synchronize;
     be->mem_info = cu_mem_info;
     be->destroy = cu_destroy;

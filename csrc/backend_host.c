@@ -7,6 +7,9 @@
  * the pages to the kernel.  A capacity caps the bytes mapped at once so that
  * out-of-memory paths are reachable, and gp_host_fail_map() injects failures.
  * Streams are any pointer value; stream_wait() and synchronize() only count.
+ * Events are slots that complete when the test says their stream progressed
+ * (gp_host_stream_complete) or on synchronize(); a stream can be marked as
+ * capturing a graph, so that capture handling is tested too.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -21,6 +24,13 @@ typedef struct host_map {
     uint64_t size, handle;
 } host_map;
 
+typedef struct host_event {
+    gp_stream stream;
+    int live, done;
+} host_event;
+
+#define HOST_MAX_CAPTURING 16
+
 typedef struct host_backend {
     gp_backend be; /* first: the pool sees only this */
     pthread_mutex_t lock;
@@ -31,6 +41,10 @@ typedef struct host_backend {
     gp_host_counters c;
     host_map *maps; /* live mappings, to check unmap() is given what map() made */
     size_t n_maps, cap_maps;
+    host_event *events; /* event id = index + 1; dead slots are reused */
+    size_t n_events;
+    gp_stream capturing[HOST_MAX_CAPTURING];
+    unsigned n_capturing;
 } host_backend;
 
 #define HOST(be) ((host_backend *)(be))
@@ -95,6 +109,7 @@ static gp_status host_map_fn(gp_backend *be, uintptr_t addr, uint64_t size, uint
              MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) == MAP_FAILED)
         st = gp_error_set(GP_ERR_OOM, "host map of %llu bytes: %s", (unsigned long long)size, strerror(errno));
     if (st == GP_OK) {
+        if (h->n_capturing) h->c.n_map_capturing++;
         *handle = ++h->next_handle;
         h->maps[h->n_maps++] = (host_map){addr, size, *handle};
         h->c.mapped += size;
@@ -123,14 +138,27 @@ static gp_status host_unmap(gp_backend *be, uintptr_t addr, uint64_t size, uint6
     return st;
 }
 
+static int host_is_capturing_locked(const host_backend *h, gp_stream s)
+{
+    for (unsigned i = 0; i < h->n_capturing; i++)
+        if (h->capturing[i] == s) return 1;
+    return 0;
+}
+
 static gp_status host_stream_wait(gp_backend *be, gp_stream waiter, gp_stream signaler)
 {
     host_backend *h = HOST(be);
     if (waiter == signaler) return GP_OK;
+    gp_status st = GP_OK;
     pthread_mutex_lock(&h->lock);
-    h->c.n_stream_wait++;
+    /* As on CUDA: ordering across a capturing stream would break the capture. */
+    if (host_is_capturing_locked(h, waiter) || host_is_capturing_locked(h, signaler))
+        st = gp_error_set(GP_ERR_BACKEND, "host stream_wait: %p or %p is capturing a graph", waiter,
+                          signaler);
+    else
+        h->c.n_stream_wait++;
     pthread_mutex_unlock(&h->lock);
-    return GP_OK;
+    return st;
 }
 
 static gp_status host_synchronize(gp_backend *be)
@@ -138,6 +166,63 @@ static gp_status host_synchronize(gp_backend *be)
     host_backend *h = HOST(be);
     pthread_mutex_lock(&h->lock);
     h->c.n_sync++;
+    for (size_t i = 0; i < h->n_events; i++) h->events[i].done = 1;
+    pthread_mutex_unlock(&h->lock);
+    return GP_OK;
+}
+
+static gp_status host_event_record(gp_backend *be, gp_stream stream, uint64_t *event)
+{
+    host_backend *h = HOST(be);
+    gp_status st = GP_OK;
+    pthread_mutex_lock(&h->lock);
+    size_t i = 0;
+    while (i < h->n_events && h->events[i].live) i++;
+    if (i == h->n_events) {
+        host_event *e = realloc(h->events, (h->n_events + 1) * sizeof *e);
+        if (!e) st = gp_error_set(GP_ERR_NOMEM, "host event_record: out of host memory");
+        else { h->events = e; h->n_events++; }
+    }
+    if (st == GP_OK) {
+        h->events[i] = (host_event){.stream = stream, .live = 1, .done = 0};
+        h->c.n_event_record++;
+        h->c.events_live++;
+        *event = i + 1;
+    }
+    pthread_mutex_unlock(&h->lock);
+    return st;
+}
+
+static gp_status host_event_query(gp_backend *be, uint64_t event, int *done)
+{
+    host_backend *h = HOST(be);
+    gp_status st = GP_OK;
+    pthread_mutex_lock(&h->lock);
+    h->c.n_event_query++;
+    if (event == 0 || event > h->n_events || !h->events[event - 1].live)
+        st = gp_error_set(GP_ERR_INVALID, "host event_query: event %llu is not live", (unsigned long long)event);
+    else
+        *done = h->events[event - 1].done;
+    pthread_mutex_unlock(&h->lock);
+    return st;
+}
+
+static void host_event_release(gp_backend *be, uint64_t event)
+{
+    host_backend *h = HOST(be);
+    pthread_mutex_lock(&h->lock);
+    if (event && event <= h->n_events && h->events[event - 1].live) {
+        h->events[event - 1].live = 0;
+        h->c.events_live--;
+    }
+    pthread_mutex_unlock(&h->lock);
+}
+
+static gp_status host_is_capturing(gp_backend *be, gp_stream stream, int *capturing)
+{
+    host_backend *h = HOST(be);
+    pthread_mutex_lock(&h->lock);
+    *capturing = host_is_capturing_locked(h, stream);
     pthread_mutex_unlock(&h->lock);
     return GP_OK;
 }
@@ -159,6 +244,7 @@ static void host_destroy(gp_backend *be)
         mmap((void *)h->maps[i].addr, h->maps[i].size, PROT_NONE,
              MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     free(h->maps);
+    free(h->events);
     pthread_mutex_destroy(&h->lock);
     free(h);
 }
@@ -175,6 +261,8 @@ gp_status gp_backend_host_create(uint64_t capacity, gp_backend **out)
         .name = "host", .device = 0, .total = capacity, .granularity = 4096,
         .reserve = host_reserve, .unreserve = host_unreserve, .map = host_map_fn,
         .unmap = host_unmap, .stream_wait = host_stream_wait,
+        .event_record = host_event_record, .event_query = host_event_query,
+        .event_release = host_event_release, .is_capturing = host_is_capturing,
         .synchronize = host_synchronize, .mem_info = host_mem_info, .destroy = host_destroy,
     };
     *out = &h->be;
@@ -204,5 +292,27 @@ void gp_host_set_capacity(gp_backend *be, uint64_t capacity)
     pthread_mutex_lock(&h->lock);
     h->capacity = capacity;
     be->total = capacity;
+    pthread_mutex_unlock(&h->lock);
+}
+
+void gp_host_stream_complete(gp_backend *be, gp_stream stream)
+{
+    host_backend *h = HOST(be);
+    pthread_mutex_lock(&h->lock);
+    for (size_t i = 0; i < h->n_events; i++)
+        if (h->events[i].live && h->events[i].stream == stream) h->events[i].done = 1;
+    pthread_mutex_unlock(&h->lock);
+}
+
+void gp_host_set_capturing(gp_backend *be, gp_stream stream, int on)
+{
+    host_backend *h = HOST(be);
+    pthread_mutex_lock(&h->lock);
+    unsigned i = 0;
+    while (i < h->n_capturing && h->capturing[i] != stream) i++;
+    if (on && i == h->n_capturing && h->n_capturing < HOST_MAX_CAPTURING)
+        h->capturing[h->n_capturing++] = stream;
+    else if (!on && i < h->n_capturing)
+        h->capturing[i] = h->capturing[--h->n_capturing];
     pthread_mutex_unlock(&h->lock);
 }

@@ -200,9 +200,13 @@ typedef struct gp_block_info {
     uint8_t priority;
     uint8_t state;      /* GP_BLOCK_*                               */
     uint8_t arena;      /* which arena (GP_ARENA_*)                 */
+    uint8_t in_graph_pool; /* held by a CUDA graph pool (capture)   */
+    uint64_t graph_pool;   /* that pool's key, when in_graph_pool   */
 } gp_block_info;
 
-enum { GP_BLOCK_FREE_UNMAPPED = 0, GP_BLOCK_FREE = 1, GP_BLOCK_USED = 2 };
+/* PENDING: freed, but a stream named with gp_record_stream may still use
+ * it; it returns to the free bins once the work queued there has completed. */
+enum { GP_BLOCK_FREE_UNMAPPED = 0, GP_BLOCK_FREE = 1, GP_BLOCK_USED = 2, GP_BLOCK_PENDING = 3 };
 enum { GP_ARENA_SMALL = 0, GP_ARENA_LARGE = 1, GP_ARENA_COUNT = 2 };
 
 /* Look up a live block by any address inside it.  GP_ERR_FOREIGN if none. */
@@ -213,6 +217,45 @@ gp_status gp_pool_lookup(gp_pool *pool, const void *ptr, gp_block_info *out);
  * Stops early when `fn` returns non-zero. */
 typedef int (*gp_block_fn)(void *arg, const gp_block_info *block);
 void gp_pool_walk(gp_pool *pool, gp_block_fn fn, void *arg);
+
+/* Tensor.record_stream: the live block at `ptr` (its start) is also used on
+ * `stream`.  When it is freed, an event is recorded on every such stream and
+ * the block is not handed out again (state GP_BLOCK_PENDING) until those
+ * events completed: later allocations query them, without a host wait; a
+ * trim, which synchronises the device, releases all.  Recording the block's
+ * own stream does nothing.  GP_ERR_FOREIGN / GP_ERR_DOUBLE_FREE for a pointer
+ * that is not a live block's start, GP_ERR_TOO_MANY past 8 streams. */
+gp_status gp_record_stream(gp_pool *pool, void *ptr, gp_stream stream);
+
+/* CUDA graph capture.  Memory allocated while a stream captures a graph must
+ * stay the graph's (its kernels keep the addresses) and the capture may make
+ * no device synchronisation nor stream wait.  A graph pool, named by `key`
+ * (PyTorch's graph memory pool id), holds the blocks allocated during the
+ * captures into it; nothing outside it is handed those blocks, nor are they
+ * unmapped, until every graph holding the pool released it.
+ *
+ * gp_pool_capture_prepare: call before the capture starts on `stream`.  It
+ *   synchronises the device, hands every cached block to `stream` and maps
+ *   ahead (expandable mode) the pool's peak allocated bytes beyond what is
+ *   allocated now, so that a capture that repeats a warm-up finds its memory
+ *   without a driver call.  With another capture underway it does nothing.
+ * gp_pool_capture_begin: allocations on `stream` (and on streams joined to
+ *   its capture, asked of the backend) now go to graph pool `key`, made if
+ *   new, shared if it exists (graphs captured with pool=other.pool()); the
+ *   caller holds one reference to it.  Memory comes from the graph pool's
+ *   free blocks, then the capturing stream's, then new mappings (the only
+ *   driver calls a capture can make, counted in n_capture_maps).
+ * gp_pool_capture_end: the capture on `stream` ended.
+ * gp_pool_capture_release: drop one reference (a graph was reset or
+ *   destroyed).  At zero, once no capture is underway, the device is
+ *   synchronised and the pool's memory returns to the stream that captured;
+ *   blocks still live return when freed.
+ * Errors: GP_ERR_INVALID for an unknown stream or key, GP_ERR_TOO_MANY past
+ * 16 live graph pools or 4 streams capturing into one. */
+gp_status gp_pool_capture_prepare(gp_pool *pool, gp_stream stream);
+gp_status gp_pool_capture_begin(gp_pool *pool, uint64_t key, gp_stream stream);
+gp_status gp_pool_capture_end(gp_pool *pool, gp_stream stream);
+gp_status gp_pool_capture_release(gp_pool *pool, uint64_t key);
 
 /* Unmap free chunks until at least `bytes` were released (UINT64_MAX: all).
  * Synchronises the device first (a chunk may still be read by a stream that
@@ -260,6 +303,11 @@ typedef struct gp_stats {
     uint64_t chunk;                     /* physical mapping unit            */
     uint64_t arena_size[GP_ARENA_COUNT];/* virtual bytes reserved per arena */
     uint64_t offloaded;                 /* bytes offloaded to host now      */
+    uint64_t allocated_total;           /* bytes handed out, ever (rounded) */
+    uint64_t requested_total;           /* bytes asked for, ever            */
+    uint64_t mapped_total, unmapped_total; /* bytes mapped / unmapped, ever */
+    uint64_t pending;                   /* freed bytes waiting for record_stream events */
+    uint64_t n_capture_maps;            /* chunks mapped while a graph captured */
 } gp_stats;
 
 typedef struct gp_tag_stats {

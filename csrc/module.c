@@ -303,6 +303,12 @@ static PyObject *stats_dict(gp_pool *p, int full)
     SET(d, "device_total", s.device_total);
     SET(d, "chunk", s.chunk);
     SET(d, "offloaded", s.offloaded);
+    SET(d, "allocated_total", s.allocated_total);
+    SET(d, "requested_total", s.requested_total);
+    SET(d, "mapped_total", s.mapped_total);
+    SET(d, "unmapped_total", s.unmapped_total);
+    SET(d, "pending", s.pending);
+    SET(d, "n_capture_maps", s.n_capture_maps);
     return d;
 }
 
@@ -444,6 +450,67 @@ static PyObject *pool_mem_info(PoolObject *self, PyObject *noargs)
     return Py_BuildValue("(KK)", (unsigned long long)s.device_total, (unsigned long long)s.reserved);
 }
 
+static PyObject *pool_record_stream(PoolObject *self, PyObject *args)
+{
+    PyObject *ptr_o, *stream_o;
+    if (!PyArg_ParseTuple(args, "OO", &ptr_o, &stream_o)) return NULL;
+    void *ptr = PyLong_AsVoidPtr(ptr_o);
+    gp_stream s;
+    if (PyErr_Occurred() || !parse_stream(stream_o, &s)) return NULL;
+    gp_status st = gp_record_stream(self->pool, ptr, s);
+    if (st != GP_OK) return gp_raise(st);
+    Py_RETURN_NONE;
+}
+
+/* The capture calls may synchronise the device: without the GIL. */
+static PyObject *pool_capture_prepare(PoolObject *self, PyObject *arg)
+{
+    gp_stream s;
+    if (!parse_stream(arg, &s)) return NULL;
+    gp_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = gp_pool_capture_prepare(self->pool, s);
+    Py_END_ALLOW_THREADS
+    if (st != GP_OK) return gp_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *pool_capture_begin(PoolObject *self, PyObject *args)
+{
+    unsigned long long key;
+    PyObject *stream_o;
+    if (!PyArg_ParseTuple(args, "KO", &key, &stream_o)) return NULL;
+    gp_stream s;
+    if (!parse_stream(stream_o, &s)) return NULL;
+    gp_status st = gp_pool_capture_begin(self->pool, key, s);
+    if (st != GP_OK) return gp_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *pool_capture_end(PoolObject *self, PyObject *arg)
+{
+    gp_stream s;
+    if (!parse_stream(arg, &s)) return NULL;
+    gp_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = gp_pool_capture_end(self->pool, s);
+    Py_END_ALLOW_THREADS
+    if (st != GP_OK) return gp_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *pool_capture_release(PoolObject *self, PyObject *arg)
+{
+    unsigned long long key = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    gp_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = gp_pool_capture_release(self->pool, key);
+    Py_END_ALLOW_THREADS
+    if (st != GP_OK) return gp_raise(st);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef pool_methods[] = {
     {"alloc", (PyCFunction)(void (*)(void))pool_alloc, METH_VARARGS | METH_KEYWORDS,
      "alloc(size, stream=0, tag=-1, priority=-1) -> address; tag/priority -1: this thread's context"},
@@ -460,6 +527,15 @@ static PyMethodDef pool_methods[] = {
     {"last_oom", (PyCFunction)pool_last_oom, METH_NOARGS, "the last out-of-memory report"},
     {"lookup", (PyCFunction)pool_lookup, METH_O, "lookup(address) -> block tuple of the live block there"},
     {"mem_info", (PyCFunction)pool_mem_info, METH_NOARGS, "(device total, reserved)"},
+    {"record_stream", (PyCFunction)pool_record_stream, METH_VARARGS,
+     "record_stream(address, stream): the live block is also used on stream (Tensor.record_stream)"},
+    {"capture_prepare", (PyCFunction)pool_capture_prepare, METH_O,
+     "capture_prepare(stream): before a CUDA graph capture on stream (syncs, maps ahead)"},
+    {"capture_begin", (PyCFunction)pool_capture_begin, METH_VARARGS,
+     "capture_begin(key, stream): allocations on stream now go to graph pool key"},
+    {"capture_end", (PyCFunction)pool_capture_end, METH_O, "capture_end(stream): the capture ended"},
+    {"capture_release", (PyCFunction)pool_capture_release, METH_O,
+     "capture_release(key): a graph holding graph pool key was released"},
     {NULL, NULL, 0, NULL},
 };
 

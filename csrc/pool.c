@@ -48,6 +48,7 @@ struct gp_block {
     gp_block *fprev, *fnext; /* bin list while free; hash chain if used  */
     uint16_t tag;
     uint8_t prio, state, sidx, arena;
+    uint8_t rec;             /* has a gp_rec: streams from gp_record_stream */
 };
 
 typedef struct gp_bins {
@@ -127,6 +128,38 @@ static gp_block *gp_bins_find(const gp_bins *b, uint64_t size)
 
 /* ---------------------------------------------------------------- arenas */
 
+/* record_stream: the extra streams of a live block, then, once it is freed
+ * (state PENDING), the event recorded on each of them.  The block goes back
+ * to the bins when every event completed; it is rare, so a short array. */
+#define GP_REC_STREAMS 8
+typedef struct gp_rec {
+    gp_block *b;
+    gp_stream streams[GP_REC_STREAMS];
+    uint64_t events[GP_REC_STREAMS]; /* 0: completed (or none recorded) */
+    unsigned n;
+    uint8_t pending;   /* freed, waiting for the events                  */
+    uint8_t wait_sync; /* an event could not be recorded: wait for a sync */
+} gp_rec;
+
+/* A graph pool: the memory of the CUDA graphs captured into it (PyTorch's
+ * graph memory pool id is the key).  Its free blocks sit in a stream slot of
+ * their own, which no other allocation looks at, so that memory a graph
+ * captured is never handed to code outside it until the pool is released;
+ * then its blocks go back to the slot of the stream that captured. */
+#define GP_MAX_GPOOLS 16
+#define GP_GPOOL_STREAMS 4
+typedef struct gp_gpool {
+    uint64_t key;
+    unsigned slot, home;   /* its stream slot; where its memory goes back   */
+    unsigned refs;         /* graphs that hold it                           */
+    gp_stream capturing[GP_GPOOL_STREAMS]; /* streams capturing into it now */
+    unsigned n_capturing;
+    int live;
+} gp_gpool;
+
+/* Kinds of stream slots. */
+enum { GP_SLOT_STREAM = 0, GP_SLOT_GPOOL = 1, GP_SLOT_SPARE = 2 };
+
 typedef struct gp_arena {
     uintptr_t base;
     uint64_t size, chunk;
@@ -147,6 +180,13 @@ struct gp_pool {
 
     gp_stream streams[GP_MAX_STREAMS];
     unsigned n_streams, last_sidx;
+    uint8_t slot_kind[GP_MAX_STREAMS]; /* GP_SLOT_*: graph pools use slots too */
+
+    gp_rec *recs;       /* record_stream: live and pending blocks */
+    unsigned n_recs, cap_recs, n_pending;
+
+    gp_gpool gpools[GP_MAX_GPOOLS];
+    unsigned n_capturing; /* streams capturing into a graph pool now */
 
     gp_block **buckets; /* USED blocks by address, chained through fnext */
     uint64_t hmask, hcount;
@@ -292,6 +332,7 @@ static gp_bins *gp_bins_of(gp_arena *a, const gp_block *b)
 static int gp_mergeable(const gp_block *x, const gp_block *y)
 {
     return x && y && x->state == y->state && x->state != GP_BLOCK_USED &&
+           x->state != GP_BLOCK_PENDING &&
            (x->state == GP_BLOCK_FREE_UNMAPPED || x->sidx == y->sidx);
 }
 
@@ -340,16 +381,18 @@ static gp_block *gp_split(gp_pool *p, gp_block *b, uint64_t size)
 
 /* ---------------------------------------------------------------- streams */
 
-static gp_status gp_stream_index(gp_pool *p, gp_stream s, unsigned *out)
+/* A new slot (bins in every arena) for stream s, or for a graph pool whose
+ * blocks are reported on stream s; a graph pool reuses a spare slot first. */
+static gp_status gp_slot_new(gp_pool *p, gp_stream s, int kind, unsigned *out)
 {
-    if (p->last_sidx < p->n_streams && p->streams[p->last_sidx] == s) {
-        *out = p->last_sidx;
-        return GP_OK;
-    }
-    for (unsigned i = 0; i < p->n_streams; i++) {
-        if (p->streams[i] == s) {
-            *out = p->last_sidx = i;
-            return GP_OK;
+    if (kind == GP_SLOT_GPOOL) {
+        for (unsigned i = 0; i < p->n_streams; i++) {
+            if (p->slot_kind[i] == GP_SLOT_SPARE) {
+                p->slot_kind[i] = GP_SLOT_GPOOL;
+                p->streams[i] = s;
+                *out = i;
+                return GP_OK;
+            }
         }
     }
     if (p->n_streams == GP_MAX_STREAMS)
@@ -369,9 +412,29 @@ static gp_status gp_stream_index(gp_pool *p, gp_stream s, unsigned *out)
         }
     }
     p->streams[i] = s;
+    p->slot_kind[i] = (uint8_t)kind;
     p->n_streams++;
-    *out = p->last_sidx = i;
+    *out = i;
     return GP_OK;
+}
+
+static gp_status gp_stream_index(gp_pool *p, gp_stream s, unsigned *out)
+{
+    /* last_sidx is only ever a stream's slot, never a graph pool's. */
+    if (p->last_sidx < p->n_streams && p->streams[p->last_sidx] == s &&
+        p->slot_kind[p->last_sidx] == GP_SLOT_STREAM) {
+        *out = p->last_sidx;
+        return GP_OK;
+    }
+    for (unsigned i = 0; i < p->n_streams; i++) {
+        if (p->streams[i] == s && p->slot_kind[i] == GP_SLOT_STREAM) {
+            *out = p->last_sidx = i;
+            return GP_OK;
+        }
+    }
+    gp_status st = gp_slot_new(p, s, GP_SLOT_STREAM, out);
+    if (st == GP_OK) p->last_sidx = *out;
+    return st;
 }
 
 /* ------------------------------------------------------------ map / unmap */
@@ -404,6 +467,8 @@ static gp_status gp_map_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t 
         return st;
     }
     p->st.reserved += len;
+    p->st.mapped_total += len;
+    if (p->n_capturing) p->st.n_capture_maps += len / a->chunk;
     if (p->st.reserved > p->st.reserved_peak) p->st.reserved_peak = p->st.reserved;
     return GP_OK;
 }
@@ -420,6 +485,7 @@ static uint64_t gp_unmap_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t
         done += a->chunk;
     }
     p->st.reserved -= done;
+    p->st.unmapped_total += done;
     return done;
 }
 
@@ -455,8 +521,9 @@ static uint64_t gp_trim_block(gp_pool *p, gp_arena *a, gp_block *b, gp_block **r
 static void gp_coalesce_idle(gp_pool *p, gp_arena *a)
 {
     for (gp_block *b = a->first; b; b = b->next) {
-        if (b->state != GP_BLOCK_FREE) continue;
-        while (b->next && b->next->state == GP_BLOCK_FREE) {
+        if (b->state != GP_BLOCK_FREE || p->slot_kind[b->sidx] != GP_SLOT_STREAM) continue;
+        while (b->next && b->next->state == GP_BLOCK_FREE &&
+               p->slot_kind[b->next->sidx] == GP_SLOT_STREAM) {
             gp_block *nx = b->next;
             gp_bins_remove(a->bins[b->sidx], b);
             gp_bins_remove(a->bins[nx->sidx], nx);
@@ -469,21 +536,150 @@ static void gp_coalesce_idle(gp_pool *p, gp_arena *a)
     }
 }
 
+/* ----------------------------------------------------------- record_stream */
+
+static gp_status gp_bad_pointer(gp_pool *p, const void *ptr, const char *what);
+
+static gp_rec *gp_rec_of(gp_pool *p, const gp_block *b)
+{
+    for (unsigned i = 0; i < p->n_recs; i++)
+        if (p->recs[i].b == b) return &p->recs[i];
+    return NULL;
+}
+
+/* The events of pending record i have completed: its block goes back to the
+ * bins and the record is dropped (the last one takes its place). */
+static void gp_rec_finish(gp_pool *p, unsigned i)
+{
+    gp_rec *r = &p->recs[i];
+    gp_block *b = r->b;
+    for (unsigned j = 0; j < r->n; j++)
+        if (r->events[j]) p->be->event_release(p->be, r->events[j]);
+    p->st.pending -= b->size;
+    p->n_pending--;
+    b->rec = 0;
+    b->state = GP_BLOCK_FREE;
+    p->recs[i] = p->recs[--p->n_recs];
+    gp_insert_free(p, &p->arenas[b->arena], b);
+}
+
+/* Give back the pending blocks whose streams finished the work queued at
+ * free time: a query per event, never a host wait. */
+static void gp_poll_pending(gp_pool *p)
+{
+    for (unsigned i = 0; i < p->n_recs;) {
+        gp_rec *r = &p->recs[i];
+        int all = r->pending && !r->wait_sync;
+        for (unsigned j = 0; all && j < r->n; j++) {
+            int done = 0;
+            if (!r->events[j]) continue;
+            if (p->be->event_query(p->be, r->events[j], &done) != GP_OK) {
+                gp_error_clear(); /* a failing query: keep the block out */
+                done = 0;
+            }
+            if (done) {
+                p->be->event_release(p->be, r->events[j]);
+                r->events[j] = 0;
+            } else {
+                all = 0;
+            }
+        }
+        if (all) gp_rec_finish(p, i);
+        else i++;
+    }
+}
+
+/* After a device synchronisation every pending block is safe. */
+static void gp_release_pending(gp_pool *p)
+{
+    for (unsigned i = 0; i < p->n_recs;) {
+        if (p->recs[i].pending) gp_rec_finish(p, i);
+        else i++;
+    }
+}
+
+/* b, with extra streams, is freed: record an event on each and keep it out
+ * of the bins until they completed.  Its bytes stay reserved as `pending`. */
+static void gp_free_recorded(gp_pool *p, gp_block *b)
+{
+    gp_rec *r = gp_rec_of(p, b);
+    for (unsigned j = 0; j < r->n; j++) {
+        if (p->be->event_record(p->be, r->streams[j], &r->events[j]) != GP_OK) {
+            /* e.g. the stream is capturing a graph: fall back to the next
+             * device synchronisation (trim). */
+            gp_error_clear();
+            r->events[j] = 0;
+            r->wait_sync = 1;
+        }
+    }
+    r->pending = 1;
+    b->state = GP_BLOCK_PENDING;
+    b->requested = 0;
+    p->st.pending += b->size;
+    p->n_pending++;
+}
+
+gp_status gp_record_stream(gp_pool *p, void *ptr, gp_stream s)
+{
+    pthread_mutex_lock(&p->lock);
+    gp_status st = GP_OK;
+    gp_block *b = gp_hash_find(p, (uintptr_t)ptr);
+    gp_rec *r = NULL;
+    if (!b) {
+        st = gp_bad_pointer(p, ptr, "record_stream");
+        goto out;
+    }
+    if (s == p->streams[b->sidx]) goto out; /* its own stream orders it already */
+    r = b->rec ? gp_rec_of(p, b) : NULL;
+    if (r) {
+        for (unsigned j = 0; j < r->n; j++)
+            if (r->streams[j] == s) goto out;
+        if (r->n == GP_REC_STREAMS) {
+            st = gp_error_set(GP_ERR_TOO_MANY, "gpupool: record_stream of %p on more than %d streams",
+                              ptr, GP_REC_STREAMS);
+            goto out;
+        }
+    } else {
+        if (p->n_recs == p->cap_recs) {
+            unsigned nc = p->cap_recs ? 2 * p->cap_recs : 16;
+            gp_rec *nr = realloc(p->recs, nc * sizeof *nr);
+            if (!nr) {
+                st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for record_stream");
+                goto out;
+            }
+            p->recs = nr;
+            p->cap_recs = nc;
+        }
+        r = &p->recs[p->n_recs++];
+        memset(r, 0, sizeof *r);
+        r->b = b;
+        b->rec = 1;
+    }
+    r->streams[r->n++] = s;
+out:
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
 /* Release free chunks, all arenas, until `want` bytes are released. */
 static uint64_t gp_trim_locked(gp_pool *p, uint64_t want)
 {
-    if (p->reserve_mode || p->st.reserved == p->st.allocated) return 0;
+    /* No synchronisation (illegal) nor unmapping while a graph captures. */
+    if (p->reserve_mode || p->n_capturing || p->st.reserved == p->st.allocated) return 0;
     /* A stream may still read a block it freed: wait for the device before
      * giving any chunk back. */
     p->st.n_sync++;
     if (p->be->synchronize(p->be) != GP_OK) return 0;
+    gp_release_pending(p);
     uint64_t freed = 0;
     for (unsigned k = 0; k < p->n_arenas && freed < want; k++) {
         gp_arena *a = &p->arenas[k];
         gp_coalesce_idle(p, a);
         for (gp_block *b = a->first, *nx; b && freed < want; b = nx) {
             nx = b->next;
-            if (b->state == GP_BLOCK_FREE && b->size >= a->chunk)
+            /* A graph pool's memory stays mapped: its graphs use the addresses. */
+            if (b->state == GP_BLOCK_FREE && b->size >= a->chunk &&
+                p->slot_kind[b->sidx] == GP_SLOT_STREAM)
                 freed += gp_trim_block(p, a, b, &nx);
         }
     }
@@ -550,7 +746,7 @@ static gp_block *gp_grow(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, 
 static gp_block *gp_steal(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size)
 {
     for (unsigned s = 0; s < p->n_streams; s++) {
-        if (s == sidx) continue;
+        if (s == sidx || p->slot_kind[s] != GP_SLOT_STREAM) continue;
         gp_block *b = gp_bins_find(a->bins[s], size);
         if (!b) continue;
         p->st.n_stream_waits++;
@@ -560,6 +756,223 @@ static gp_block *gp_steal(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size)
         return b;
     }
     return NULL;
+}
+
+/* ------------------------------------------------------------ graph capture */
+
+static gp_gpool *gp_gpool_find(gp_pool *p, uint64_t key)
+{
+    for (unsigned i = 0; i < GP_MAX_GPOOLS; i++)
+        if (p->gpools[i].live && p->gpools[i].key == key) return &p->gpools[i];
+    return NULL;
+}
+
+/* Which graph pool an allocation on stream s goes to (*slot, or -1: none).
+ * Called only while a capture is underway. */
+static gp_status gp_capture_route(gp_pool *p, gp_stream s, int *slot)
+{
+    gp_gpool *only = NULL;
+    unsigned n_active = 0;
+    *slot = -1;
+    for (unsigned i = 0; i < GP_MAX_GPOOLS; i++) {
+        gp_gpool *g = &p->gpools[i];
+        if (!g->live || !g->n_capturing) continue;
+        n_active++;
+        only = g;
+        for (unsigned j = 0; j < g->n_capturing; j++) {
+            if (g->capturing[j] == s) {
+                *slot = (int)g->slot;
+                return GP_OK;
+            }
+        }
+    }
+    /* A stream the capture forked to (it waited on an event of the
+     * capturing stream) captures into the same graph: ask the device, which
+     * costs a call only while a capture is underway. */
+    int capturing = 0;
+    gp_status st = p->be->is_capturing(p->be, s, &capturing);
+    if (st != GP_OK || !capturing) return st;
+    if (n_active != 1)
+        return gp_error_set(GP_ERR_INVALID,
+                            "gpupool: stream %p captures a CUDA graph while %u captures are underway "
+                            "and was not named to gp_pool_capture_begin: cannot tell which graph's "
+                            "memory it should use", s, n_active);
+    *slot = (int)only->slot;
+    return GP_OK;
+}
+
+/* A free block for an allocation during capture into the graph pool of
+ * `slot`: one of the pool's own, else one of the capturing stream (free
+ * since the device was idle at gp_pool_capture_prepare, or freed in this
+ * stream's order), in the large arena too when the small one has none
+ * (prepare maps ahead there).  Removed from its bins; *ap is its arena. */
+static gp_block *gp_capture_find(gp_pool *p, gp_arena **ap, unsigned slot, unsigned sidx, uint64_t size)
+{
+    for (unsigned k = (unsigned)(*ap - p->arenas); k < p->n_arenas; k++) {
+        gp_arena *a = &p->arenas[k];
+        gp_bins *order[2] = {a->bins[slot], a->bins[sidx]};
+        for (int i = 0; i < 2; i++) {
+            gp_block *b = gp_bins_find(order[i], size);
+            if (b) {
+                gp_bins_remove(order[i], b);
+                *ap = a;
+                return b;
+            }
+        }
+    }
+    return NULL;
+}
+
+gp_status gp_pool_capture_prepare(gp_pool *p, gp_stream stream)
+{
+    pthread_mutex_lock(&p->lock);
+    unsigned sidx;
+    gp_status st = gp_stream_index(p, stream, &sidx);
+    /* With another capture underway the device cannot be synchronised: the
+     * new capture then draws on its stream's own blocks and new mappings. */
+    if (st != GP_OK || p->n_capturing) goto out;
+    p->st.n_sync++;
+    if ((st = p->be->synchronize(p->be)) != GP_OK) goto out;
+    gp_release_pending(p);
+    /* The device is idle: every cached block is safe for the capturing
+     * stream.  Hand them all to it, so that the capture finds them without
+     * a cross-stream wait (which a capture cannot make). */
+    uint64_t have = 0;
+    for (unsigned k = 0; k < p->n_arenas; k++) {
+        gp_arena *a = &p->arenas[k];
+        gp_coalesce_idle(p, a);
+        for (gp_block *b = a->first; b; b = b->next) {
+            if (b->state != GP_BLOCK_FREE || p->slot_kind[b->sidx] != GP_SLOT_STREAM) continue;
+            if (b->sidx != sidx) {
+                gp_bins_remove(a->bins[b->sidx], b);
+                b->sidx = (uint8_t)sidx;
+                b = gp_insert_free(p, a, b);
+            }
+            if (k == p->n_arenas - 1) have += b->size;
+        }
+    }
+    /* Map ahead, before the capture starts, what the workload needed at its
+     * peak beyond what is live (warm-up runs set that peak), so that the
+     * capture itself makes no driver call.  Best effort: if the device or
+     * the limit says no, the capture maps what it lacks. */
+    uint64_t want = p->st.allocated_peak - p->st.allocated;
+    if (!p->reserve_mode && want > have) {
+        gp_arena *a = &p->arenas[p->n_arenas - 1];
+        gp_status gs;
+        gp_block *b = gp_grow(p, a, sidx, want - have, &gs);
+        if (b) gp_insert_free(p, a, b);
+        else gp_error_clear();
+    }
+out:
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
+gp_status gp_pool_capture_begin(gp_pool *p, uint64_t key, gp_stream stream)
+{
+    pthread_mutex_lock(&p->lock);
+    gp_status st = GP_OK;
+    gp_gpool *g = gp_gpool_find(p, key);
+    if (!g) {
+        unsigned i = 0, home, slot;
+        while (i < GP_MAX_GPOOLS && p->gpools[i].live) i++;
+        if (i == GP_MAX_GPOOLS) {
+            st = gp_error_set(GP_ERR_TOO_MANY,
+                              "gpupool: more than %d CUDA graph memory pools are alive on device %d; "
+                              "share pools between graphs (pool=graph.pool()) or release graphs",
+                              GP_MAX_GPOOLS, p->be->device);
+            goto out;
+        }
+        if ((st = gp_stream_index(p, stream, &home)) != GP_OK) goto out;
+        if ((st = gp_slot_new(p, stream, GP_SLOT_GPOOL, &slot)) != GP_OK) goto out;
+        g = &p->gpools[i];
+        *g = (gp_gpool){.key = key, .slot = slot, .home = home, .live = 1};
+    }
+    if (g->n_capturing == GP_GPOOL_STREAMS) {
+        st = gp_error_set(GP_ERR_TOO_MANY, "gpupool: more than %d streams capture into one graph pool",
+                          GP_GPOOL_STREAMS);
+        goto out;
+    }
+    g->capturing[g->n_capturing++] = stream;
+    g->refs++;
+    p->n_capturing++;
+out:
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
+/* Give the memory of graph pool g back: its free blocks return to the bins
+ * of the stream that captured, and its live blocks (outputs the caller still
+ * holds) go there when freed.  The device is synchronised first, since a
+ * replay may still be running. */
+static gp_status gp_gpool_free(gp_pool *p, gp_gpool *g)
+{
+    p->st.n_sync++;
+    gp_status st = p->be->synchronize(p->be);
+    if (st != GP_OK) return st;
+    for (unsigned k = 0; k < p->n_arenas; k++) {
+        gp_arena *a = &p->arenas[k];
+        for (gp_block *b = a->first; b; b = b->next) {
+            if (b->state == GP_BLOCK_FREE_UNMAPPED || b->sidx != g->slot) continue;
+            if (b->state == GP_BLOCK_FREE) {
+                gp_bins_remove(a->bins[g->slot], b);
+                b->sidx = (uint8_t)g->home;
+                b = gp_insert_free(p, a, b);
+            } else {
+                b->sidx = (uint8_t)g->home;
+            }
+        }
+    }
+    p->slot_kind[g->slot] = GP_SLOT_SPARE;
+    g->live = 0;
+    return GP_OK;
+}
+
+/* Free the graph pools nobody holds, once no capture is underway. */
+static gp_status gp_gpools_collect(gp_pool *p)
+{
+    gp_status st = GP_OK;
+    for (unsigned i = 0; i < GP_MAX_GPOOLS && !p->n_capturing; i++) {
+        gp_gpool *g = &p->gpools[i];
+        if (g->live && !g->refs && (st = gp_gpool_free(p, g)) != GP_OK) break;
+    }
+    return st;
+}
+
+gp_status gp_pool_capture_end(gp_pool *p, gp_stream stream)
+{
+    pthread_mutex_lock(&p->lock);
+    gp_status st = gp_error_set(GP_ERR_INVALID, "gpupool: capture_end on stream %p, which is not capturing "
+                                "into a graph pool", stream);
+    for (unsigned i = 0; i < GP_MAX_GPOOLS && st != GP_OK; i++) {
+        gp_gpool *g = &p->gpools[i];
+        for (unsigned j = 0; g->live && j < g->n_capturing; j++) {
+            if (g->capturing[j] == stream) {
+                g->capturing[j] = g->capturing[--g->n_capturing];
+                p->n_capturing--;
+                gp_error_clear();
+                st = GP_OK;
+                break;
+            }
+        }
+    }
+    if (st == GP_OK) st = gp_gpools_collect(p);
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
+gp_status gp_pool_capture_release(gp_pool *p, uint64_t key)
+{
+    pthread_mutex_lock(&p->lock);
+    gp_status st = GP_OK;
+    gp_gpool *g = gp_gpool_find(p, key);
+    if (!g || !g->refs)
+        st = gp_error_set(GP_ERR_INVALID, "gpupool: release of graph pool %llu, which holds no graph",
+                          (unsigned long long)key);
+    else if (--g->refs == 0)
+        st = gp_gpools_collect(p);
+    pthread_mutex_unlock(&p->lock);
+    return st;
 }
 
 /* ------------------------------------------------------------ alloc, free */
@@ -593,6 +1006,9 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
     gp_arena *a = &p->arenas[p->n_arenas == 1 || bsize >= p->small_size ? p->n_arenas - 1 : 0];
     gp_block *b = NULL;
     if ((st = gp_stream_index(p, stream, &sidx)) != GP_OK) goto fail;
+    int gslot = -1; /* the graph pool this allocation goes to, if capturing */
+    if (p->n_capturing && (st = gp_capture_route(p, stream, &gslot)) != GP_OK) goto fail;
+    if (p->n_pending) gp_poll_pending(p);
     if (ts->limit && ts->allocated + bsize > ts->limit) {
         st = gp_error_set(GP_ERR_LIMIT,
                           "tag '%s' is limited to %" PRIu64 " bytes and holds %" PRIu64
@@ -601,11 +1017,12 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
         goto fail;
     }
     if (gp_reserve_headers(p, 1) != GP_OK) { st = GP_ERR_NOMEM; goto fail; }
-    b = gp_bins_find(a->bins[sidx], bsize);
+    if (gslot >= 0) b = gp_capture_find(p, &a, (unsigned)gslot, sidx, bsize);
+    else if ((b = gp_bins_find(a->bins[sidx], bsize))) gp_bins_remove(a->bins[sidx], b);
     if (b) {
-        gp_bins_remove(a->bins[sidx], b);
         p->st.cache_hits++;
-    } else if (!(b = gp_steal(p, a, sidx, bsize))) {
+    } else if (gslot >= 0 || !(b = gp_steal(p, a, sidx, bsize))) {
+        /* (A capture cannot wait on another stream: it never steals.) */
         b = gp_grow(p, a, sidx, bsize, &st);
         if (!b && (st == GP_ERR_OOM || st == GP_ERR_LIMIT) && !p->reserve_mode) {
             /* Out of device memory: give back cached chunks of every arena,
@@ -634,7 +1051,12 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
         tail->state = GP_BLOCK_FREE;
         gp_insert_free(p, a, tail);
     }
+    /* Only the block handed out joins the graph pool; the tail stays with
+     * the stream. */
+    if (gslot >= 0) b->sidx = (uint8_t)gslot;
     b->requested = size;
+    p->st.allocated_total += b->size;
+    p->st.requested_total += size;
     b->tag = tag;
     b->prio = (uint8_t)priority;
     if (p->hcount >= p->hmask + 1 && gp_hash_grow(p) != GP_OK) {
@@ -724,8 +1146,12 @@ gp_status gp_free(gp_pool *p, void *ptr)
     ts->requested -= b->requested;
     ts->active_blocks--;
     p->prio_alloc[b->prio] -= b->size;
-    b->state = GP_BLOCK_FREE;
-    gp_insert_free(p, &p->arenas[b->arena], b);
+    if (b->rec) {
+        gp_free_recorded(p, b);
+    } else {
+        b->state = GP_BLOCK_FREE;
+        gp_insert_free(p, &p->arenas[b->arena], b);
+    }
     pthread_mutex_unlock(&p->lock);
     return GP_OK;
 }
@@ -833,6 +1259,10 @@ void gp_pool_destroy(gp_pool *p)
 {
     if (!p) return;
     if (p->st.reserved) p->be->synchronize(p->be);
+    for (unsigned i = 0; i < p->n_recs; i++)
+        for (unsigned j = 0; j < p->recs[i].n; j++)
+            if (p->recs[i].events[j]) p->be->event_release(p->be, p->recs[i].events[j]);
+    free(p->recs);
     for (unsigned k = 0; k < GP_ARENA_COUNT; k++) {
         gp_arena *a = &p->arenas[k];
         if (!a->base) continue;
@@ -862,7 +1292,12 @@ void gp_pool_destroy(gp_pool *p)
 
 static void gp_info_of(const gp_pool *p, const gp_block *b, gp_block_info *o)
 {
+    const gp_gpool *g = NULL;
+    if (b->state != GP_BLOCK_FREE_UNMAPPED && p->slot_kind[b->sidx] == GP_SLOT_GPOOL)
+        for (unsigned i = 0; i < GP_MAX_GPOOLS && !g; i++)
+            if (p->gpools[i].live && p->gpools[i].slot == b->sidx) g = &p->gpools[i];
     *o = (gp_block_info){
+        .in_graph_pool = g != NULL, .graph_pool = g ? g->key : 0,
         .addr = b->addr, .size = b->size, .requested = b->requested,
         .stream = b->state == GP_BLOCK_FREE_UNMAPPED ? NULL : p->streams[b->sidx],
         .tag = b->tag, .priority = b->prio, .state = b->state,

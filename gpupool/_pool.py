@@ -9,7 +9,7 @@ from ._context import priority_value, tag_id
 
 __all__ = ["Block", "PoolView", "HostPool", "format_bytes"]
 
-_STATES = ("unmapped", "free", "used")
+_STATES = ("unmapped", "free", "used", "pending")  # pending: waits for record_stream events
 _ARENAS = ("small", "large")
 
 

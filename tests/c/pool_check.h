@@ -40,7 +40,8 @@ typedef struct walk_state {
     uintptr_t end[GP_ARENA_COUNT]; /* where the previous block of the arena ended */
     int prev_state[GP_ARENA_COUNT];
     gp_stream prev_stream[GP_ARENA_COUNT];
-    uint64_t used, free_mapped, n_used;
+    uint64_t prev_gpool[GP_ARENA_COUNT]; /* graph pool key + 1, 0: none */
+    uint64_t used, free_mapped, pending, n_used;
     uint64_t chunk;
     int errors;
 } walk_state;
@@ -55,7 +56,9 @@ static int walk_fn(void *arg, const gp_block_info *b)
         w->errors++; /* unmapped runs sit on chunk boundaries */
     /* Maximality: two neighbours that could merge must have merged. */
     if (w->end[k] && b->state != GP_BLOCK_USED && b->state == w->prev_state[k] &&
-        (b->state == GP_BLOCK_FREE_UNMAPPED || b->stream == w->prev_stream[k]))
+        (b->state == GP_BLOCK_FREE_UNMAPPED ||
+         (b->stream == w->prev_stream[k] &&
+          (b->in_graph_pool ? b->graph_pool + 1 : 0) == w->prev_gpool[k])))
         w->errors++;
     if (b->state == GP_BLOCK_USED) {
         w->used += b->size;
@@ -63,10 +66,13 @@ static int walk_fn(void *arg, const gp_block_info *b)
         if (b->requested == 0 || b->requested > b->size) w->errors++;
     } else if (b->state == GP_BLOCK_FREE) {
         w->free_mapped += b->size;
+    } else if (b->state == GP_BLOCK_PENDING) {
+        w->pending += b->size;
     }
     w->end[k] = b->addr + b->size;
     w->prev_state[k] = b->state;
     w->prev_stream[k] = b->stream;
+    w->prev_gpool[k] = b->in_graph_pool ? b->graph_pool + 1 : 0;
     return 0;
 }
 
@@ -80,7 +86,8 @@ static inline int pool_consistent(gp_pool *p, gp_backend *be)
     gp_pool_walk(p, walk_fn, &w);
     int errors = w.errors;
     if (w.used != s.allocated) errors++;
-    if (w.used + w.free_mapped != s.reserved) errors++;
+    if (w.used + w.free_mapped + w.pending != s.reserved) errors++;
+    if (w.pending != s.pending) errors++;
     if (w.n_used != s.active_blocks) errors++;
     if (s.allocated > s.reserved || s.requested > s.allocated) errors++;
     if (be) {

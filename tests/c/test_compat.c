@@ -1,0 +1,238 @@
+/*
+ * test_compat.c -- what PyTorch needs beyond malloc and free, on the host
+ * backend: record_stream (a freed block waits for the events of the streams
+ * recorded on it) and CUDA graph capture (graph pools: memory a capture got
+ * is never handed to anyone else until the graph is released, and a capture
+ * that repeats a warm-up maps nothing).  Run under ASan and UBSan.
+ */
+#include <string.h>
+
+#include "pool_check.h"
+
+#define S_MAIN ((gp_stream)0x1000)
+#define S_SIDE ((gp_stream)0x2000)
+#define S_OTHER ((gp_stream)0x3000)
+
+static void *AS(gp_pool *p, size_t n, gp_stream s)
+{
+    return gp_alloc(p, n, s, GP_TAG_UNTAGGED, GP_PRIO_NORMAL, NULL);
+}
+
+static gp_host_counters counters(gp_backend *be)
+{
+    gp_host_counters c;
+    gp_host_counters_get(be, &c);
+    return c;
+}
+
+static void test_record_stream_waits_for_the_side_stream(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    char *x = AS(p, 4096, S_MAIN);
+    CHECK(gp_record_stream(p, x, S_SIDE) == GP_OK);
+    CHECK(gp_record_stream(p, x, S_SIDE) == GP_OK); /* twice: one stream */
+    CHECK(gp_free(p, x) == GP_OK);
+    gp_stats s;
+    gp_pool_stats(p, &s, 1);
+    CHECK(s.pending == 4096 && s.allocated == 0);
+    CHECK(counters(be).n_event_record == 1);
+    CHECK(pool_consistent(p, be) == 0);
+    CHECK(gp_free(p, x) == GP_ERR_DOUBLE_FREE);
+    /* The side stream has not finished: the block must not come back, though
+     * it is the best fit on the very stream that freed it. */
+    char *y = AS(p, 4096, S_MAIN);
+    CHECK(y && y != x);
+    CHECK(counters(be).n_event_query >= 1);
+    gp_block_info info;
+    CHECK(gp_pool_lookup(p, x, &info) == GP_ERR_DOUBLE_FREE);
+    /* Once it has, the next allocation reuses the block. */
+    gp_host_stream_complete(be, S_SIDE);
+    char *z = AS(p, 4096, S_MAIN);
+    CHECK(z == x);
+    gp_pool_stats(p, &s, 1);
+    CHECK(s.pending == 0 && counters(be).events_live == 0);
+    CHECK(pool_consistent(p, be) == 0);
+
+    /* Recording the block's own stream changes nothing. */
+    CHECK(gp_record_stream(p, z, S_MAIN) == GP_OK);
+    gp_free(p, z);
+    CHECK(AS(p, 4096, S_MAIN) == z);
+    /* Not a live block. */
+    CHECK(gp_record_stream(p, (char *)y + 512, S_SIDE) == GP_ERR_FOREIGN);
+    int local;
+    CHECK(gp_record_stream(p, &local, S_SIDE) == GP_ERR_FOREIGN);
+    gp_pool_destroy(p);
+}
+
+static void test_record_stream_released_by_trim_and_destroy(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    char *x = AS(p, 3 * MiB, S_MAIN);
+    CHECK(gp_record_stream(p, x, S_SIDE) == GP_OK);
+    CHECK(gp_record_stream(p, x, S_OTHER) == GP_OK);
+    gp_free(p, x);
+    CHECK(counters(be).n_event_record == 2);
+    /* One of two streams done is not enough. */
+    gp_host_stream_complete(be, S_SIDE);
+    char *y = AS(p, 3 * MiB, S_MAIN);
+    CHECK(y != x);
+    gp_free(p, y);
+    /* A trim synchronises the device: every pending block is then free, and
+     * its chunks can go back. */
+    uint64_t released = gp_pool_trim(p, UINT64_MAX);
+    gp_stats s;
+    gp_pool_stats(p, &s, 1);
+    CHECK(released >= 6 * MiB && s.pending == 0 && s.reserved == 0);
+    CHECK(counters(be).events_live == 0);
+    CHECK(pool_consistent(p, be) == 0);
+    /* Destroyed with a pending block and a live recorded one: nothing leaks
+     * (ASan checks). */
+    char *a = AS(p, 4096, S_MAIN), *b = AS(p, 4096, S_MAIN);
+    gp_record_stream(p, a, S_SIDE);
+    gp_record_stream(p, b, S_SIDE);
+    gp_free(p, a);
+    gp_pool_destroy(p);
+}
+
+/* Whether one of n allocations of `size` on s returns `addr` (they are
+ * freed again). */
+static int handed_out(gp_pool *p, void *addr, size_t size, gp_stream s, int n)
+{
+    void *got[16];
+    int hit = 0;
+    for (int i = 0; i < n; i++) {
+        got[i] = AS(p, size, s);
+        hit |= got[i] == addr;
+    }
+    for (int i = 0; i < n; i++) gp_free(p, got[i]);
+    return hit;
+}
+
+static void test_capture_memory_stays_with_the_graph(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    /* Warm-up on the capture stream and on another one. */
+    void *w[4];
+    for (int i = 0; i < 4; i++) w[i] = AS(p, MiB, i % 2 ? S_MAIN : S_OTHER);
+    for (int i = 0; i < 4; i++) gp_free(p, w[i]);
+    uint64_t syncs = counters(be).n_sync;
+    CHECK(gp_pool_capture_prepare(p, S_MAIN) == GP_OK);
+    CHECK(counters(be).n_sync == syncs + 1);
+    gp_host_set_capturing(be, S_MAIN, 1);
+    CHECK(gp_pool_capture_begin(p, 7, S_MAIN) == GP_OK);
+    uint64_t maps = counters(be).n_map;
+    /* Everything the warm-up freed, on either stream, serves the capture. */
+    void *c[4];
+    for (int i = 0; i < 4; i++) c[i] = AS(p, MiB, S_MAIN);
+    CHECK(c[0] && c[1] && c[2] && c[3]);
+    CHECK(counters(be).n_map == maps && counters(be).n_map_capturing == 0);
+    /* A stream the capture forked to allocates from the graph pool too. */
+    gp_host_set_capturing(be, S_SIDE, 1);
+    void *side = AS(p, MiB, S_SIDE);
+    gp_host_set_capturing(be, S_SIDE, 0);
+    gp_free(p, side);
+    gp_free(p, c[1]); /* freed during the capture: reusable by the capture */
+    CHECK(handed_out(p, c[1], MiB, S_MAIN, 1));
+    /* No sync and no unmapping while capturing. */
+    syncs = counters(be).n_sync;
+    CHECK(gp_pool_trim(p, UINT64_MAX) == 0 && counters(be).n_sync == syncs);
+    gp_host_set_capturing(be, S_MAIN, 0);
+    CHECK(gp_pool_capture_end(p, S_MAIN) == GP_OK);
+    CHECK(gp_pool_capture_end(p, S_MAIN) == GP_ERR_INVALID);
+    CHECK(pool_consistent(p, be) == 0);
+
+    /* The graph is alive: what it freed during capture (c[1], side) belongs
+     * to it and no other allocation gets it, on any stream, even after a
+     * trim. */
+    CHECK(!handed_out(p, c[1], MiB, S_MAIN, 8));
+    CHECK(!handed_out(p, c[1], MiB, S_OTHER, 8));
+    CHECK(!handed_out(p, side, MiB, S_MAIN, 8));
+    gp_pool_trim(p, UINT64_MAX);
+    gp_block_info info;
+    CHECK(gp_pool_lookup(p, c[0], &info) == GP_OK);
+    CHECK(!handed_out(p, c[1], MiB, S_MAIN, 8));
+    CHECK(pool_consistent(p, be) == 0);
+
+    /* A second graph shares the pool: it reuses what the first freed. */
+    CHECK(gp_pool_capture_prepare(p, S_MAIN) == GP_OK);
+    gp_host_set_capturing(be, S_MAIN, 1);
+    CHECK(gp_pool_capture_begin(p, 7, S_MAIN) == GP_OK);
+    CHECK(handed_out(p, c[1], MiB, S_MAIN, 1));
+    gp_host_set_capturing(be, S_MAIN, 0);
+    CHECK(gp_pool_capture_end(p, S_MAIN) == GP_OK);
+
+    /* One of the two graphs released: still private. */
+    CHECK(gp_pool_capture_release(p, 7) == GP_OK);
+    CHECK(!handed_out(p, c[1], MiB, S_MAIN, 8));
+    /* Both: the memory returns to the stream that captured. */
+    syncs = counters(be).n_sync;
+    CHECK(gp_pool_capture_release(p, 7) == GP_OK);
+    CHECK(counters(be).n_sync == syncs + 1);
+    CHECK(gp_pool_capture_release(p, 7) == GP_ERR_INVALID);
+    CHECK(handed_out(p, c[1], MiB, S_MAIN, 8));
+    /* Blocks still live when the pool went (graph outputs) go back on free. */
+    for (int i = 0; i < 4; i++)
+        if (i != 1) gp_free(p, c[i]);
+    CHECK(handed_out(p, c[0], MiB, S_MAIN, 8));
+    CHECK(pool_consistent(p, be) == 0);
+    gp_pool_destroy(p);
+}
+
+static void test_capture_maps_ahead_and_when_short(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    void *w[3];
+    for (int i = 0; i < 3; i++) w[i] = AS(p, 2 * MiB, S_MAIN);
+    for (int i = 0; i < 3; i++) gp_free(p, w[i]);
+    gp_pool_trim(p, UINT64_MAX); /* torch.cuda.graph empties the cache first */
+    gp_stats s;
+    gp_pool_stats(p, &s, 0);
+    CHECK(s.reserved == 0);
+    CHECK(gp_pool_capture_prepare(p, S_MAIN) == GP_OK);
+    gp_pool_stats(p, &s, 0);
+    CHECK(s.reserved >= 6 * MiB); /* the warm-up's peak, mapped ahead */
+    gp_host_set_capturing(be, S_MAIN, 1);
+    CHECK(gp_pool_capture_begin(p, 1, S_MAIN) == GP_OK);
+    void *c[4];
+    for (int i = 0; i < 3; i++) c[i] = AS(p, 2 * MiB, S_MAIN);
+    gp_pool_stats(p, &s, 0);
+    CHECK(s.n_capture_maps == 0 && counters(be).n_map_capturing == 0);
+    /* More than the warm-up needed: mapped during the capture, counted. */
+    c[3] = AS(p, 8 * MiB, S_MAIN);
+    CHECK(c[3] != NULL);
+    gp_pool_stats(p, &s, 0);
+    CHECK(s.n_capture_maps > 0 && counters(be).n_map_capturing > 0);
+    /* An unregistered capturing stream while two captures run: refused. */
+    gp_host_set_capturing(be, S_OTHER, 1);
+    CHECK(gp_pool_capture_begin(p, 2, S_SIDE) == GP_OK);
+    gp_status st;
+    CHECK(gp_alloc(p, 4096, S_OTHER, GP_TAG_UNTAGGED, GP_PRIO_NORMAL, &st) == NULL && st == GP_ERR_INVALID);
+    gp_host_set_capturing(be, S_OTHER, 0);
+    CHECK(gp_pool_capture_end(p, S_SIDE) == GP_OK);
+    CHECK(gp_pool_capture_release(p, 2) == GP_OK);
+    gp_host_set_capturing(be, S_MAIN, 0);
+    /* Released while the capture of its own graph still runs: freed at its end. */
+    CHECK(gp_pool_capture_release(p, 1) == GP_OK);
+    CHECK(handed_out(p, c[0], 2 * MiB, S_OTHER, 1) == 0);
+    CHECK(gp_pool_capture_end(p, S_MAIN) == GP_OK);
+    for (int i = 0; i < 4; i++) gp_free(p, c[i]);
+    CHECK(pool_consistent(p, be) == 0);
+    /* Everything is the pool's again: a trim gives it all back. */
+    gp_pool_trim(p, UINT64_MAX);
+    gp_pool_stats(p, &s, 0);
+    CHECK(s.reserved == 0);
+    gp_pool_destroy(p);
+}
+
+int main(void)
+{
+    test_record_stream_waits_for_the_side_stream();
+    test_record_stream_released_by_trim_and_destroy();
+    test_capture_memory_stays_with_the_graph();
+    test_capture_maps_ahead_and_when_short();
+    return check_done();
+}
