@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional
 from . import _C
 from ._context import current_tag, priority_value, tag
 from ._pool import Block, HostPool, PoolView, format_bytes
-from ._torch import device_pool, enable, is_enabled
+from ._torch import device_pool, disable_torch_patches, enable, is_enabled
 
 __version__ = "0.1.0"
 
@@ -22,6 +22,7 @@ __all__ = [
     "__version__", "build_info", "enable", "is_enabled", "stats", "report", "reset_peak_stats",
     "empty_cache", "set_limit", "budget", "last_oom_report", "tag", "current_tag", "HostPool",
     "PoolView", "Block", "format_bytes", "config", "config_options", "priority_value",
+    "disable_torch_patches",
 ]
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import threading
 from typing import Any, Dict, Optional
 
-from . import _C
+from . import _C, _torch_patch
 from ._pool import PoolView
 
-__all__ = ["enable", "is_enabled", "device_pool", "current_device"]
+__all__ = ["enable", "is_enabled", "device_pool", "current_device", "disable_torch_patches"]
 
 _lock = threading.Lock()
 _allocator: Any = None
@@ -31,7 +31,13 @@ def enable(**options: Any) -> None:
     memory.  Keywords are the GPUPOOL_* options without the prefix, in lower
     case (mode="reserve", reserve="80%", limit="20GiB", priority="high", ...);
     they override the environment.  A malformed value raises ValueError
-    naming the option and what is accepted."""
+    naming the option and what is accepted.
+
+    torch.cuda's memory APIs (memory_allocated, memory_stats, empty_cache,
+    set_per_process_memory_fraction, memory_snapshot, ...) then answer from
+    gpupool unless torch_patch=False (GPUPOOL_TORCH_PATCH=0);
+    Tensor.record_stream and CUDA graph capture are always hooked, since
+    memory could otherwise be reused under running kernels."""
     global _allocator, _options
     with _lock:
         if _allocator is not None:
@@ -54,6 +60,17 @@ def enable(**options: Any) -> None:
                 "PyTorch's own allocator is already in use. Call it at the top of the script, "
                 "or use `python -m gpupool run script.py`.") from e
         _allocator, _options = alloc, dict(options)
+        _torch_patch.install_safety()
+        if _C.config()["torch_patch"] == "1":
+            _torch_patch.install_api()
+
+
+def disable_torch_patches() -> None:
+    """Give torch.cuda its own memory APIs back (memory_stats, empty_cache,
+    memory_snapshot, ...: under a pluggable allocator most of them then raise
+    or do nothing).  The record_stream and CUDA graph hooks stay: without
+    them memory would be reused under running kernels."""
+    _torch_patch.uninstall_api()
 
 
 def is_enabled() -> bool:

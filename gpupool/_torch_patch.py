@@ -1,0 +1,357 @@
+"""Keep PyTorch's memory APIs working while gpupool is the allocator.
+
+Through CUDAPluggableAllocator PyTorch hands gpupool only malloc and free: its
+statistics, snapshot and history calls raise, ``empty_cache`` and
+``set_per_process_memory_fraction`` do nothing, ``Tensor.record_stream`` does
+nothing (PyTorch 2.11 has a C++ setter for it that Python cannot reach), and a
+CUDA graph capture gets no private memory.  This module routes those Python
+entry points to gpupool:
+
+* API routing (``install_api`` / ``uninstall_api``; off with
+  ``GPUPOOL_TORCH_PATCH=0`` or ``gpupool.disable_torch_patches()``): the
+  statistics functions answer from gpupool under PyTorch's key names
+  (``torch_memory_stats``), ``memory_summary`` prints gpupool's report,
+  ``empty_cache`` trims, ``set_per_process_memory_fraction`` sets gpupool's
+  limit, and the snapshot functions give gpupool's snapshot in PyTorch's
+  format.  Each is set in both ``torch.cuda`` and ``torch.cuda.memory``, since
+  code calls both.
+* Correctness hooks (``install_safety``; always on while gpupool is enabled,
+  since turning them off would let memory be reused under running kernels):
+  ``torch.Tensor.record_stream`` also tells gpupool, and
+  ``torch.cuda.CUDAGraph.capture_begin / capture_end / reset`` give each graph
+  pool private gpupool memory (see gpupool.h, gp_pool_capture_*).  Calls that
+  C++ makes internally (c10d's ``recordStream``, graphs begun without this
+  Python class) bypass them.
+"""
+from __future__ import annotations
+
+import pickle
+import threading
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from . import _C
+from ._pool import PoolView
+
+__all__ = ["torch_memory_stats", "install_api", "uninstall_api", "install_safety", "api_installed"]
+
+_lock = threading.Lock()
+# (module, attribute) -> the original, for every attribute replaced.
+_saved: Dict[Tuple[Any, str], Any] = {}
+_api_names: List[str] = []
+# Cumulative figures at the last reset_accumulated_memory_stats, per device.
+_baseline: Dict[int, Dict[str, int]] = {}
+# PyTorch graph pool ids -> gpupool graph pool keys.
+_graph_keys: Dict[Tuple[Any, ...], int] = {}
+
+# gpupool's figures when a device has no pool yet.
+_ZERO_KEYS = ("allocated", "allocated_peak", "allocated_total", "requested", "requested_peak",
+              "requested_total", "reserved", "reserved_peak", "mapped_total", "unmapped_total",
+              "active_blocks", "active_blocks_peak", "n_alloc", "n_free", "pending", "free_bytes",
+              "free_blocks", "segments", "n_alloc_retries", "n_oom", "n_sync", "n_map", "n_unmap")
+
+
+def torch_memory_stats(s: Dict[str, int], base: Optional[Dict[str, int]] = None) -> "OrderedDict[str, int]":
+    """gpupool's figures (``PoolView.stats()``) under the key names of
+    ``torch.cuda.memory_stats()``, sorted like PyTorch's.  Only what gpupool
+    measures is given ("all" pools; no small_pool/large_pool split, no peaks
+    it does not keep).  ``base`` holds the cumulative counters at the last
+    reset_accumulated_memory_stats (subtracted)."""
+    b = base or {}
+    alloc_total = s["allocated_total"] - b.get("allocated_total", 0)
+    freed_total = s["allocated_total"] - s["allocated"] - b.get("allocated_freed", 0)
+    req_total = s["requested_total"] - b.get("requested_total", 0)
+    req_freed = s["requested_total"] - s["requested"] - b.get("requested_freed", 0)
+    out = {
+        "allocated_bytes.all.current": s["allocated"],
+        "allocated_bytes.all.peak": s["allocated_peak"],
+        "allocated_bytes.all.allocated": alloc_total,
+        "allocated_bytes.all.freed": freed_total,
+        "requested_bytes.all.current": s["requested"],
+        "requested_bytes.all.peak": s["requested_peak"],
+        "requested_bytes.all.allocated": req_total,
+        "requested_bytes.all.freed": req_freed,
+        "reserved_bytes.all.current": s["reserved"],
+        "reserved_bytes.all.peak": s["reserved_peak"],
+        "reserved_bytes.all.allocated": s["mapped_total"] - b.get("mapped_total", 0),
+        "reserved_bytes.all.freed": s["unmapped_total"] - b.get("unmapped_total", 0),
+        # Active = allocated + freed blocks still waiting for record_stream
+        # events, as PyTorch counts it.
+        "active_bytes.all.current": s["allocated"] + s["pending"],
+        "active_bytes.all.allocated": alloc_total,
+        "active_bytes.all.freed": freed_total - s["pending"],
+        "allocation.all.current": s["active_blocks"],
+        "allocation.all.peak": s["active_blocks_peak"],
+        "allocation.all.allocated": s["n_alloc"] - b.get("n_alloc", 0),
+        "allocation.all.freed": s["n_free"] - b.get("n_free", 0),
+        "inactive_split_bytes.all.current": s["free_bytes"] - s["pending"],
+        "inactive_split.all.current": s["free_blocks"],
+        "segment.all.current": s["segments"],
+        "num_alloc_retries": s["n_alloc_retries"] - b.get("n_alloc_retries", 0),
+        "num_ooms": s["n_oom"] - b.get("n_oom", 0),
+        "num_sync_all_streams": s["n_sync"] - b.get("n_sync", 0),
+        "num_device_alloc": s["n_map"] - b.get("n_map", 0),
+        "num_device_free": s["n_unmap"] - b.get("n_unmap", 0),
+        "max_split_size": -1,  # PyTorch's "no limit": gpupool splits any block
+    }
+    return OrderedDict(sorted(out.items()))
+
+
+def _accumulated(s: Dict[str, int]) -> Dict[str, int]:
+    """The cumulative counters that reset_accumulated_memory_stats zeroes."""
+    keys = ("allocated_total", "requested_total", "mapped_total", "unmapped_total", "n_alloc",
+            "n_free", "n_alloc_retries", "n_oom", "n_sync", "n_map", "n_unmap")
+    b = {k: s[k] for k in keys}
+    b["allocated_freed"] = s["allocated_total"] - s["allocated"]
+    b["requested_freed"] = s["requested_total"] - s["requested"]
+    return b
+
+
+# ----------------------------------------------------------------- helpers
+
+def _torch() -> Any:
+    import torch
+    return torch
+
+
+def _device(device: Any) -> int:
+    """PyTorch's device argument (None, int, str, torch.device) -> ordinal."""
+    torch = _torch()
+    return int(torch.cuda._utils._get_device_index(device, optional=True))
+
+
+def _pool(device: Any, create: bool = False) -> Optional[PoolView]:
+    d = _device(device)
+    p = _C.device_pool(d, create)
+    return None if p is None else PoolView(p, f"device {d}")
+
+
+def _raw_stats(d: int) -> Dict[str, int]:
+    p = _C.device_pool(d, False)
+    return p.stats(True) if p is not None else dict.fromkeys(_ZERO_KEYS, 0)
+
+
+# -------------------------------------------------------- the API routing
+
+def memory_stats(device: Any = None) -> "OrderedDict[str, int]":
+    """torch.cuda.memory_stats, answered by gpupool."""
+    d = _device(device)
+    return torch_memory_stats(_raw_stats(d), _baseline.get(d))
+
+
+def memory_stats_as_nested_dict(device: Any = None) -> Dict[str, Any]:
+    """torch.cuda.memory_stats_as_nested_dict, answered by gpupool."""
+    nested: Dict[str, Any] = {}
+    for key, value in memory_stats(device).items():
+        node = nested
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return nested
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """torch.cuda.memory_summary: gpupool's report of the device."""
+    p = _pool(device)
+    if p is None:
+        return f"gpupool: nothing allocated on device {_device(device)} yet"
+    return p.report()
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    """torch.cuda.reset_peak_memory_stats: every gpupool peak to its current value."""
+    p = _pool(device)
+    if p is not None:
+        p.reset_peak_stats()
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """torch.cuda.reset_accumulated_memory_stats: cumulative counters restart at 0."""
+    d = _device(device)
+    _baseline[d] = _accumulated(_raw_stats(d))
+
+
+def empty_cache() -> None:
+    """torch.cuda.empty_cache: give gpupool's cached memory back on every device."""
+    for d in _C.devices():
+        _C.device_pool(d, False).trim()
+
+
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    """torch.cuda.set_per_process_memory_fraction: gpupool's limit on reserved
+    memory becomes `fraction` of the device (0..1, as PyTorch accepts)."""
+    if not isinstance(fraction, (float, int)) or isinstance(fraction, bool):
+        raise TypeError(f"set_per_process_memory_fraction: fraction must be a float, got {fraction!r}")
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"set_per_process_memory_fraction: fraction {fraction} is outside the "
+                         "accepted range 0..1")
+    p = _pool(device, create=True)
+    assert p is not None
+    p.set_limit(int(fraction * p.stats()["device_total"]))
+
+
+def get_per_process_memory_fraction(device: Any = None) -> float:
+    """torch.cuda.get_per_process_memory_fraction: gpupool's limit / device size (1.0: none)."""
+    p = _pool(device, create=True)
+    assert p is not None
+    s = p.stats()
+    return s["limit"] / s["device_total"] if s["limit"] else 1.0
+
+
+def _snapshot(device: Any = None, *args: Any, **kwargs: Any) -> Dict[str, Any]:
+    """torch.cuda.memory._snapshot: gpupool's snapshot in PyTorch's format."""
+    try:
+        from ._snapshot import snapshot
+    except ImportError as e:  # pragma: no cover - depends on the tree
+        raise RuntimeError("gpupool: this build has no snapshot support (gpupool/_snapshot.py)") from e
+    return snapshot(_device(device))
+
+
+def memory_snapshot(*args: Any, **kwargs: Any) -> List[Dict[str, Any]]:
+    """torch.cuda.memory_snapshot: the segments of gpupool's snapshot."""
+    return list(_snapshot()["segments"])
+
+
+def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
+    """torch.cuda.memory._dump_snapshot: pickle gpupool's snapshot (memory_viz reads it)."""
+    with open(filename, "wb") as f:
+        pickle.dump(_snapshot(), f)
+
+
+_API: Dict[str, Callable[..., Any]] = {
+    "memory_stats": memory_stats,
+    "memory_stats_as_nested_dict": memory_stats_as_nested_dict,
+    "memory_summary": memory_summary,
+    "reset_peak_memory_stats": reset_peak_memory_stats,
+    "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
+    "empty_cache": empty_cache,
+    "set_per_process_memory_fraction": set_per_process_memory_fraction,
+    "get_per_process_memory_fraction": get_per_process_memory_fraction,
+    "_snapshot": _snapshot,
+    "memory_snapshot": memory_snapshot,
+    "_dump_snapshot": _dump_snapshot,
+}
+# memory_allocated, max_memory_allocated, memory_reserved, max_memory_reserved,
+# reset_max_memory_allocated, ... are left as they are: PyTorch writes them
+# over memory_stats / reset_peak_memory_stats, looked up in torch.cuda.memory
+# at call time, so they follow.
+
+
+def _set(obj: Any, name: str, value: Any) -> None:
+    if (obj, name) not in _saved:
+        _saved[(obj, name)] = getattr(obj, name)
+    setattr(obj, name, value)
+
+
+def install_api() -> None:
+    """Route torch.cuda's memory APIs to gpupool (idempotent)."""
+    torch = _torch()
+    with _lock:
+        for name, fn in _API.items():
+            for mod in (torch.cuda, torch.cuda.memory):
+                if hasattr(mod, name):
+                    _set(mod, name, fn)
+            if name not in _api_names:
+                _api_names.append(name)
+
+
+def uninstall_api() -> None:
+    """Give torch.cuda its own memory APIs back."""
+    with _lock:
+        for (obj, name) in list(_saved):
+            if name in _api_names:
+                setattr(obj, name, _saved.pop((obj, name)))
+        _api_names.clear()
+
+
+def api_installed() -> bool:
+    """True while torch.cuda's memory APIs answer from gpupool."""
+    return bool(_api_names)
+
+
+# ------------------------------------------------------ correctness hooks
+
+def _record_stream_hook(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def record_stream(self: Any, stream: Any) -> None:
+        orig(self, stream)  # PyTorch's checks of the arguments
+        if not self.is_cuda:
+            return
+        ptr = self.untyped_storage().data_ptr()
+        p = _C.device_pool(self.device.index, False)
+        if not ptr or p is None:
+            return
+        try:
+            p.record_stream(ptr, stream.cuda_stream)
+        except ValueError:
+            pass  # memory gpupool did not allocate (from_blob, DLPack): not its to keep
+    record_stream.__doc__ = orig.__doc__
+    return record_stream
+
+
+def _graph_key(pool_id: Any) -> int:
+    """A gpupool graph pool key for PyTorch's graph pool id (a pair of ints)."""
+    try:
+        ident = tuple(pool_id)
+    except TypeError:
+        ident = (pool_id,)
+    with _lock:
+        return _graph_keys.setdefault(ident, len(_graph_keys) + 1)
+
+
+def _release(device: int, key: int) -> None:
+    p = _C.device_pool(device, False)
+    if p is not None:
+        p.capture_release(key)
+
+
+def _graph_hooks(cls: Any) -> Dict[str, Callable[..., Any]]:
+    torch = _torch()
+    orig_begin, orig_end, orig_reset = cls.capture_begin, cls.capture_end, cls.reset
+
+    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> None:
+        d = torch.cuda.current_device()
+        stream = torch.cuda.current_stream(d).cuda_stream
+        p = _C.device_pool(d, True)
+        # Before the capture: synchronises and maps ahead, which a capture cannot.
+        p.capture_prepare(stream)
+        orig_begin(self, *args, **kwargs)
+        key = _graph_key(self.pool())
+        p.capture_begin(key, stream)
+        old = getattr(self, "_gpupool_release", None)
+        if old is not None:
+            old()  # recaptured without reset: drop the previous capture's hold
+        self._gpupool_capture = (d, stream)
+        # The graph holds its pool until reset() or until it is collected.
+        self._gpupool_release = weakref.finalize(self, _release, d, key)
+
+    def capture_end(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            orig_end(self, *args, **kwargs)
+        finally:
+            cap = getattr(self, "_gpupool_capture", None)
+            if cap is not None:
+                self._gpupool_capture = None
+                _C.device_pool(cap[0], True).capture_end(cap[1])
+
+    def reset(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig_reset(self, *args, **kwargs)
+        fin = getattr(self, "_gpupool_release", None)
+        if fin is not None:
+            self._gpupool_release = None
+            fin()
+
+    return {"capture_begin": capture_begin, "capture_end": capture_end, "reset": reset}
+
+
+def install_safety() -> None:
+    """Hook Tensor.record_stream and CUDA graph capture (idempotent)."""
+    torch = _torch()
+    with _lock:
+        if (torch.Tensor, "record_stream") in _saved:
+            return
+        _set(torch.Tensor, "record_stream", _record_stream_hook(torch.Tensor.record_stream))
+        cls = torch.cuda.graphs.CUDAGraph
+        for name, fn in _graph_hooks(cls).items():
+            _set(cls, name, fn)
