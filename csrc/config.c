@@ -406,6 +406,34 @@ static int gp_print_small(const gp_config *c, char *buf, size_t len)
     return gp_size_print(c->small_size, buf, len);
 }
 
+static int gp_parse_large_chunk(gp_config *c, const char *v, char *why, size_t n)
+{
+    return gp_abs_parse(&c->large_chunk, v, 64 * KiB, GiB, 1, why, n);
+}
+
+static int gp_print_large_chunk(const gp_config *c, char *buf, size_t len)
+{
+    return gp_size_print(c->large_chunk, buf, len);
+}
+
+/* A fraction of allocated bytes ("5%", "0.05"), 0, or none. */
+static int gp_parse_slack(gp_config *c, const char *v, char *why, size_t n)
+{
+    gp_size_spec s;
+    if (gp_ieq(v, "none")) return c->cache_slack = -1, 0;
+    if (gp_ieq(v, "0")) return c->cache_slack = 0, 0;
+    if (gp_size_scan(v, 1, &s, why, n) != 0) return -1;
+    if (s.bytes) return snprintf(why, n, "it is a size, not a fraction"), -1;
+    c->cache_slack = s.fraction;
+    return 0;
+}
+
+static int gp_print_slack(const gp_config *c, char *buf, size_t len)
+{
+    if (c->cache_slack < 0) return snprintf(buf, len, "none");
+    return snprintf(buf, len, "%.6g%%", c->cache_slack * 100);
+}
+
 static int gp_parse_patch(gp_config *c, const char *v, char *why, size_t n)
 {
     (void)why, (void)n;
@@ -454,7 +482,18 @@ static int gp_print_patch(const gp_config *c, char *buf, size_t len)
       "requests below this size come from the small-block arena", gp_parse_small,         \
       gp_print_small)                                                                     \
     X("GPUPOOL_TORCH_PATCH", "torch_patch", "1", GP_BOOL_TEXT,                            \
-      "route torch.cuda memory APIs to gpupool", gp_parse_patch, gp_print_patch)
+      "route torch.cuda memory APIs to gpupool", gp_parse_patch, gp_print_patch)          \
+    X("GPUPOOL_LARGE_CHUNK", "large_chunk", "64MiB",                                      \
+      "a power of two between 64KiB and 1GiB",                                            \
+      "mapping unit of the large-block arena (at least GPUPOOL_CHUNK, at most 1/32 of "   \
+      "the device): a large unit makes growing cheap, a driver call per unit",            \
+      gp_parse_large_chunk, gp_print_large_chunk)                                         \
+    X("GPUPOOL_CACHE_SLACK", "cache_slack", "5%",                                         \
+      "a percentage such as 5% or a fraction such as 0.05; 0; none",                      \
+      "free memory the pool may keep mapped, as a share of allocated bytes, when it must " \
+      "grow: beyond it, cached chunks are given back (one device sync) before new ones "  \
+      "are mapped; none keeps every cached chunk",                                        \
+      gp_parse_slack, gp_print_slack)
 
 #define GP_INFO(env, key, def, accepted, help, parse, print) {env, key, def, accepted, help},
 static const gp_option_info gp_options[] = {GP_OPTIONS(GP_INFO)};
@@ -486,6 +525,8 @@ void gp_config_default(gp_config *cfg)
         .log = GP_LOG_OOM,
         .chunk = 2 * MiB,
         .small_size = 1 * MiB,
+        .large_chunk = 64 * MiB,
+        .cache_slack = 0.05,
         .torch_patch = 1,
     };
 }

@@ -100,6 +100,9 @@ typedef struct gp_config {
     int trace;               /* GPUPOOL_TRACE       record alloc/free history */
     uint64_t chunk;          /* GPUPOOL_CHUNK       physical mapping unit     */
     uint64_t small_size;     /* GPUPOOL_SMALL_SIZE  below: the small arena    */
+    uint64_t large_chunk;    /* GPUPOOL_LARGE_CHUNK mapping unit, large arena */
+    double cache_slack;      /* GPUPOOL_CACHE_SLACK cache kept when growing,
+                                a fraction of allocated; < 0: unbounded     */
     int torch_patch;         /* GPUPOOL_TORCH_PATCH patch torch.cuda APIs     */
 } gp_config;
 

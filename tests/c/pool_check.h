@@ -21,6 +21,10 @@ static inline gp_pool *make_pool(uint64_t capacity, uint64_t chunk, gp_mode mode
     gp_config_default(&cfg);
     cfg.chunk = chunk;
     cfg.small_size = 64 * KiB;
+    /* One mapping unit, and every cached chunk kept, so that the tests'
+     * counts of maps and bytes are exact; test_lean_growth sets its own. */
+    cfg.large_chunk = chunk;
+    cfg.cache_slack = -1;
     cfg.mode = mode;
     gp_backend *be;
     if (gp_backend_host_create(capacity, &be) != GP_OK) {

@@ -26,6 +26,7 @@ static int cfg_eq(const gp_config *a, const gp_config *b)
            strcmp(a->codec, b->codec) == 0 && a->offload_threads == b->offload_threads &&
            strcmp(a->tenant, b->tenant) == 0 && a->log == b->log && a->trace == b->trace &&
            a->chunk == b->chunk && a->small_size == b->small_size &&
+           a->large_chunk == b->large_chunk && a->cache_slack == b->cache_slack &&
            a->torch_patch == b->torch_patch;
 }
 
@@ -109,7 +110,7 @@ static void test_table(void)
 {
     size_t n = 0;
     const gp_option_info *o = gp_config_options(&n);
-    CHECK(n == 12);
+    CHECK(n == 14);
     gp_config cfg;
     gp_config_default(&cfg);
     for (size_t i = 0; i < n; i++) {
@@ -128,8 +129,9 @@ static void test_table(void)
     }
     CHECK(strstr(o[1].def, "80%") != NULL);
     const char *keys[] = {"mode", "reserve", "limit", "priority", "codec", "offload_threads",
-                          "tenant", "log", "trace", "chunk", "small_size", "torch_patch"};
-    for (size_t i = 0; i < n && i < 12; i++) CHECK(strcmp(o[i].key, keys[i]) == 0);
+                          "tenant", "log", "trace", "chunk", "small_size", "torch_patch",
+                          "large_chunk", "cache_slack"};
+    for (size_t i = 0; i < n && i < 14; i++) CHECK(strcmp(o[i].key, keys[i]) == 0);
 }
 
 static void test_defaults(void)
@@ -148,6 +150,8 @@ static void test_defaults(void)
     CHECK(c.trace == 0);
     CHECK(c.chunk == 2 * MiB);
     CHECK(c.small_size == 1 * MiB);
+    CHECK(c.large_chunk == 64 * MiB);
+    CHECK(c.cache_slack == 0.05);
     CHECK(c.torch_patch == 1);
 }
 
@@ -400,6 +404,21 @@ static void test_options(void)
     CHECK(set_bad("small_size", "65MiB"));
     CHECK(set_bad("small_size", "10%"));
     CHECK(set_bad("small_size", "none"));
+    /* large_chunk: as chunk */
+    CHECK(set_ok(&c, "large_chunk", "32MiB") && c.large_chunk == 32 * MiB);
+    CHECK(set_ok(&c, "GPUPOOL_LARGE_CHUNK", "1GiB") && c.large_chunk == GiB);
+    CHECK(set_bad("large_chunk", "48MiB") && has("power of two"));
+    CHECK(set_bad("large_chunk", "2GiB"));
+    CHECK(set_bad("large_chunk", "5%"));
+    /* cache_slack: a fraction of allocated bytes, 0 or none; never bytes */
+    CHECK(set_ok(&c, "cache_slack", "10%") && c.cache_slack == 0.1);
+    CHECK(set_ok(&c, "cache_slack", "0.25") && c.cache_slack == 0.25);
+    CHECK(set_ok(&c, "cache_slack", "0") && c.cache_slack == 0);
+    CHECK(set_ok(&c, "cache_slack", "None") && c.cache_slack < 0);
+    CHECK(set_bad("cache_slack", "512MiB") && has("not a fraction"));
+    CHECK(set_bad("cache_slack", "150%"));
+    CHECK(set_bad("cache_slack", "-5%"));
+    CHECK(set_bad("cache_slack", "lots"));
 }
 
 static void test_names(void)

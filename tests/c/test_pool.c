@@ -383,6 +383,62 @@ static void test_tags(void)
     CHECK(gp_parse_priority("high", &prio) == GP_OK && prio == GP_PRIO_HIGH);
 }
 
+/* Two 8 MiB holes between 1 MiB live blocks, then a 12 MiB request that
+ * fits neither: with a cache slack the holes' chunks are given back before
+ * the pool maps anew, so reserved stays near allocated; without, the pool
+ * maps 12 MiB beside 16 MiB of cache.  Returns the stats after it. */
+static gp_stats lean_growth(double slack)
+{
+    gp_config cfg;
+    gp_config_default(&cfg);
+    cfg.chunk = 256 * KiB;
+    cfg.large_chunk = 1 * MiB;
+    cfg.small_size = 64 * KiB;
+    cfg.cache_slack = slack;
+    gp_backend *be;
+    gp_pool *p;
+    gp_stats s0, s;
+    CHECK(gp_backend_host_create(256 * MiB, &be) == GP_OK);
+    CHECK(gp_pool_create(be, &cfg, &p) == GP_OK);
+    void *a = A(p, 8 * MiB), *s1 = A(p, 1 * MiB), *b = A(p, 8 * MiB), *s2 = A(p, 1 * MiB);
+    CHECK(a && s1 && b && s2);
+    memset(s1, 0x5a, 1 * MiB);
+    memset(s2, 0xa5, 1 * MiB);
+    gp_free(p, a);
+    gp_free(p, b);
+    gp_pool_stats(p, &s0, 0);
+    CHECK(s0.reserved == 18 * MiB && s0.allocated == 2 * MiB);
+    char *c = A(p, 12 * MiB);
+    CHECK(c != NULL);
+    memset(c, 0x11, 12 * MiB);
+    CHECK(((unsigned char *)s1)[0] == 0x5a && ((unsigned char *)s1)[MiB - 1] == 0x5a);
+    CHECK(((unsigned char *)s2)[0] == 0xa5 && ((unsigned char *)s2)[MiB - 1] == 0xa5);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_pool_stats(p, &s, 0);
+    /* The 12 MiB were mapped in 1 MiB units of the large arena. */
+    CHECK(s.n_map - s0.n_map == 12);
+    s.n_sync -= s0.n_sync;
+    s.n_unmap -= s0.n_unmap;
+    gp_free(p, c);
+    gp_free(p, s1);
+    gp_free(p, s2);
+    gp_pool_destroy(p);
+    return s;
+}
+
+static void test_lean_growth(void)
+{
+    gp_stats lean = lean_growth(0.05), fat = lean_growth(-1);
+    CHECK(lean.allocated == 14 * MiB && lean.reserved == 14 * MiB);
+    CHECK(lean.n_sync == 1 && lean.n_unmap == 16);
+    CHECK(fat.allocated == 14 * MiB && fat.reserved == 30 * MiB);
+    CHECK(fat.n_sync == 0 && fat.n_unmap == 0);
+    /* A slack of 100% keeps up to 14 MiB of cache: 2 MiB too many, so one
+     * hole goes (trim gives back whole free blocks), the other stays. */
+    gp_stats roomy = lean_growth(1.0);
+    CHECK(roomy.reserved == 22 * MiB && roomy.n_sync == 1 && roomy.n_unmap == 8);
+}
+
 int main(void)
 {
     test_basic();
@@ -397,5 +453,6 @@ int main(void)
     test_pressure();
     test_reserve_mode();
     test_tags();
+    test_lean_growth();
     return check_done();
 }
