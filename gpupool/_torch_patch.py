@@ -290,14 +290,22 @@ def _record_stream_hook(orig: Callable[..., Any]) -> Callable[..., Any]:
     return record_stream
 
 
+def _ident(pool_id: Any) -> Tuple[Any, ...]:
+    try:
+        return tuple(pool_id)
+    except TypeError:
+        return (pool_id,)
+
+
 def _graph_key(pool_id: Any) -> int:
     """A gpupool graph pool key for PyTorch's graph pool id (a pair of ints)."""
-    try:
-        ident = tuple(pool_id)
-    except TypeError:
-        ident = (pool_id,)
     with _lock:
-        return _graph_keys.setdefault(ident, len(_graph_keys) + 1)
+        return _graph_keys.setdefault(_ident(pool_id), len(_graph_keys) + 1)
+
+
+def _alias_graph_key(pool_id: Any, key: int) -> None:
+    with _lock:
+        _graph_keys[_ident(pool_id)] = key
 
 
 def _release(device: int, key: int) -> None:
@@ -314,23 +322,30 @@ def _graph_hooks(cls: Any) -> Dict[str, Callable[..., Any]]:
         d = torch.cuda.current_device()
         stream = torch.cuda.current_stream(d).cuda_stream
         p = _C.device_pool(d, True)
+        # A shared pool (a graph's pool(), graph_pool_handle(), a MemPool) is
+        # known by its id; without one the graph gets a pool of its own, whose
+        # id PyTorch tells only after the capture (see capture_end).
+        shared = kwargs.get("pool", args[0] if args else None)
+        key = _graph_key(getattr(shared, "id", shared)) if shared is not None else _graph_key(("graph", id(self)))
         # Before the capture: synchronises and maps ahead, which a capture cannot.
         p.capture_prepare(stream)
         orig_begin(self, *args, **kwargs)
-        key = _graph_key(self.pool())
         p.capture_begin(key, stream)
         old = getattr(self, "_gpupool_release", None)
         if old is not None:
             old()  # recaptured without reset: drop the previous capture's hold
-        self._gpupool_capture = (d, stream)
+        self._gpupool_capture = (d, stream, key)
         # The graph holds its pool until reset() or until it is collected.
         self._gpupool_release = weakref.finalize(self, _release, d, key)
 
     def capture_end(self: Any, *args: Any, **kwargs: Any) -> None:
+        cap = getattr(self, "_gpupool_capture", None)
         try:
             orig_end(self, *args, **kwargs)
+            if cap is not None:
+                # Later graphs name this one's pool by the id PyTorch gave it.
+                _alias_graph_key(self.pool(), cap[2])
         finally:
-            cap = getattr(self, "_gpupool_capture", None)
             if cap is not None:
                 self._gpupool_capture = None
                 _C.device_pool(cap[0], True).capture_end(cap[1])
