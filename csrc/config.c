@@ -445,6 +445,23 @@ static int gp_print_patch(const gp_config *c, char *buf, size_t len)
     return snprintf(buf, len, "%d", c->torch_patch != 0);
 }
 
+/* Indexed by GP_PLACE_*. */
+static const char *const gp_placement_names[] = {"none", "lifetime", NULL};
+
+static int gp_parse_placement(gp_config *c, const char *v, char *why, size_t n)
+{
+    (void)why, (void)n;
+    int w = gp_word(v, gp_placement_names);
+    if (w < 0) return -1;
+    c->placement = w;
+    return 0;
+}
+
+static int gp_print_placement(const gp_config *c, char *buf, size_t len)
+{
+    return snprintf(buf, len, "%s", gp_placement_names[c->placement == GP_PLACE_LIFETIME]);
+}
+
 /* The table: variable, keyword, default, accepted values, meaning, parser,
  * printer.  The variable is always GPUPOOL_ and the keyword in upper case. */
 #define GP_OPTIONS(X)                                                                     \
@@ -482,7 +499,11 @@ static int gp_print_patch(const gp_config *c, char *buf, size_t len)
       "requests below this size come from the small-block arena", gp_parse_small,         \
       gp_print_small)                                                                     \
     X("GPUPOOL_TORCH_PATCH", "torch_patch", "1", GP_BOOL_TEXT,                            \
-      "route torch.cuda memory APIs to gpupool", gp_parse_patch, gp_print_patch)          \
+      "route torch.cuda memory APIs to gpupool", gp_parse_patch, gp_print_patch)         \
+    X("GPUPOOL_PLACEMENT", "placement", "lifetime", "lifetime or none",                   \
+      "lifetime: blocks of long-lived tags (weights, optimizer, kv_cache, ...) come from "\
+      "a region of their own, apart from short-lived churn (expandable mode); none: one " \
+      "region for all", gp_parse_placement, gp_print_placement)                          \
     X("GPUPOOL_LARGE_CHUNK", "large_chunk", "64MiB",                                      \
       "a power of two between 64KiB and 1GiB",                                            \
       "mapping unit of the large-block arena (at least GPUPOOL_CHUNK, at most 1/32 of "   \
@@ -528,6 +549,7 @@ void gp_config_default(gp_config *cfg)
         .large_chunk = 64 * MiB,
         .cache_slack = 0.05,
         .torch_patch = 1,
+        .placement = GP_PLACE_LIFETIME,
     };
 }
 

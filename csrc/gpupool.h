@@ -104,7 +104,13 @@ typedef struct gp_config {
     double cache_slack;      /* GPUPOOL_CACHE_SLACK cache kept when growing,
                                 a fraction of allocated; < 0: unbounded     */
     int torch_patch;         /* GPUPOOL_TORCH_PATCH patch torch.cuda APIs     */
+    int placement;           /* GPUPOOL_PLACEMENT   GP_PLACE_* (lifetime|none) */
 } gp_config;
+
+/* Lifetime-aware placement: with GP_PLACE_LIFETIME, blocks of long-lived
+ * tags (gp_tag_set_lifetime) come from a region of each arena of their own,
+ * so that short-lived churn never leaves holes between long-lived blocks. */
+enum { GP_PLACE_NONE = 0, GP_PLACE_LIFETIME = 1 };
 
 void gp_config_default(gp_config *cfg);
 
@@ -154,9 +160,27 @@ const char *gp_tag_name(gp_tag tag);
 /* How many tags are interned. */
 unsigned gp_tag_count(void);
 
-/* Priorities are ints 0..255; higher is more important. */
+/* A tag's lifetime decides where its blocks are placed (GP_PLACE_LIFETIME).
+ * Names of memory that lives for the whole run start long ("weights",
+ * "parameters", "params", "buffers", "lora", "optimizer", "optimizer_state",
+ * "kv_cache", "grads", "gradients"); every other tag, "untagged" included,
+ * starts short.  The lifetime applies to allocations made after it is set.
+ * GP_ERR_INVALID for a tag never interned or a bad lifetime. */
+enum { GP_LIFE_SHORT = 0, GP_LIFE_LONG = 1 };
+gp_status gp_tag_set_lifetime(gp_tag tag, int lifetime);
+int gp_tag_lifetime(gp_tag tag);
+
+/* Priorities are ints 0..255; higher is more important.  When memory must be
+ * given up (the pool limit or the device is reached), a request of priority
+ * P may release cached (free, mapped) memory last held at priority <= P,
+ * lowest priority first, and asks the pressure callback for live memory of
+ * priority < P; it never takes anything from higher priorities.  Cached
+ * memory keeps the priority of the block freed into it (the highest, where
+ * free blocks merged).  GP_PRIO_DEFAULT asks for the pool's configured
+ * priority (GPUPOOL_PRIORITY). */
 enum { GP_PRIO_LOW = 0, GP_PRIO_NORMAL = 1, GP_PRIO_HIGH = 2, GP_PRIO_CRITICAL = 3 };
 #define GP_PRIO_MAX 255
+#define GP_PRIO_DEFAULT (-1)
 /* "low", "normal", "high", "critical" or a decimal int 0..255. */
 gp_status gp_parse_priority(const char *text, int *out);
 /* The name of a priority ("high") or NULL when it has none. */
@@ -180,12 +204,14 @@ gp_status gp_pool_create(gp_backend *backend, const gp_config *cfg,
  * released too: the caller promises nothing uses them any more. */
 void gp_pool_destroy(gp_pool *pool);
 
-/* Allocate `size` bytes (> 0) for use on `stream`.  The address is aligned to
- * 512 bytes.  Never calls the backend when a cached block fits.  Returns NULL
- * on failure with gp_last_error() set: GP_ERR_OOM after the pool released
- * its cached chunks and the pressure callback had its chance, GP_ERR_LIMIT,
- * GP_ERR_INVALID for size 0 or a size that overflows; `*status` (if not
- * NULL) receives the status. */
+/* Allocate `size` bytes (> 0) for use on `stream`, under `tag` and
+ * `priority` (0..255, or GP_PRIO_DEFAULT).  The address is aligned to 512
+ * bytes.  Never calls the backend when a cached block fits.  Returns NULL on
+ * failure with gp_last_error() set: GP_ERR_OOM (device full) or GP_ERR_LIMIT
+ * (pool or tag limit) once the pool released the cached memory of
+ * priorities up to `priority` and the pressure callback had its chance (see
+ * the priorities above), GP_ERR_INVALID for size 0 or a size that overflows;
+ * `*status` (if not NULL) receives the status. */
 void *gp_alloc(gp_pool *pool, size_t size, gp_stream stream, gp_tag tag,
                int priority, gp_status *status);
 
@@ -204,6 +230,7 @@ typedef struct gp_block_info {
     uint8_t state;      /* GP_BLOCK_*                               */
     uint8_t arena;      /* which arena (GP_ARENA_*)                 */
     uint8_t in_graph_pool; /* held by a CUDA graph pool (capture)   */
+    uint8_t lifetime;      /* region it lies in: GP_LIFE_*          */
     uint64_t graph_pool;   /* that pool's key, when in_graph_pool   */
 } gp_block_info;
 
@@ -260,18 +287,22 @@ gp_status gp_pool_capture_begin(gp_pool *pool, uint64_t key, gp_stream stream);
 gp_status gp_pool_capture_end(gp_pool *pool, gp_stream stream);
 gp_status gp_pool_capture_release(gp_pool *pool, uint64_t key);
 
-/* Unmap free chunks until at least `bytes` were released (UINT64_MAX: all).
- * Synchronises the device first (a chunk may still be read by a stream that
- * freed it).  Returns the bytes released. */
+/* Unmap free chunks until at least `bytes` were released (UINT64_MAX: all),
+ * whatever priority cached them, lowest first.  Synchronises the device
+ * first (a chunk may still be read by a stream that freed it).  Returns the
+ * bytes released. */
 uint64_t gp_pool_trim(gp_pool *pool, uint64_t bytes);
 
 /* gp_pool_trim(pool, UINT64_MAX): what torch.cuda.empty_cache() does. */
 uint64_t gp_pool_empty_cache(gp_pool *pool);
 
-/* Called when the pool is out of memory after trimming, before it fails:
- * it may give memory back (offload) and returns the bytes it freed.  Called
- * without the pool's lock held, so it may call gp_* functions.  `priority`
- * is the priority of the request that needs memory. */
+/* Called when a request of `priority` finds the pool limit or the device
+ * full after releasing the cached memory it may release, before it fails,
+ * and only while live memory of a lower priority exists: the callback
+ * (offload, the arbiter) may give up live memory of priority lower than
+ * `priority` -- never of `priority` or above -- and returns the bytes it
+ * freed.  Called without the pool's lock held, so it may call gp_*
+ * functions (gp_free of the blocks it gives up). */
 typedef uint64_t (*gp_pressure_fn)(void *arg, gp_pool *pool, uint64_t needed,
                                    int priority);
 void gp_pool_set_pressure(gp_pool *pool, gp_pressure_fn fn, void *arg);
@@ -280,6 +311,17 @@ void gp_pool_set_pressure(gp_pool *pool, gp_pressure_fn fn, void *arg);
  * limit caps the bytes allocated under that tag; 0 removes it. */
 void gp_pool_set_limit(gp_pool *pool, uint64_t bytes);
 gp_status gp_pool_set_tag_limit(gp_pool *pool, gp_tag tag, uint64_t bytes);
+
+/* Re-home live blocks under `tag` (and `priority`, or GP_PRIO_DEFAULT to
+ * keep each block's own): the blocks containing the `n` addresses (any
+ * address inside a live block; a block named twice counts once).  The
+ * figures of the old and new tags and priorities move exactly; where a
+ * block lies does not change.  All or nothing: GP_ERR_FOREIGN for an
+ * address in no live block, GP_ERR_LIMIT if the tag's limit would be
+ * exceeded, GP_ERR_INVALID for a bad tag or priority.  `*bytes` (if not
+ * NULL) receives the bytes of the blocks that changed tag or priority. */
+gp_status gp_pool_retag(gp_pool *pool, void *const *ptrs, size_t n, gp_tag tag,
+                        int priority, uint64_t *bytes);
 
 /* -------------------------------------------------------------- statistics */
 

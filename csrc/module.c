@@ -36,8 +36,29 @@ static _Atomic(gp_pool *) g_pools[GP_MAX_DEVICES];
 static atomic_ullong g_free_errors;
 static char g_create_error[1024];
 
-static _Thread_local gp_tag t_tag = GP_TAG_UNTAGGED;
-static _Thread_local int t_prio = -1; /* -1: the configured default */
+/* The tag context of this thread: tag id and priority (GP_PRIO_DEFAULT: the
+ * pool's configured priority).  t_tag is -1 while the thread has no context
+ * of its own -- autograd's backward threads, threads a library starts --
+ * and it then allocates under the inherited context, which
+ * gpupool.tag(..., inherit=True) sets for the whole process: one atomic
+ * word, tag * GP_CTX_PRIO + priority + 1, so that both change together. */
+#define GP_CTX_PRIO 512
+static _Thread_local int t_tag = -1;
+static _Thread_local int t_prio = GP_PRIO_DEFAULT;
+static atomic_int g_inherited = GP_TAG_UNTAGGED * GP_CTX_PRIO + GP_PRIO_DEFAULT + 1;
+
+/* The tag and priority an allocation of this thread gets now. */
+static inline void gp_context(gp_tag *tag, int *prio)
+{
+    if (t_tag >= 0) {
+        *tag = (gp_tag)t_tag;
+        *prio = t_prio;
+        return;
+    }
+    int v = atomic_load_explicit(&g_inherited, memory_order_relaxed);
+    *tag = (gp_tag)(v / GP_CTX_PRIO);
+    *prio = v % GP_CTX_PRIO - 1;
+}
 
 static void gp_log_oom(const char *what)
 {
@@ -89,9 +110,11 @@ __attribute__((visibility("default"))) void *gpupool_malloc(ssize_t size, int de
             return NULL;
         }
     }
-    int prio = t_prio >= 0 ? t_prio : g_cfg.priority;
+    gp_tag tag;
+    int prio;
+    gp_context(&tag, &prio);
     gp_status st;
-    void *r = gp_alloc(p, (size_t)size, stream, t_tag, prio, &st);
+    void *r = gp_alloc(p, (size_t)size, stream, tag, prio, &st);
     if (r) return r;
     char msg[1200];
     if (st == GP_ERR_OOM || st == GP_ERR_LIMIT) {
@@ -240,11 +263,13 @@ static PyObject *pool_alloc(PoolObject *self, PyObject *args, PyObject *kw)
         PyErr_Format(PyExc_ValueError, "alloc size must be > 0 bytes, got %lld", size);
         return NULL;
     }
+    gp_tag ctag;
+    int cprio;
+    gp_context(&ctag, &cprio);
     gp_status st;
     void *r;
     Py_BEGIN_ALLOW_THREADS
-    r = gp_alloc(self->pool, (size_t)size, s, tag >= 0 ? (gp_tag)tag : t_tag,
-                 prio >= 0 ? prio : (t_prio >= 0 ? t_prio : g_cfg.priority), &st);
+    r = gp_alloc(self->pool, (size_t)size, s, tag >= 0 ? (gp_tag)tag : ctag, prio >= 0 ? prio : cprio, &st);
     Py_END_ALLOW_THREADS
     if (!r) return gp_raise(st);
     return PyLong_FromVoidPtr(r);
@@ -328,7 +353,7 @@ static PyObject *pool_tag_stats(PoolObject *self, PyObject *noargs)
     for (unsigned t = 0; t < n; t++) {
         gp_tag_stats ts;
         gp_pool_tag_stats(self->pool, (gp_tag)t, &ts);
-        if (!ts.n_alloc && !ts.limit) continue;
+        if (!ts.n_alloc && !ts.limit && !ts.allocated_peak) continue; /* (retagged blocks) */
         PyObject *d = PyDict_New();
         if (!d) { Py_DECREF(out); return NULL; }
         SET(d, "allocated", ts.allocated);
@@ -365,9 +390,10 @@ static PyObject *pool_prio_stats(PoolObject *self, PyObject *noargs)
 
 static int walk_to_list(void *arg, const gp_block_info *b)
 {
-    PyObject *t = Py_BuildValue("(KKKKiiii)", (unsigned long long)b->addr, (unsigned long long)b->size,
+    PyObject *t = Py_BuildValue("(KKKKiiiii)", (unsigned long long)b->addr, (unsigned long long)b->size,
                                 (unsigned long long)b->requested, (unsigned long long)(uintptr_t)b->stream,
-                                (int)b->tag, (int)b->priority, (int)b->state, (int)b->arena);
+                                (int)b->tag, (int)b->priority, (int)b->state, (int)b->arena,
+                                (int)b->lifetime);
     if (!t) return 1;
     int rc = PyList_Append((PyObject *)arg, t);
     Py_DECREF(t);
@@ -411,6 +437,39 @@ static PyObject *pool_set_tag_limit(PoolObject *self, PyObject *args)
     gp_status st = gp_pool_set_tag_limit(self->pool, (gp_tag)tag, bytes);
     if (st != GP_OK) return gp_raise(st);
     Py_RETURN_NONE;
+}
+
+static PyObject *pool_retag(PoolObject *self, PyObject *args)
+{
+    PyObject *addrs;
+    int tag, prio = GP_PRIO_DEFAULT;
+    if (!PyArg_ParseTuple(args, "Oi|i", &addrs, &tag, &prio)) return NULL;
+    PyObject *seq = PySequence_Fast(addrs, "retag(addresses, tag_id, priority): addresses must be a sequence of ints");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    void **ptrs = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *ptrs);
+    if (!ptrs) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ptrs[i] = PyLong_AsVoidPtr(PySequence_Fast_GET_ITEM(seq, i));
+        if (PyErr_Occurred()) {
+            PyMem_Free(ptrs);
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    Py_DECREF(seq);
+    if (tag < 0 || tag >= GP_MAX_TAGS) tag = GP_MAX_TAGS; /* rejected, with its message, below */
+    uint64_t moved = 0;
+    gp_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = gp_pool_retag(self->pool, ptrs, (size_t)n, (gp_tag)tag, prio, &moved);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(ptrs);
+    if (st != GP_OK) return gp_raise(st);
+    return PyLong_FromUnsignedLongLong(moved);
 }
 
 static PyObject *pool_reset_peaks(PoolObject *self, PyObject *noargs)
@@ -523,6 +582,8 @@ static PyMethodDef pool_methods[] = {
     {"trim", (PyCFunction)pool_trim, METH_VARARGS, "trim(bytes=all) -> bytes released"},
     {"set_limit", (PyCFunction)pool_set_limit, METH_O, "set_limit(bytes); 0 removes it"},
     {"set_tag_limit", (PyCFunction)pool_set_tag_limit, METH_VARARGS, "set_tag_limit(tag_id, bytes)"},
+    {"retag", (PyCFunction)pool_retag, METH_VARARGS,
+     "retag(addresses, tag_id, priority=-1) -> bytes moved; -1 keeps each block's priority"},
     {"reset_peaks", (PyCFunction)pool_reset_peaks, METH_NOARGS, "reset every peak to the current value"},
     {"last_oom", (PyCFunction)pool_last_oom, METH_NOARGS, "the last out-of-memory report"},
     {"lookup", (PyCFunction)pool_lookup, METH_O, "lookup(address) -> block tuple of the live block there"},
@@ -672,21 +733,54 @@ static PyObject *m_set_context(PyObject *self, PyObject *args)
     (void)self;
     int tag, prio;
     if (!PyArg_ParseTuple(args, "ii", &tag, &prio)) return NULL;
-    if (tag < 0 || tag >= (int)gp_tag_count() || prio < -1 || prio > GP_PRIO_MAX) {
+    if (tag < -1 || tag >= (int)gp_tag_count() || prio < GP_PRIO_DEFAULT || prio > GP_PRIO_MAX) {
         PyErr_Format(PyExc_ValueError, "bad context: tag %d, priority %d", tag, prio);
         return NULL;
     }
-    PyObject *old = Py_BuildValue("(ii)", (int)t_tag, t_prio);
-    t_tag = (gp_tag)tag;
+    PyObject *old = Py_BuildValue("(ii)", t_tag, t_prio);
+    t_tag = tag;
     t_prio = prio;
     return old;
+}
+
+static PyObject *m_set_inherited(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int tag, prio;
+    if (!PyArg_ParseTuple(args, "ii", &tag, &prio)) return NULL;
+    if (tag < 0 || tag >= (int)gp_tag_count() || prio < GP_PRIO_DEFAULT || prio > GP_PRIO_MAX) {
+        PyErr_Format(PyExc_ValueError, "bad inherited context: tag %d, priority %d", tag, prio);
+        return NULL;
+    }
+    int old = atomic_exchange(&g_inherited, tag * GP_CTX_PRIO + prio + 1);
+    return Py_BuildValue("(ii)", old / GP_CTX_PRIO, old % GP_CTX_PRIO - 1);
+}
+
+static PyObject *m_tag_lifetime(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int tag, life = -1;
+    if (!PyArg_ParseTuple(args, "i|i", &tag, &life)) return NULL;
+    if (tag < 0 || tag >= GP_MAX_TAGS || !gp_tag_name((gp_tag)tag)) {
+        PyErr_Format(PyExc_ValueError, "tag id %d was never interned", tag);
+        return NULL;
+    }
+    int old = gp_tag_lifetime((gp_tag)tag);
+    if (life >= 0) {
+        gp_status st = gp_tag_set_lifetime((gp_tag)tag, life);
+        if (st != GP_OK) return gp_raise(st);
+    }
+    return PyLong_FromLong(old);
 }
 
 static PyObject *m_get_context(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-    return Py_BuildValue("(ii)", (int)t_tag, t_prio >= 0 ? t_prio : g_cfg.priority);
+    gp_tag tag;
+    int prio;
+    gp_context(&tag, &prio);
+    return Py_BuildValue("(iii)", (int)tag, prio, t_tag >= 0);
 }
 
 static PyObject *m_device_pool(PyObject *self, PyObject *args)
@@ -765,8 +859,14 @@ static PyMethodDef module_methods[] = {
     {"tag_intern", m_tag_intern, METH_O, "tag_intern(name) -> id"},
     {"tag_name", m_tag_name, METH_O, "tag_name(id) -> name"},
     {"set_context", m_set_context, METH_VARARGS,
-     "set_context(tag_id, priority) -> previous (tag_id, priority); priority -1: the default"},
-    {"get_context", m_get_context, METH_NOARGS, "(tag_id, priority) of this thread"},
+     "set_context(tag_id, priority) -> previous (tag_id, priority) of this thread; tag -1: none of "
+     "its own (the inherited context applies), priority -1: the pool's default"},
+    {"get_context", m_get_context, METH_NOARGS,
+     "(tag_id, priority, own) this thread allocates under now; own: set on this thread, else inherited"},
+    {"set_inherited", m_set_inherited, METH_VARARGS,
+     "set_inherited(tag_id, priority) -> previous: the context of threads without one of their own"},
+    {"tag_lifetime", m_tag_lifetime, METH_VARARGS,
+     "tag_lifetime(tag_id, lifetime=-1) -> lifetime before (0 short, 1 long); sets it unless -1"},
     {"device_pool", m_device_pool, METH_VARARGS, "device_pool(device, create=False) -> Pool or None"},
     {"devices", m_devices, METH_NOARGS, "devices with a pool"},
     {"free_errors", m_free_errors, METH_NOARGS, "frees PyTorch made that gpupool rejected"},

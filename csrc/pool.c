@@ -47,8 +47,11 @@ struct gp_block {
     gp_block *prev, *next;   /* neighbours in address order              */
     gp_block *fprev, *fnext; /* bin list while free; hash chain if used  */
     uint16_t tag;
+    /* prio: the holder's priority; while free, that of the last holder (the
+     * priority of the cache, which decides who may release it). */
     uint8_t prio, state, sidx, arena;
     uint8_t rec;             /* has a gp_rec: streams from gp_record_stream */
+    uint8_t life;            /* GP_LIFE_*: the region of the arena it lies in */
 };
 
 typedef struct gp_bins {
@@ -166,7 +169,11 @@ typedef struct gp_arena {
     uint64_t *handles;        /* per chunk: the backend's handle when mapped */
     gp_block *first;          /* lowest block; the list covers the arena     */
     gp_bins *bins[GP_MAX_STREAMS]; /* FREE blocks per stream, made lazily   */
-    gp_bins unmapped;         /* FREE_UNMAPPED blocks                        */
+    gp_bins unmapped[2];      /* FREE_UNMAPPED blocks, per region (GP_LIFE_*) */
+    /* Lifetime placement: [long_base, base + size) is the long-lived region,
+     * the rest the short-lived one (long_base = base + size: no long region).
+     * Blocks never straddle nor merge across long_base. */
+    uintptr_t long_base;
 } gp_arena;
 
 struct gp_pool {
@@ -181,6 +188,11 @@ struct gp_pool {
     gp_stream streams[GP_MAX_STREAMS];
     unsigned n_streams, last_sidx;
     uint8_t slot_kind[GP_MAX_STREAMS]; /* GP_SLOT_*: graph pools use slots too */
+    /* GP_LIFE_* of a slot: the region it maps new memory in.  With placement
+     * a stream has a slot per lifetime, so that its free blocks of the two
+     * regions are binned apart and one never serves the other. */
+    uint8_t slot_life[GP_MAX_STREAMS];
+    int placement;      /* lifetime placement on (expandable mode only) */
 
     gp_rec *recs;       /* record_stream: live and pending blocks */
     unsigned n_recs, cap_recs, n_pending;
@@ -326,23 +338,26 @@ static gp_block *gp_hash_find(const gp_pool *p, uintptr_t a)
 
 static gp_bins *gp_bins_of(gp_arena *a, const gp_block *b)
 {
-    return b->state == GP_BLOCK_FREE_UNMAPPED ? &a->unmapped : a->bins[b->sidx];
+    return b->state == GP_BLOCK_FREE_UNMAPPED ? &a->unmapped[b->life] : a->bins[b->sidx];
 }
 
 static int gp_mergeable(const gp_block *x, const gp_block *y)
 {
     return x && y && x->state == y->state && x->state != GP_BLOCK_USED &&
-           x->state != GP_BLOCK_PENDING &&
+           x->state != GP_BLOCK_PENDING && x->life == y->life &&
            (x->state == GP_BLOCK_FREE_UNMAPPED || x->sidx == y->sidx);
 }
 
 /* b (not in any bin) becomes free: merge it with its free neighbours of the
- * same kind and put the result in its bins.  Returns the merged block. */
+ * same kind and put the result in its bins.  Returns the merged block.
+ * Merged cache takes the highest of the priorities: memory a high-priority
+ * holder gave back must not become releasable by lower requests. */
 static gp_block *gp_insert_free(gp_pool *p, gp_arena *a, gp_block *b)
 {
     gp_block *pv = b->prev, *nx = b->next;
     if (gp_mergeable(pv, b)) {
         gp_bins_remove(gp_bins_of(a, pv), pv);
+        if (b->prio > pv->prio) pv->prio = b->prio;
         pv->size += b->size;
         pv->next = nx;
         if (nx) nx->prev = pv;
@@ -351,6 +366,7 @@ static gp_block *gp_insert_free(gp_pool *p, gp_arena *a, gp_block *b)
     }
     if (gp_mergeable(b, nx)) {
         gp_bins_remove(gp_bins_of(a, nx), nx);
+        if (nx->prio > b->prio) b->prio = nx->prio;
         b->size += nx->size;
         b->next = nx->next;
         if (nx->next) nx->next->prev = b;
@@ -371,6 +387,8 @@ static gp_block *gp_split(gp_pool *p, gp_block *b, uint64_t size)
     t->state = b->state;
     t->sidx = b->sidx;
     t->arena = b->arena;
+    t->life = b->life;
+    t->prio = b->prio;
     t->prev = b;
     t->next = b->next;
     if (b->next) b->next->prev = t;
@@ -389,6 +407,7 @@ static gp_status gp_slot_new(gp_pool *p, gp_stream s, int kind, unsigned *out)
         for (unsigned i = 0; i < p->n_streams; i++) {
             if (p->slot_kind[i] == GP_SLOT_SPARE) {
                 p->slot_kind[i] = GP_SLOT_GPOOL;
+                p->slot_life[i] = GP_LIFE_SHORT;
                 p->streams[i] = s;
                 *out = i;
                 return GP_OK;
@@ -413,28 +432,36 @@ static gp_status gp_slot_new(gp_pool *p, gp_stream s, int kind, unsigned *out)
     }
     p->streams[i] = s;
     p->slot_kind[i] = (uint8_t)kind;
+    p->slot_life[i] = GP_LIFE_SHORT;
     p->n_streams++;
     *out = i;
     return GP_OK;
 }
 
-static gp_status gp_stream_index(gp_pool *p, gp_stream s, unsigned *out)
+/* The slot of stream s for blocks of lifetime `life`. */
+static gp_status gp_slot_of(gp_pool *p, gp_stream s, unsigned life, unsigned *out)
 {
     /* last_sidx is only ever a stream's slot, never a graph pool's. */
     if (p->last_sidx < p->n_streams && p->streams[p->last_sidx] == s &&
-        p->slot_kind[p->last_sidx] == GP_SLOT_STREAM) {
+        p->slot_kind[p->last_sidx] == GP_SLOT_STREAM && p->slot_life[p->last_sidx] == life) {
         *out = p->last_sidx;
         return GP_OK;
     }
     for (unsigned i = 0; i < p->n_streams; i++) {
-        if (p->streams[i] == s && p->slot_kind[i] == GP_SLOT_STREAM) {
+        if (p->streams[i] == s && p->slot_kind[i] == GP_SLOT_STREAM && p->slot_life[i] == life) {
             *out = p->last_sidx = i;
             return GP_OK;
         }
     }
     gp_status st = gp_slot_new(p, s, GP_SLOT_STREAM, out);
+    if (st == GP_OK) p->slot_life[*out] = (uint8_t)life;
     if (st == GP_OK) p->last_sidx = *out;
     return st;
+}
+
+static gp_status gp_stream_index(gp_pool *p, gp_stream s, unsigned *out)
+{
+    return gp_slot_of(p, s, GP_LIFE_SHORT, out);
 }
 
 /* ------------------------------------------------------------ map / unmap */
@@ -522,11 +549,12 @@ static void gp_coalesce_idle(gp_pool *p, gp_arena *a)
 {
     for (gp_block *b = a->first; b; b = b->next) {
         if (b->state != GP_BLOCK_FREE || p->slot_kind[b->sidx] != GP_SLOT_STREAM) continue;
-        while (b->next && b->next->state == GP_BLOCK_FREE &&
+        while (b->next && b->next->state == GP_BLOCK_FREE && b->next->life == b->life &&
                p->slot_kind[b->next->sidx] == GP_SLOT_STREAM) {
             gp_block *nx = b->next;
             gp_bins_remove(a->bins[b->sidx], b);
             gp_bins_remove(a->bins[nx->sidx], nx);
+            if (nx->prio > b->prio) b->prio = nx->prio;
             b->size += nx->size;
             b->next = nx->next;
             if (nx->next) nx->next->prev = b;
@@ -661,36 +689,65 @@ out:
     return st;
 }
 
-/* Release free chunks, all arenas, until `want` bytes are released. */
+/* Cache that trim may give back, of priority `min`..`max`: free blocks of
+ * stream slots (a graph pool's memory stays mapped: its graphs use the
+ * addresses), at least a chunk long when `whole` (before coalescing, smaller
+ * neighbours may still make a chunk). */
+static inline int gp_cached(const gp_pool *p, const gp_arena *a, const gp_block *b, int min, int max,
+                            int whole)
+{
+    return b->state == GP_BLOCK_FREE && p->slot_kind[b->sidx] == GP_SLOT_STREAM &&
+           b->prio >= min && b->prio <= max && (!whole || b->size >= a->chunk);
+}
+
+/* The lowest priority >= min of cache in arena `only` (NULL: all), or
+ * GP_PRIO_MAX + 1 if none. */
+static int gp_cache_level(const gp_pool *p, const gp_arena *only, int min, int whole)
+{
+    int level = GP_PRIO_MAX + 1;
+    for (unsigned k = 0; k < p->n_arenas; k++) {
+        const gp_arena *a = &p->arenas[k];
+        if (only && a != only) continue;
+        for (const gp_block *b = a->first; b; b = b->next)
+            if (gp_cached(p, a, b, min, level - 1, whole)) level = b->prio;
+    }
+    return level;
+}
+
 /* Give back at least `want` bytes of cached chunks (fewer if there are not
- * so many), from arena `only` or, when it is NULL, from every arena. */
-static uint64_t gp_trim_in(gp_pool *p, const gp_arena *only, uint64_t want)
+ * so many), from arena `only` or, when it is NULL, from every arena: only
+ * cache of priority <= max_prio, the lowest priority first (a pass over the
+ * arenas per priority that holds cache; one pass when all is one priority). */
+static uint64_t gp_trim_in(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio)
 {
     /* No synchronisation (illegal) nor unmapping while a graph captures. */
     if (p->reserve_mode || p->n_capturing || p->st.reserved == p->st.allocated) return 0;
+    /* Nothing this request may release: spare the device sync. */
+    if (gp_cache_level(p, only, 0, 0) > max_prio) return 0;
     /* A stream may still read a block it freed: wait for the device before
      * giving any chunk back. */
     p->st.n_sync++;
     if (p->be->synchronize(p->be) != GP_OK) return 0;
     gp_release_pending(p);
+    for (unsigned k = 0; k < p->n_arenas; k++)
+        if (!only || &p->arenas[k] == only) gp_coalesce_idle(p, &p->arenas[k]);
     uint64_t freed = 0;
-    for (unsigned k = 0; k < p->n_arenas && freed < want; k++) {
-        gp_arena *a = &p->arenas[k];
-        if (only && a != only) continue;
-        gp_coalesce_idle(p, a);
-        for (gp_block *b = a->first, *nx; b && freed < want; b = nx) {
-            nx = b->next;
-            /* A graph pool's memory stays mapped: its graphs use the addresses. */
-            if (b->state == GP_BLOCK_FREE && b->size >= a->chunk &&
-                p->slot_kind[b->sidx] == GP_SLOT_STREAM)
-                freed += gp_trim_block(p, a, b, &nx);
+    for (int level = gp_cache_level(p, only, 0, 1); level <= max_prio && freed < want;
+         level = gp_cache_level(p, only, level + 1, 1)) {
+        for (unsigned k = 0; k < p->n_arenas && freed < want; k++) {
+            gp_arena *a = &p->arenas[k];
+            if (only && a != only) continue;
+            for (gp_block *b = a->first, *nx; b && freed < want; b = nx) {
+                nx = b->next;
+                if (gp_cached(p, a, b, level, level, 1)) freed += gp_trim_block(p, a, b, &nx);
+            }
         }
     }
     if (freed) p->st.n_trim++;
     return freed;
 }
 
-static uint64_t gp_trim_locked(gp_pool *p, uint64_t want) { return gp_trim_in(p, NULL, want); }
+static uint64_t gp_trim_locked(gp_pool *p, uint64_t want) { return gp_trim_in(p, NULL, want, GP_PRIO_MAX); }
 
 uint64_t gp_pool_trim(gp_pool *p, uint64_t bytes)
 {
@@ -705,8 +762,10 @@ uint64_t gp_pool_empty_cache(gp_pool *p) { return gp_pool_trim(p, UINT64_MAX); }
 /* ---------------------------------------------------------------- growing */
 
 /* Map new memory so that a free block of at least `size` bytes exists on
- * stream sidx; return it (removed from its bins) or NULL with the error set. */
-static gp_block *gp_grow(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, gp_status *st)
+ * stream slot sidx, in the slot's region, for a request of `prio` (which
+ * may release cache of priorities up to its own to stay under the limit);
+ * return it (removed from its bins) or NULL with the error set. */
+static gp_block *gp_grow(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, int prio, gp_status *st)
 {
     if (p->reserve_mode) {
         *st = gp_error_set(GP_ERR_OOM, "the reserved pool is exhausted (reserve mode never maps more)");
@@ -715,7 +774,7 @@ static gp_block *gp_grow(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, 
     uint64_t need = gp_round_up(size, a->chunk);
     uint64_t limit = p->st.limit;
     if (limit && p->st.reserved + need > limit) {
-        gp_trim_locked(p, p->st.reserved + need - limit);
+        gp_trim_in(p, NULL, p->st.reserved + need - limit, prio);
         if (p->st.reserved + need > limit) {
             *st = gp_error_set(GP_ERR_LIMIT,
                                "the pool limit of %" PRIu64 " bytes would be exceeded "
@@ -734,9 +793,10 @@ static gp_block *gp_grow(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, 
     double slack = p->cfg.cache_slack;
     if (slack >= 0 && !p->n_capturing) {
         uint64_t after = p->st.allocated + size, keep = (uint64_t)(slack * (double)after);
-        if (p->st.reserved + need > after + keep) gp_trim_in(p, a, p->st.reserved + need - after - keep);
+        if (p->st.reserved + need > after + keep)
+            gp_trim_in(p, a, p->st.reserved + need - after - keep, prio);
     }
-    gp_block *u = gp_bins_find(&a->unmapped, need);
+    gp_block *u = gp_bins_find(&a->unmapped[p->slot_life[sidx]], need);
     if (!u) {
         *st = gp_error_set(GP_ERR_OOM, "no unmapped address range of %" PRIu64 " bytes left in the arena", need);
         return NULL;
@@ -744,14 +804,15 @@ static gp_block *gp_grow(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, 
     /* A free block of this stream just below u is extended rather than a new
      * run started: map only what it lacks. */
     gp_block *pv = u->prev;
-    if (pv && pv->state == GP_BLOCK_FREE && pv->sidx == sidx && pv->size < size)
+    if (pv && pv->state == GP_BLOCK_FREE && pv->sidx == sidx && pv->life == u->life && pv->size < size)
         need = gp_round_up(size - pv->size, a->chunk);
     if ((*st = gp_reserve_headers(p, 2)) != GP_OK) return NULL;
     if ((*st = gp_map_range(p, a, u->addr, need)) != GP_OK) return NULL;
-    gp_bins_remove(&a->unmapped, u);
+    gp_bins_remove(gp_bins_of(a, u), u);
     gp_block *rest = u->size > need ? gp_split(p, u, need) : NULL;
     u->state = GP_BLOCK_FREE; /* before the rest goes back, or they would merge */
     u->sidx = (uint8_t)sidx;
+    u->prio = (uint8_t)prio;
     if (rest) gp_insert_free(p, a, rest);
     gp_block *b = gp_insert_free(p, a, u);
     gp_bins_remove(a->bins[sidx], b);
@@ -763,7 +824,9 @@ static gp_block *gp_grow(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, 
 static gp_block *gp_steal(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size)
 {
     for (unsigned s = 0; s < p->n_streams; s++) {
-        if (s == sidx || p->slot_kind[s] != GP_SLOT_STREAM) continue;
+        /* (Placement: a region's blocks serve only that region's slots.) */
+        if (s == sidx || p->slot_kind[s] != GP_SLOT_STREAM || p->slot_life[s] != p->slot_life[sidx])
+            continue;
         gp_block *b = gp_bins_find(a->bins[s], size);
         if (!b) continue;
         p->st.n_stream_waits++;
@@ -876,7 +939,7 @@ gp_status gp_pool_capture_prepare(gp_pool *p, gp_stream stream)
     if (!p->reserve_mode && want > have) {
         gp_arena *a = &p->arenas[p->n_arenas - 1];
         gp_status gs;
-        gp_block *b = gp_grow(p, a, sidx, want - have, &gs);
+        gp_block *b = gp_grow(p, a, sidx, want - have, p->cfg.priority, &gs);
         if (b) gp_insert_free(p, a, b);
         else gp_error_clear();
     }
@@ -1002,6 +1065,67 @@ static inline void gp_peak(uint64_t *cur, uint64_t *peak, uint64_t add)
     if (*cur > *peak) *peak = *cur;
 }
 
+/* Whether live memory of a priority below `prio` exists (what the pressure
+ * callback may give up). */
+static int gp_lower_live(const gp_pool *p, int prio)
+{
+    for (int q = 0; q < prio; q++)
+        if (p->prio_alloc[q]) return 1;
+    return 0;
+}
+
+/* Bytes cached at priorities above `prio`: what a request of `prio` may not
+ * release (for its error message). */
+static uint64_t gp_cached_above(const gp_pool *p, int prio)
+{
+    uint64_t n = 0;
+    for (unsigned k = 0; k < p->n_arenas; k++)
+        for (const gp_block *b = p->arenas[k].first; b; b = b->next)
+            if (gp_cached(p, &p->arenas[k], b, prio + 1, GP_PRIO_MAX, 0)) n += b->size;
+    return n;
+}
+
+/* The limit or the device stands in the way of a request of `prio` that
+ * found no cached block: give up, in this order, what it may displace, and
+ * retry after each step -- (1) cached chunks of priorities up to its own,
+ * the lowest first, as many as it needs, then all of them (the limit path
+ * of gp_grow has done this already); (2) live memory of lower priorities,
+ * through the pressure callback (offload, the arbiter), only if some
+ * exists.  Nothing of a higher priority is touched, so only a request that
+ * can displace nobody fails.  Called, and returns, with the lock held. */
+static gp_block *gp_displace(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t bsize, int prio,
+                             gp_status *st)
+{
+    gp_block *b = NULL;
+    p->st.n_alloc_retries++;
+    if (*st == GP_ERR_OOM && !p->reserve_mode) {
+        gp_trim_in(p, NULL, gp_round_up(bsize, a->chunk), prio);
+        if (!(b = gp_grow(p, a, sidx, bsize, prio, st)) && *st == GP_ERR_OOM) {
+            gp_trim_in(p, NULL, UINT64_MAX, prio);
+            b = gp_grow(p, a, sidx, bsize, prio, st);
+        }
+    }
+    if (!b && (*st == GP_ERR_OOM || *st == GP_ERR_LIMIT) && p->pressure && gp_lower_live(p, prio)) {
+        gp_pressure_fn fn = p->pressure;
+        void *arg = p->pressure_arg;
+        pthread_mutex_unlock(&p->lock);
+        uint64_t got = fn(arg, p, bsize, prio);
+        pthread_mutex_lock(&p->lock);
+        if (got) {
+            /* What was given up is cache now: reuse it, or release it and map. */
+            if ((b = gp_bins_find(a->bins[sidx], bsize))) gp_bins_remove(a->bins[sidx], b);
+            else if (!(b = gp_steal(p, a, sidx, bsize))) {
+                b = gp_grow(p, a, sidx, bsize, prio, st);
+                if (!b && *st == GP_ERR_OOM && !p->reserve_mode) {
+                    gp_trim_in(p, NULL, UINT64_MAX, prio);
+                    b = gp_grow(p, a, sidx, bsize, prio, st);
+                }
+            }
+        }
+    }
+    return b;
+}
+
 void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priority, gp_status *status)
 {
     gp_status st = GP_OK, dummy;
@@ -1011,6 +1135,7 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
                                "gpupool: cannot allocate %zu bytes: sizes from 1 byte to 256 TiB are accepted", size);
         return NULL;
     }
+    if (priority == GP_PRIO_DEFAULT) priority = p->cfg.priority;
     if (tag >= GP_MAX_TAGS || priority < 0 || priority > GP_PRIO_MAX) {
         *status = gp_error_set(GP_ERR_INVALID, "gpupool: bad tag %u or priority %d (0..%d)",
                                (unsigned)tag, priority, GP_PRIO_MAX);
@@ -1022,7 +1147,10 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
     gp_tag_stats *ts = &p->tags[tag];
     gp_arena *a = &p->arenas[p->n_arenas == 1 || bsize >= p->small_size ? p->n_arenas - 1 : 0];
     gp_block *b = NULL;
-    if ((st = gp_stream_index(p, stream, &sidx)) != GP_OK) goto fail;
+    /* Placement: long-lived tags use their stream's slot of the long region
+     * (not while capturing: a capture draws on the capturing stream's slot). */
+    unsigned life = p->placement && !p->n_capturing ? (unsigned)gp_tag_lifetime(tag) : GP_LIFE_SHORT;
+    if ((st = gp_slot_of(p, stream, life, &sidx)) != GP_OK) goto fail;
     int gslot = -1; /* the graph pool this allocation goes to, if capturing */
     if (p->n_capturing && (st = gp_capture_route(p, stream, &gslot)) != GP_OK) goto fail;
     if (p->n_pending) gp_poll_pending(p);
@@ -1040,26 +1168,9 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
         p->st.cache_hits++;
     } else if (gslot >= 0 || !(b = gp_steal(p, a, sidx, bsize))) {
         /* (A capture cannot wait on another stream: it never steals.) */
-        b = gp_grow(p, a, sidx, bsize, &st);
-        if (!b && (st == GP_ERR_OOM || st == GP_ERR_LIMIT) && !p->reserve_mode) {
-            /* Out of device memory: give back cached chunks of every arena,
-             * then let the layer above (offload) free memory, and retry. */
-            p->st.n_alloc_retries++;
-            gp_trim_locked(p, UINT64_MAX);
-            b = gp_grow(p, a, sidx, bsize, &st);
-            if (!b && p->pressure) {
-                gp_pressure_fn fn = p->pressure;
-                void *arg = p->pressure_arg;
-                pthread_mutex_unlock(&p->lock);
-                uint64_t got = fn(arg, p, bsize, priority);
-                pthread_mutex_lock(&p->lock);
-                if (got) {
-                    b = gp_bins_find(a->bins[sidx], bsize);
-                    if (b) gp_bins_remove(a->bins[sidx], b);
-                    else b = gp_grow(p, a, sidx, bsize, &st);
-                }
-            }
-        }
+        b = gp_grow(p, a, sidx, bsize, priority, &st);
+        if (!b && (st == GP_ERR_OOM || st == GP_ERR_LIMIT))
+            b = gp_displace(p, a, sidx, bsize, priority, &st);
         if (!b) goto fail;
     }
     b->state = GP_BLOCK_USED; /* before the tail goes back, or they would merge */
@@ -1101,7 +1212,12 @@ fail:
         p->st.n_oom++;
         gp_oom_report_locked(p, size, p->last_oom, sizeof p->last_oom);
         size_t n = strlen(p->last_oom);
-        snprintf(p->last_oom + n, sizeof p->last_oom - n, "\n  cause: %s", why);
+        n += (size_t)snprintf(p->last_oom + n, sizeof p->last_oom - n, "\n  cause: %s", why);
+        uint64_t kept = gp_cached_above(p, priority);
+        if (kept && n < sizeof p->last_oom)
+            snprintf(p->last_oom + n, sizeof p->last_oom - n,
+                     "\n  %" PRIu64 " bytes cached at priorities above this request's (%d) stay theirs",
+                     kept, priority);
         gp_error_set(st, "%s", p->last_oom);
     }
     pthread_mutex_unlock(&p->lock);
@@ -1175,23 +1291,33 @@ gp_status gp_free(gp_pool *p, void *ptr)
 
 /* ---------------------------------------------------------- create, destroy */
 
-static gp_status gp_arena_init(gp_pool *p, unsigned k, uint64_t size, uint64_t chunk)
+/* Reserve arena k: `size` bytes, and a long-lived region of `long_size`
+ * above them (0: none). */
+static gp_status gp_arena_init(gp_pool *p, unsigned k, uint64_t size, uint64_t chunk, uint64_t long_size)
 {
     gp_arena *a = &p->arenas[k];
     a->chunk = chunk;
-    a->size = gp_round_up(size, chunk);
+    long_size = gp_round_up(long_size, chunk);
+    a->size = gp_round_up(size, chunk) + long_size;
     a->handles = calloc(a->size / chunk, sizeof *a->handles);
     if (!a->handles) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the chunk table");
     gp_status st = p->be->reserve(p->be, a->size, chunk, &a->base);
     if (st != GP_OK) return st;
-    if ((st = gp_reserve_headers(p, 1)) != GP_OK) return st;
+    a->long_base = a->base + a->size - long_size;
+    if ((st = gp_reserve_headers(p, 2)) != GP_OK) return st;
     gp_block *b = gp_new_block(p);
     b->addr = a->base;
-    b->size = a->size;
+    b->size = a->size - long_size;
     b->state = GP_BLOCK_FREE_UNMAPPED;
     b->arena = (uint8_t)k;
     a->first = b;
-    gp_bins_insert(&a->unmapped, b);
+    gp_bins_insert(&a->unmapped[GP_LIFE_SHORT], b);
+    if (long_size) {
+        gp_block *l = gp_split(p, b, b->size);
+        l->size = long_size;
+        l->life = GP_LIFE_LONG;
+        gp_bins_insert(&a->unmapped[GP_LIFE_LONG], l);
+    }
     return GP_OK;
 }
 
@@ -1208,7 +1334,7 @@ static gp_status gp_map_reserve(gp_pool *p, uint64_t bytes)
     if (st != GP_OK)
         return gp_error_set(st, "gpupool: cannot map the reserve of %" PRIu64 " bytes on device %d: %s",
                             len, p->be->device, gp_last_error());
-    gp_bins_remove(&a->unmapped, u);
+    gp_bins_remove(&a->unmapped[GP_LIFE_SHORT], u);
     gp_block *rest = u->size > len ? gp_split(p, u, len) : NULL;
     u->state = GP_BLOCK_FREE;
     u->sidx = 0;
@@ -1248,14 +1374,19 @@ gp_status gp_pool_create(gp_backend *be, const gp_config *cfg, gp_pool **out)
             uint64_t big = chunk;
             while (big < (1ull << 30) && big * 64 < r) big *= 2;
             p->n_arenas = 1;
-            st = gp_arena_init(p, 0, r < big ? big : r, big);
+            st = gp_arena_init(p, 0, r < big ? big : r, big, 0);
             p->st.arena_size[GP_ARENA_LARGE] = p->arenas[0].size;
             p->st.chunk = big;
             if (st == GP_OK) st = gp_stream_index(p, NULL, &(unsigned){0});
             if (st == GP_OK) st = gp_map_reserve(p, r < big ? big : r);
         } else {
             p->n_arenas = 2;
-            st = gp_arena_init(p, GP_ARENA_SMALL, be->total, chunk);
+            /* Placement: a long-lived region of the device's size in each
+             * arena, as the short one could use all of it too (virtual
+             * space costs nothing). */
+            p->placement = cfg->placement == GP_PLACE_LIFETIME;
+            uint64_t long_size = p->placement ? be->total : 0;
+            st = gp_arena_init(p, GP_ARENA_SMALL, be->total, chunk, long_size);
             /* Large blocks map in larger units: a driver call per unit is what
              * growing costs (77 us for 2 MiB, 98 us for 32 MiB on an H100),
              * and holes of large blocks are large.  At most 1/32 of the device,
@@ -1263,7 +1394,7 @@ gp_status gp_pool_create(gp_backend *be, const gp_config *cfg, gp_pool **out)
             uint64_t lchunk = cfg->large_chunk > chunk ? cfg->large_chunk : chunk;
             while (lchunk > chunk && lchunk > be->total / 32) lchunk /= 2;
             if (lchunk % be->granularity) lchunk = gp_round_up(lchunk, be->granularity);
-            if (st == GP_OK) st = gp_arena_init(p, GP_ARENA_LARGE, 2 * be->total, lchunk);
+            if (st == GP_OK) st = gp_arena_init(p, GP_ARENA_LARGE, 2 * be->total, lchunk, long_size);
             p->st.arena_size[GP_ARENA_SMALL] = p->arenas[0].size;
             p->st.arena_size[GP_ARENA_LARGE] = p->arenas[1].size;
             p->st.chunk = chunk;
@@ -1325,7 +1456,7 @@ static void gp_info_of(const gp_pool *p, const gp_block *b, gp_block_info *o)
         .addr = b->addr, .size = b->size, .requested = b->requested,
         .stream = b->state == GP_BLOCK_FREE_UNMAPPED ? NULL : p->streams[b->sidx],
         .tag = b->tag, .priority = b->prio, .state = b->state,
-        .arena = p->n_arenas == 1 ? GP_ARENA_LARGE : b->arena,
+        .arena = p->n_arenas == 1 ? GP_ARENA_LARGE : b->arena, .lifetime = b->life,
     };
 }
 
@@ -1383,6 +1514,80 @@ gp_status gp_pool_set_tag_limit(gp_pool *p, gp_tag tag, uint64_t bytes)
     p->tags[tag].limit = bytes;
     pthread_mutex_unlock(&p->lock);
     return GP_OK;
+}
+
+static int gp_block_cmp(const void *x, const void *y)
+{
+    uintptr_t a = (*(gp_block *const *)x)->addr, b = (*(gp_block *const *)y)->addr;
+    return a < b ? -1 : a > b;
+}
+
+gp_status gp_pool_retag(gp_pool *p, void *const *ptrs, size_t n, gp_tag tag, int priority, uint64_t *bytes)
+{
+    if (bytes) *bytes = 0;
+    if (tag >= GP_MAX_TAGS || !gp_tag_name(tag) || priority < GP_PRIO_DEFAULT || priority > GP_PRIO_MAX)
+        return gp_error_set(GP_ERR_INVALID,
+                            "gpupool: cannot retag to tag id %u, priority %d: the tag must be interned "
+                            "and the priority 0..%d (or %d to keep each block's)",
+                            (unsigned)tag, priority, GP_PRIO_MAX, GP_PRIO_DEFAULT);
+    if (n == 0) return GP_OK;
+    gp_block **bl = malloc(n * sizeof *bl);
+    if (!bl) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory to retag %zu blocks", n);
+    gp_status st = GP_OK;
+    pthread_mutex_lock(&p->lock);
+    /* Resolve every address first, so that a bad one changes nothing. */
+    for (size_t i = 0; i < n; i++) {
+        uintptr_t x = (uintptr_t)ptrs[i];
+        gp_block *b = gp_hash_find(p, x);
+        if (!b) { /* an address inside a block (a view): the slow walk */
+            gp_arena *a = gp_arena_of(p, x);
+            b = a ? gp_block_at(a, x) : NULL;
+            if (b && b->state != GP_BLOCK_USED) b = NULL;
+        }
+        if (!b) {
+            st = gp_error_set(GP_ERR_FOREIGN, "gpupool: retag of %p, which lies in no live block of "
+                              "this pool (device %d)", ptrs[i], p->be->device);
+            goto out;
+        }
+        bl[i] = b;
+    }
+    qsort(bl, n, sizeof *bl, gp_block_cmp);
+    size_t m = 0;
+    uint64_t add = 0, moved = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (m && bl[m - 1] == bl[i]) continue;
+        bl[m++] = bl[i];
+        if (bl[i]->tag != tag) add += bl[i]->size;
+    }
+    gp_tag_stats *ts = &p->tags[tag];
+    if (ts->limit && ts->allocated + add > ts->limit) {
+        st = gp_error_set(GP_ERR_LIMIT, "gpupool: retag to '%s' would exceed its limit of %" PRIu64
+                          " bytes (it holds %" PRIu64 ", %" PRIu64 " more)", gp_tag_name(tag),
+                          ts->limit, ts->allocated, add);
+        goto out;
+    }
+    for (size_t i = 0; i < m; i++) {
+        gp_block *b = bl[i];
+        int np = priority == GP_PRIO_DEFAULT ? b->prio : priority;
+        if (b->tag == tag && b->prio == np) continue;
+        gp_tag_stats *os = &p->tags[b->tag];
+        os->allocated -= b->size;
+        os->requested -= b->requested;
+        os->active_blocks--;
+        gp_peak(&ts->allocated, &ts->allocated_peak, b->size);
+        ts->requested += b->requested;
+        ts->active_blocks++;
+        p->prio_alloc[b->prio] -= b->size;
+        gp_peak(&p->prio_alloc[np], &p->prio_peak[np], b->size);
+        b->tag = tag;
+        b->prio = (uint8_t)np;
+        moved += b->size;
+    }
+    if (bytes) *bytes = moved;
+out:
+    pthread_mutex_unlock(&p->lock);
+    free(bl);
+    return st;
 }
 
 static void gp_scan_locked(gp_pool *p, gp_stats *o)

@@ -14,6 +14,23 @@ static char gp_tag_names[GP_MAX_TAGS][GP_TAG_NAME_MAX + 1] = {"untagged"};
 /* Readers use gp_tag_names[id] without the lock: a name is complete before
  * the count that makes its id valid is published (release/acquire). */
 static atomic_uint gp_tag_n = 1;
+/* GP_LIFE_* per tag, read on every allocation when placement is on: relaxed
+ * atomics, since a lifetime set concurrently with an allocation may apply
+ * to it or not. */
+static _Atomic unsigned char gp_tag_life[GP_MAX_TAGS];
+
+/* Memory that usually lives for the whole run: these names start long. */
+static const char *const gp_long_names[] = {
+    "weights", "parameters", "params", "buffers", "lora", "optimizer",
+    "optimizer_state", "kv_cache", "grads", "gradients", NULL,
+};
+
+static int gp_long_name(const char *name)
+{
+    for (int i = 0; gp_long_names[i]; i++)
+        if (strcmp(name, gp_long_names[i]) == 0) return 1;
+    return 0;
+}
 
 static int gp_tag_name_ok(const char *name, size_t n)
 {
@@ -47,6 +64,8 @@ gp_status gp_tag_intern(const char *name, gp_tag *out)
                             name, GP_MAX_TAGS);
     }
     memcpy(gp_tag_names[count], name, n + 1);
+    atomic_store_explicit(&gp_tag_life[count], gp_long_name(name) ? GP_LIFE_LONG : GP_LIFE_SHORT,
+                          memory_order_relaxed);
     atomic_store_explicit(&gp_tag_n, count + 1, memory_order_release);
     pthread_mutex_unlock(&gp_tag_lock);
     *out = (gp_tag)count;
@@ -59,3 +78,20 @@ const char *gp_tag_name(gp_tag tag)
 }
 
 unsigned gp_tag_count(void) { return atomic_load_explicit(&gp_tag_n, memory_order_acquire); }
+
+gp_status gp_tag_set_lifetime(gp_tag tag, int lifetime)
+{
+    if (!gp_tag_name(tag))
+        return gp_error_set(GP_ERR_INVALID, "gpupool: tag id %u was never interned", (unsigned)tag);
+    if (lifetime != GP_LIFE_SHORT && lifetime != GP_LIFE_LONG)
+        return gp_error_set(GP_ERR_INVALID, "gpupool: lifetime %d of tag '%s' is not valid: expected "
+                            "%d (short) or %d (long)", lifetime, gp_tag_name(tag), GP_LIFE_SHORT,
+                            GP_LIFE_LONG);
+    atomic_store_explicit(&gp_tag_life[tag], (unsigned char)lifetime, memory_order_relaxed);
+    return GP_OK;
+}
+
+int gp_tag_lifetime(gp_tag tag)
+{
+    return tag < GP_MAX_TAGS ? atomic_load_explicit(&gp_tag_life[tag], memory_order_relaxed) : GP_LIFE_SHORT;
+}

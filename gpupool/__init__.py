@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from . import _C
-from ._context import current_tag, priority_value, tag
+from ._context import current_tag, priority_value, tag, tag_lifetime, tagged
 from ._pool import Block, HostPool, PoolView, format_bytes
 from ._torch import device_pool, disable_torch_patches, enable, is_enabled
 
@@ -22,6 +22,7 @@ __all__ = [
     "__version__", "build_info", "enable", "is_enabled", "stats", "report", "reset_peak_stats",
     "empty_cache", "set_limit", "budget", "last_oom_report", "tag", "current_tag", "HostPool",
     "PoolView", "Block", "format_bytes", "config", "config_options", "priority_value",
+    "tagged", "tag_lifetime",
     "disable_torch_patches",
 ]
 

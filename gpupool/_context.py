@@ -1,23 +1,34 @@
-"""Tags and priorities: names interned once, and the thread-local context
-that every allocation made on this thread is tagged with."""
+"""Tags and priorities: names interned once, the thread-local context that
+every allocation made on a thread is tagged with, the inherited context of
+threads without one (autograd's backward threads), tag lifetimes for
+placement, and re-tagging of tensors that exist already."""
 from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Dict, Optional, TypeVar, Union
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union
 
 from . import _C
 
-__all__ = ["tag", "tag_id", "priority_value", "current_tag"]
+if TYPE_CHECKING:  # pragma: no cover
+    from ._pool import PoolView
+
+__all__ = ["tag", "tagged", "tag_id", "tag_lifetime", "priority_value", "current_tag", "LIFETIMES"]
 
 Priority = Union[str, int]
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+
+# Indexed by the C side's GP_LIFE_*.
+LIFETIMES: Tuple[str, str] = ("short", "long")
 
 _ids: Dict[str, int] = {}
 
 
 def tag_id(name: str) -> int:
-    """The small integer behind a tag name (interned on first use)."""
+    """The small integer behind a tag name (interned on first use).  ValueError
+    for a bad name, MemoryError once all tags of the process are in use."""
     i = _ids.get(name)
     if i is None:
         if not isinstance(name, str):
@@ -33,8 +44,24 @@ def priority_value(p: Priority) -> int:
     return int(_C.parse_priority(str(p)))
 
 
+def tag_lifetime(name: str, lifetime: Optional[str] = None) -> str:
+    """The lifetime of tag `name`, "short" or "long"; sets it when `lifetime`
+    is given (for allocations made afterwards).  With placement on (the
+    default, GPUPOOL_PLACEMENT=lifetime), blocks of long-lived tags come from
+    a region of their own, apart from short-lived churn.  "weights",
+    "parameters", "params", "buffers", "lora", "optimizer", "optimizer_state",
+    "kv_cache", "grads" and "gradients" start long; other tags short."""
+    if lifetime is None:
+        return LIFETIMES[_C.tag_lifetime(tag_id(name))]
+    if lifetime not in LIFETIMES:
+        raise ValueError(f"lifetime of tag {name!r} must be 'short' or 'long', got {lifetime!r}")
+    _C.tag_lifetime(tag_id(name), LIFETIMES.index(lifetime))
+    return lifetime
+
+
 def current_tag() -> str:
-    """The tag this thread's allocations get now."""
+    """The tag this thread's allocations get now (its own context, or the
+    inherited one when it has none)."""
     return str(_C.tag_name(_C.get_context()[0]))
 
 
@@ -46,26 +73,108 @@ class tag(contextlib.ContextDecorator):
             cache = torch.empty(...)
 
     Nestable; the previous tag and priority come back on exit, also on an
-    exception.  Priority None keeps the enclosing one."""
+    exception.  Priority None keeps the enclosing one.  `lifetime` ("short"
+    or "long") sets the tag's lifetime for placement (see tag_lifetime).
 
-    def __init__(self, name: str, priority: Optional[Priority] = None) -> None:
+    inherit=True also makes this the context of threads that have none of
+    their own -- above all autograd's backward threads, which run
+    loss.backward()'s kernels and would otherwise allocate untagged::
+
+        with gpupool.tag("backward", inherit=True):
+            loss.backward()
+
+    The inherited context is one per process: two threads that use inherit
+    at once overwrite each other's (each restores the previous on exit)."""
+
+    def __init__(self, name: str, priority: Optional[Priority] = None, lifetime: Optional[str] = None,
+                 inherit: bool = False) -> None:
         self._tag = tag_id(name)
         self._prio = None if priority is None else priority_value(priority)
-        self._saved: list = []
+        self._inherit = bool(inherit)
+        if lifetime is not None:
+            tag_lifetime(name, lifetime)
+        # The contexts to restore, per thread: one tag object may be entered
+        # by several threads at once.
+        self._local = threading.local()
 
     def __enter__(self) -> "tag":
         prio = self._prio if self._prio is not None else _C.get_context()[1]
-        self._saved.append(_C.set_context(self._tag, prio))
+        saved = getattr(self._local, "saved", None)
+        if saved is None:
+            saved = self._local.saved = []
+        prev = _C.set_context(self._tag, prio)
+        saved.append((prev, _C.set_inherited(self._tag, prio) if self._inherit else None))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _C.set_context(*self._saved.pop())
+        prev, inherited = self._local.saved.pop()
+        if inherited is not None:
+            _C.set_inherited(*inherited)
+        _C.set_context(*prev)
 
     def __call__(self, fn: F) -> F:  # a fresh context per call, safe with recursion and threads
-        name, prio = _C.tag_name(self._tag), self._prio
+        name, prio, inherit = _C.tag_name(self._tag), self._prio, self._inherit
 
         @functools.wraps(fn)
         def inner(*a: Any, **k: Any) -> Any:
-            with tag(name, prio):
+            with tag(name, prio, inherit=inherit):
                 return fn(*a, **k)
         return inner  # type: ignore[return-value]
+
+
+def _tensors(obj: Any) -> List[Any]:
+    """The tensors of a module (parameters and buffers), a tensor, or an
+    iterable of tensors (None entries, such as missing .grad, skipped)."""
+    if hasattr(obj, "parameters") and hasattr(obj, "buffers"):
+        return [*obj.parameters(), *obj.buffers()]
+    if hasattr(obj, "data_ptr"):
+        return [obj]
+    try:
+        items = list(obj)
+    except TypeError:
+        raise TypeError(f"gpupool.tagged() takes a torch.nn.Module, a tensor or an iterable of tensors, "
+                        f"got {type(obj).__name__}") from None
+    for t in items:
+        if t is not None and not hasattr(t, "data_ptr"):
+            raise TypeError(f"gpupool.tagged(): every item must be a tensor, got {type(t).__name__}")
+    return [t for t in items if t is not None]
+
+
+def _address(t: Any) -> int:
+    """The start of the memory behind tensor t (its storage, not a view's offset)."""
+    storage = getattr(t, "untyped_storage", None)
+    return int(storage().data_ptr()) if storage is not None else int(t.data_ptr())
+
+
+def tagged(obj: T, tag: str, priority: Optional[Priority] = None, *, lifetime: Optional[str] = None,
+           pool: Optional["PoolView"] = None) -> T:
+    """Re-home tensors that exist already under `tag` (and `priority`; None
+    keeps each block's own)::
+
+        model = gpupool.tagged(model, "weights", priority="high")
+
+    `obj` is a torch.nn.Module (its parameters and buffers), a tensor or an
+    iterable of tensors; returns `obj`.  The blocks behind them move to the
+    tag in the statistics and reports, at once and exactly; where they lie
+    does not change (`lifetime`, if given, sets the tag's lifetime for later
+    allocations).  Tensors on a CUDA device are looked up in that device's
+    pool (gpupool must be enabled); others are left alone, unless `pool`
+    names the pool that holds them all (a HostPool, in tests).  ValueError
+    for a tensor whose memory gpupool does not hold; MemoryError past the
+    tag's limit (nothing is changed on that device then)."""
+    from ._torch import device_pool
+
+    if lifetime is not None:
+        tag_lifetime(tag, lifetime)
+    prio = None if priority is None else priority_value(priority)
+    groups: Dict[Optional[int], List[int]] = {}
+    for t in _tensors(obj):
+        if pool is None and getattr(t.device, "type", None) != "cuda":
+            continue
+        addr = _address(t)
+        if addr:  # an empty tensor holds no memory
+            groups.setdefault(None if pool is not None else t.device.index, []).append(addr)
+    for device, addrs in groups.items():
+        (pool if pool is not None else device_pool(device)).retag(addrs, tag, prio)
+    return obj
+

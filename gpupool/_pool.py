@@ -2,10 +2,10 @@
 gpupool._C.Pool, statistics as dicts and the readable report."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional
 
 from . import _C
-from ._context import priority_value, tag_id
+from ._context import LIFETIMES, Priority, priority_value, tag_id
 
 __all__ = ["Block", "PoolView", "HostPool", "format_bytes"]
 
@@ -24,6 +24,7 @@ class Block(NamedTuple):
     priority: int
     state: str   # "used", "free" or "unmapped"
     arena: str   # "small" or "large"
+    lifetime: str  # region of the arena it lies in: "short" or "long" (placement)
 
 
 def format_bytes(n: float) -> str:
@@ -78,6 +79,14 @@ class PoolView:
         else:
             self._pool.set_tag_limit(tag_id(tag), v)
 
+    def retag(self, addrs: Iterable[int], tag: str, priority: Optional[Priority] = None) -> int:
+        """Re-home the live blocks containing `addrs` under `tag` (and `priority`;
+        None keeps each block's own).  All or nothing: ValueError for an address
+        in no live block, MemoryError past the tag's limit.  Returns the bytes
+        whose tag or priority changed."""
+        prio = -1 if priority is None else priority_value(priority)
+        return int(self._pool.retag([int(a) for a in addrs], tag_id(tag), prio))
+
     def blocks(self) -> List[Block]:
         """Every block in address order: used, free and unmapped."""
         return [_block(t) for t in self._pool.blocks()]
@@ -120,8 +129,9 @@ class HostPool(PoolView):
 
 
 def _block(t: tuple) -> Block:
-    addr, size, req, stream, tag, prio, state, arena = t
-    return Block(addr, size, req, stream, _C.tag_name(tag), prio, _STATES[state], _ARENAS[arena])
+    addr, size, req, stream, tag, prio, state, arena, life = t
+    return Block(addr, size, req, stream, _C.tag_name(tag), prio, _STATES[state], _ARENAS[arena],
+                 LIFETIMES[life])
 
 
 def format_report(name: str, s: Dict[str, Any]) -> str:

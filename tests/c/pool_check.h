@@ -45,6 +45,7 @@ typedef struct walk_state {
     int prev_state[GP_ARENA_COUNT];
     gp_stream prev_stream[GP_ARENA_COUNT];
     uint64_t prev_gpool[GP_ARENA_COUNT]; /* graph pool key + 1, 0: none */
+    int prev_life[GP_ARENA_COUNT];
     uint64_t used, free_mapped, pending, n_used;
     uint64_t chunk;
     int errors;
@@ -60,7 +61,7 @@ static int walk_fn(void *arg, const gp_block_info *b)
         w->errors++; /* unmapped runs sit on chunk boundaries */
     /* Maximality: two neighbours that could merge must have merged. */
     if (w->end[k] && b->state != GP_BLOCK_USED && b->state == w->prev_state[k] &&
-        (b->state == GP_BLOCK_FREE_UNMAPPED ||
+        b->lifetime == w->prev_life[k] && (b->state == GP_BLOCK_FREE_UNMAPPED ||
          (b->stream == w->prev_stream[k] &&
           (b->in_graph_pool ? b->graph_pool + 1 : 0) == w->prev_gpool[k])))
         w->errors++;
@@ -77,6 +78,7 @@ static int walk_fn(void *arg, const gp_block_info *b)
     w->prev_state[k] = b->state;
     w->prev_stream[k] = b->stream;
     w->prev_gpool[k] = b->in_graph_pool ? b->graph_pool + 1 : 0;
+    w->prev_life[k] = b->lifetime;
     return 0;
 }
 

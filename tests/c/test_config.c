@@ -27,7 +27,7 @@ static int cfg_eq(const gp_config *a, const gp_config *b)
            strcmp(a->tenant, b->tenant) == 0 && a->log == b->log && a->trace == b->trace &&
            a->chunk == b->chunk && a->small_size == b->small_size &&
            a->large_chunk == b->large_chunk && a->cache_slack == b->cache_slack &&
-           a->torch_patch == b->torch_patch;
+           a->torch_patch == b->torch_patch && a->placement == b->placement;
 }
 
 static int has(const char *needle) { return strstr(gp_last_error(), needle) != NULL; }
@@ -110,7 +110,7 @@ static void test_table(void)
 {
     size_t n = 0;
     const gp_option_info *o = gp_config_options(&n);
-    CHECK(n == 14);
+    CHECK(n == 15);
     gp_config cfg;
     gp_config_default(&cfg);
     for (size_t i = 0; i < n; i++) {
@@ -130,8 +130,8 @@ static void test_table(void)
     CHECK(strstr(o[1].def, "80%") != NULL);
     const char *keys[] = {"mode", "reserve", "limit", "priority", "codec", "offload_threads",
                           "tenant", "log", "trace", "chunk", "small_size", "torch_patch",
-                          "large_chunk", "cache_slack"};
-    for (size_t i = 0; i < n && i < 14; i++) CHECK(strcmp(o[i].key, keys[i]) == 0);
+                          "placement", "large_chunk", "cache_slack"};
+    for (size_t i = 0; i < n && i < 15; i++) CHECK(strcmp(o[i].key, keys[i]) == 0);
 }
 
 static void test_defaults(void)
@@ -369,6 +369,11 @@ static void test_options(void)
     CHECK(set_ok(&c, "log", "ALL") && c.log == GP_LOG_ALL);
     CHECK(set_bad("log", "verbose") && has("off, oom or all"));
     CHECK(set_bad("log", "2"));
+    /* placement */
+    CHECK(set_ok(&c, "placement", "none") && c.placement == GP_PLACE_NONE);
+    CHECK(set_ok(&c, "GPUPOOL_PLACEMENT", "Lifetime") && c.placement == GP_PLACE_LIFETIME);
+    CHECK(set_bad("placement", "long") && has("lifetime or none"));
+    CHECK(set_bad("placement", "1"));
     /* trace and torch_patch: booleans */
     const char *yes[] = {"1", "true", "yes", "on", "TRUE", "Yes", "ON", NULL};
     const char *no[] = {"0", "false", "no", "off", "False", "NO", "Off", NULL};

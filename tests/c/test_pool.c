@@ -325,8 +325,13 @@ static void test_pressure(void)
 {
     gp_backend *be;
     gp_pool *p = make_pool(8 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    /* The callback is asked only for memory of a lower priority than the
+     * request's: a peer's is not given up. */
     void *victim = A(p, 5 * MiB);
     gp_pool_set_pressure(p, pressure_fn, &victim);
+    CHECK(A(p, 5 * MiB) == NULL && victim != NULL && pressure_calls == 0);
+    gp_free(p, victim);
+    victim = gp_alloc(p, 5 * MiB, NULL, GP_TAG_UNTAGGED, GP_PRIO_LOW, NULL);
     void *x = A(p, 5 * MiB);
     CHECK(x != NULL && victim == NULL && pressure_calls == 1);
     CHECK(pool_consistent(p, be) == 0);
