@@ -163,8 +163,9 @@ unsigned gp_tag_count(void);
 /* A tag's lifetime decides where its blocks are placed (GP_PLACE_LIFETIME).
  * Names of memory that lives for the whole run start long ("weights",
  * "parameters", "params", "buffers", "lora", "optimizer", "optimizer_state",
- * "kv_cache", "grads", "gradients"); every other tag, "untagged" included,
- * starts short.  The lifetime applies to allocations made after it is set.
+ * "kv_cache"); every other tag, "untagged" included, starts short --
+ * gradients too, which zero_grad(set_to_none=True) drops every step.  The
+ * lifetime applies to allocations made after it is set.
  * GP_ERR_INVALID for a tag never interned or a bad lifetime. */
 enum { GP_LIFE_SHORT = 0, GP_LIFE_LONG = 1 };
 gp_status gp_tag_set_lifetime(gp_tag tag, int lifetime);

@@ -22,7 +22,7 @@ static _Atomic unsigned char gp_tag_life[GP_MAX_TAGS];
 /* Memory that usually lives for the whole run: these names start long. */
 static const char *const gp_long_names[] = {
     "weights", "parameters", "params", "buffers", "lora", "optimizer",
-    "optimizer_state", "kv_cache", "grads", "gradients", NULL,
+    "optimizer_state", "kv_cache", NULL,
 };
 
 static int gp_long_name(const char *name)

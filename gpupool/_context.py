@@ -49,8 +49,9 @@ def tag_lifetime(name: str, lifetime: Optional[str] = None) -> str:
     is given (for allocations made afterwards).  With placement on (the
     default, GPUPOOL_PLACEMENT=lifetime), blocks of long-lived tags come from
     a region of their own, apart from short-lived churn.  "weights",
-    "parameters", "params", "buffers", "lora", "optimizer", "optimizer_state",
-    "kv_cache", "grads" and "gradients" start long; other tags short."""
+    "parameters", "params", "buffers", "lora", "optimizer", "optimizer_state"
+    and "kv_cache" start long; other tags short (gradients too: dropped and
+    made again every step, they are churn)."""
     if lifetime is None:
         return LIFETIMES[_C.tag_lifetime(tag_id(name))]
     if lifetime not in LIFETIMES:
