@@ -120,13 +120,15 @@ def select_allocator(allocator: str, device: str) -> bool:
     return True
 
 
-def tag(use_gpupool: bool, name: str) -> ContextManager[Any]:
-    """gpupool.tag(name) when gpupool holds this process's memory, else nothing."""
+def tag(use_gpupool: bool, name: str, inherit: bool = False) -> ContextManager[Any]:
+    """gpupool.tag(name) when gpupool holds this process's memory, else nothing.
+    inherit=True: also for threads without a tag of their own -- autograd runs
+    backward on its own thread, which would otherwise allocate untagged."""
     if use_gpupool:
         import gpupool
 
         if hasattr(gpupool, "tag"):
-            return gpupool.tag(name)
+            return gpupool.tag(name, inherit=inherit)
     return contextlib.nullcontext()
 
 
@@ -272,6 +274,7 @@ def train(args: argparse.Namespace, use_gpupool: bool) -> Dict[str, Any]:
         with tag(use_gpupool, "activations"):
             ids = ids.to(device)
             loss = model(input_ids=ids, labels=ids).loss
+        with tag(use_gpupool, "backward", inherit=True):  # gradients and backward temporaries
             loss.backward()
         with tag(use_gpupool, "optimizer"):
             opt.step()
