@@ -383,6 +383,71 @@ size_t gp_pool_oom_report(gp_pool *pool, uint64_t requested, char *buf,
 /* The last OOM report this pool produced ("" if none). */
 const char *gp_pool_last_oom(gp_pool *pool);
 
+/* ----------------------------------------------------------------- history */
+
+/* What a history event records (gp_event.action).  ALLOC: a block handed
+ * out (addr, size = its rounded size).  FREE_REQUESTED: gp_free of it;
+ * FREE_COMPLETED: it became reusable -- at once, or when the events of its
+ * record_stream streams completed (the two come in this order, and both
+ * always come).  MAP / UNMAP: physical memory mapped into or released from
+ * [addr, addr+size) (one event per contiguous range; stream 0).  OOM: an
+ * allocation failed for lack of memory or a limit: size = bytes requested,
+ * addr = bytes the device had free (when the history is on, the backend
+ * is asked once on that failure path).  OFFLOAD / RESTORE: the physical
+ * memory behind live blocks moved to host memory and back (recorded by the
+ * layer that does it, through gp_pool_history_note). */
+enum {
+    GP_EV_ALLOC = 0, GP_EV_FREE_REQUESTED = 1, GP_EV_FREE_COMPLETED = 2, GP_EV_MAP = 3,
+    GP_EV_UNMAP = 4, GP_EV_OOM = 5, GP_EV_OFFLOAD = 6, GP_EV_RESTORE = 7, GP_EV_COUNT = 8
+};
+
+typedef struct gp_event {
+    uint64_t time_ns;   /* CLOCK_MONOTONIC, nanoseconds                   */
+    uintptr_t addr;
+    uint64_t size;
+    gp_stream stream;   /* the block's stream; NULL for MAP/UNMAP         */
+    uint32_t context;   /* the recording thread's gp_set_context value    */
+    gp_tag tag;         /* the block's tag (the request's, for OOM)       */
+    uint8_t priority;
+    uint8_t action;     /* GP_EV_*                                        */
+} gp_event;
+
+/* The default ring size of GPUPOOL_TRACE=1 (as PyTorch's memory history). */
+#define GP_HISTORY_DEFAULT 100000
+
+/* Record the pool's history in a ring of the newest `max_entries` events
+ * (0: stop and drop it).  Switching it on while it is on resizes the ring,
+ * keeping the newest events.  `stacks` is kept for the layer above, which
+ * asks gp_pool_history_stacks whether to set a context (a Python stack)
+ * before each call.  While off, recording costs one branch per event.
+ * GP_ERR_NOMEM when the ring cannot be allocated (the history is then as it
+ * was).  A pool created with cfg.trace starts with GP_HISTORY_DEFAULT
+ * entries and stacks on. */
+gp_status gp_pool_history(gp_pool *pool, size_t max_entries, int stacks);
+
+/* Non-zero while the history is on with stacks requested.  Lock-free (a
+ * relaxed atomic read), for the allocation paths of the layer above. */
+int gp_pool_history_stacks(const gp_pool *pool);
+
+/* The ring's capacity (0: history off), events held, events ever recorded
+ * (recorded - len were overwritten). */
+void gp_pool_history_info(gp_pool *pool, size_t *capacity, size_t *len,
+                          uint64_t *recorded);
+
+/* Copy the newest min(len, max) events to `out`, oldest first; returns how
+ * many were copied. */
+size_t gp_pool_history_read(gp_pool *pool, gp_event *out, size_t max);
+
+/* Record an event that happens outside the pool (GP_EV_OFFLOAD,
+ * GP_EV_RESTORE: offload.c); nothing when the history is off.
+ * GP_ERR_INVALID for an action out of range. */
+gp_status gp_pool_history_note(gp_pool *pool, int action, uintptr_t addr,
+                               uint64_t size, gp_tag tag, int priority);
+
+/* The context (an id the caller defines; 0 = none) that this thread's
+ * following events carry, until it sets another.  Thread-local. */
+void gp_set_context(uint32_t context);
+
 /* ---------------------------------------------------------------- backends */
 
 /* A host backend: "device memory" is mmap'd host memory, up to `capacity`

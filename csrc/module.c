@@ -23,6 +23,7 @@
 #include <sys/types.h>
 
 #include "backend.h"
+#include "pystack.h"
 #include "torch_oom.h"
 
 #define GP_MAX_DEVICES 64
@@ -114,7 +115,11 @@ __attribute__((visibility("default"))) void *gpupool_malloc(ssize_t size, int de
     int prio;
     gp_context(&tag, &prio);
     gp_status st;
+    /* History with stacks: the Python stack, taken before the pool's lock. */
+    int stacks = gp_pool_history_stacks(p);
+    if (stacks) gp_set_context(gp_pystack_capture());
     void *r = gp_alloc(p, (size_t)size, stream, tag, prio, &st);
+    if (stacks) gp_set_context(0);
     if (r) return r;
     char msg[1200];
     if (st == GP_ERR_OOM || st == GP_ERR_LIMIT) {
@@ -142,7 +147,11 @@ __attribute__((visibility("default"))) void gpupool_free(void *ptr, ssize_t size
         fprintf(stderr, "gpupool: free of %p on device %d, which has no gpupool pool\n", ptr, device);
         return;
     }
-    if (gp_free(p, ptr) != GP_OK) {
+    int stacks = gp_pool_history_stacks(p);
+    if (stacks) gp_set_context(gp_pystack_capture());
+    gp_status st = gp_free(p, ptr);
+    if (stacks) gp_set_context(0);
+    if (st != GP_OK) {
         /* PyTorch's deleter cannot take an error: count it and say it. */
         atomic_fetch_add(&g_free_errors, 1);
         fprintf(stderr, "%s\n", gp_last_error());
@@ -268,9 +277,12 @@ static PyObject *pool_alloc(PoolObject *self, PyObject *args, PyObject *kw)
     gp_context(&ctag, &cprio);
     gp_status st;
     void *r;
+    int stacks = gp_pool_history_stacks(self->pool);
+    if (stacks) gp_set_context(gp_pystack_capture());
     Py_BEGIN_ALLOW_THREADS
     r = gp_alloc(self->pool, (size_t)size, s, tag >= 0 ? (gp_tag)tag : ctag, prio >= 0 ? prio : cprio, &st);
     Py_END_ALLOW_THREADS
+    if (stacks) gp_set_context(0);
     if (!r) return gp_raise(st);
     return PyLong_FromVoidPtr(r);
 }
@@ -279,7 +291,10 @@ static PyObject *pool_free(PoolObject *self, PyObject *arg)
 {
     void *ptr = PyLong_AsVoidPtr(arg);
     if (PyErr_Occurred()) return NULL;
+    int stacks = gp_pool_history_stacks(self->pool);
+    if (stacks) gp_set_context(gp_pystack_capture());
     gp_status st = gp_free(self->pool, ptr);
+    if (stacks) gp_set_context(0);
     if (st != GP_OK) return gp_raise(st);
     Py_RETURN_NONE;
 }
@@ -570,6 +585,74 @@ static PyObject *pool_capture_release(PoolObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *pool_set_history(PoolObject *self, PyObject *args)
+{
+    long long max_entries;
+    int stacks = 1;
+    if (!PyArg_ParseTuple(args, "L|p", &max_entries, &stacks)) return NULL;
+    if (max_entries < 0) {
+        PyErr_Format(PyExc_ValueError, "history max_entries must be >= 0 (0 turns it off), got %lld",
+                     max_entries);
+        return NULL;
+    }
+    gp_status st = gp_pool_history(self->pool, (size_t)max_entries, stacks);
+    if (st != GP_OK) return gp_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *pool_history_info(PoolObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    size_t cap, len;
+    uint64_t recorded;
+    gp_pool_history_info(self->pool, &cap, &len, &recorded);
+    return Py_BuildValue("{s:n,s:n,s:K,s:O}", "max_entries", (Py_ssize_t)cap, "len", (Py_ssize_t)len,
+                         "recorded", (unsigned long long)recorded, "stacks",
+                         gp_pool_history_stacks(self->pool) ? Py_True : Py_False);
+}
+
+static PyObject *pool_history(PoolObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    size_t cap, len;
+    uint64_t recorded;
+    gp_pool_history_info(self->pool, &cap, &len, &recorded);
+    if (!cap) return PyList_New(0);
+    /* The ring may have been resized since: read at most what was allocated. */
+    gp_event *ev = PyMem_RawMalloc(cap * sizeof *ev);
+    if (!ev) return PyErr_NoMemory();
+    size_t n;
+    Py_BEGIN_ALLOW_THREADS
+    n = gp_pool_history_read(self->pool, ev, cap);
+    Py_END_ALLOW_THREADS
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; l && i < n; i++) {
+        const gp_event *e = &ev[i];
+        PyObject *t = Py_BuildValue("(KiKKKiiI)", (unsigned long long)e->time_ns, (int)e->action,
+                                    (unsigned long long)e->addr, (unsigned long long)e->size,
+                                    (unsigned long long)(uintptr_t)e->stream, (int)e->tag,
+                                    (int)e->priority, (unsigned)e->context);
+        if (!t) Py_CLEAR(l);
+        else PyList_SET_ITEM(l, (Py_ssize_t)i, t);
+    }
+    PyMem_RawFree(ev);
+    return l;
+}
+
+static PyObject *pool_history_note(PoolObject *self, PyObject *args)
+{
+    int action, tag, prio;
+    unsigned long long addr, size;
+    if (!PyArg_ParseTuple(args, "iKKii", &action, &addr, &size, &tag, &prio)) return NULL;
+    if (tag < 0 || tag >= GP_MAX_TAGS) {
+        PyErr_Format(PyExc_ValueError, "history note: tag id %d is out of range (0..%d)", tag, GP_MAX_TAGS - 1);
+        return NULL;
+    }
+    gp_status st = gp_pool_history_note(self->pool, action, (uintptr_t)addr, size, (gp_tag)tag, prio);
+    if (st != GP_OK) return gp_raise(st);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef pool_methods[] = {
     {"alloc", (PyCFunction)(void (*)(void))pool_alloc, METH_VARARGS | METH_KEYWORDS,
      "alloc(size, stream=0, tag=-1, priority=-1) -> address; tag/priority -1: this thread's context"},
@@ -597,6 +680,14 @@ static PyMethodDef pool_methods[] = {
     {"capture_end", (PyCFunction)pool_capture_end, METH_O, "capture_end(stream): the capture ended"},
     {"capture_release", (PyCFunction)pool_capture_release, METH_O,
      "capture_release(key): a graph holding graph pool key was released"},
+    {"set_history", (PyCFunction)pool_set_history, METH_VARARGS,
+     "set_history(max_entries, stacks=True): record the newest max_entries events (0: off)"},
+    {"history_info", (PyCFunction)pool_history_info, METH_NOARGS,
+     "{max_entries, len, recorded, stacks} of the history"},
+    {"history", (PyCFunction)pool_history, METH_NOARGS,
+     "history() -> [(time_ns, action, addr, size, stream, tag_id, priority, stack_id)], oldest first"},
+    {"history_note", (PyCFunction)pool_history_note, METH_VARARGS,
+     "history_note(action, addr, size, tag_id, priority): record an event made outside the pool"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -849,6 +940,14 @@ static PyObject *m_torch_oom_missing(PyObject *self, PyObject *noargs)
     return PyUnicode_FromString(m);
 }
 
+static PyObject *m_stack_frames(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    unsigned long id = PyLong_AsUnsignedLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    return gp_pystack_frames((uint32_t)id);
+}
+
 static PyMethodDef module_methods[] = {
     {"configure", m_configure, METH_VARARGS,
      "configure(options=None): defaults, then GPUPOOL_* variables, then options; before the first device pool"},
@@ -871,6 +970,8 @@ static PyMethodDef module_methods[] = {
     {"devices", m_devices, METH_NOARGS, "devices with a pool"},
     {"free_errors", m_free_errors, METH_NOARGS, "frees PyTorch made that gpupool rejected"},
     {"build_info", m_build_info, METH_NOARGS, "how the extension was built"},
+    {"stack_frames", m_stack_frames, METH_O,
+     "stack_frames(stack_id) -> [{filename, line, name}], innermost first, of a history stack"},
     {"torch_oom_missing", m_torch_oom_missing, METH_NOARGS,
      "None when gpupool can raise torch.OutOfMemoryError, else the C++ symbol it lacks"},
     {NULL, NULL, 0, NULL},
@@ -890,7 +991,8 @@ PyMODINIT_FUNC PyInit__C(void)
     Py_INCREF(&PoolType);
     if (PyModule_AddObject(m, "Pool", (PyObject *)&PoolType) < 0 ||
         PyModule_AddIntConstant(m, "MAX_TAGS", GP_MAX_TAGS) < 0 ||
-        PyModule_AddIntConstant(m, "PRIO_MAX", GP_PRIO_MAX) < 0) {
+        PyModule_AddIntConstant(m, "PRIO_MAX", GP_PRIO_MAX) < 0 ||
+        PyModule_AddIntConstant(m, "HISTORY_DEFAULT", GP_HISTORY_DEFAULT) < 0) {
         Py_DECREF(m);
         return NULL;
     }

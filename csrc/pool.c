@@ -17,11 +17,13 @@
  */
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
+#include "trace.h"
 
 #define GP_ALIGN 512u
 #define GP_ALIGN_LOG2 9
@@ -214,7 +216,19 @@ struct gp_pool {
     gp_pressure_fn pressure;
     void *pressure_arg;
     char last_oom[1024];
+
+    /* The history (trace.c), NULL while off: every event site tests it,
+     * under the lock.  history_stacks mirrors "on, with stacks" for
+     * gp_pool_history_stacks, which reads it without the lock. */
+    gp_trace *trace;
+    _Atomic int history_stacks;
 };
+
+/* Record an event in the history if it is on (the lock is held). */
+#define GP_TRACE(p, action, addr, size, stream, tag, prio)                        \
+    do {                                                                          \
+        if ((p)->trace) gp_trace_add((p)->trace, action, addr, size, stream, tag, prio); \
+    } while (0)
 
 static inline uint64_t gp_round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
@@ -495,6 +509,7 @@ static gp_status gp_map_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t 
     }
     p->st.reserved += len;
     p->st.mapped_total += len;
+    GP_TRACE(p, GP_EV_MAP, addr, len, NULL, GP_TAG_UNTAGGED, 0);
     if (p->n_capturing) p->st.n_capture_maps += len / a->chunk;
     if (p->st.reserved > p->st.reserved_peak) p->st.reserved_peak = p->st.reserved;
     return GP_OK;
@@ -513,6 +528,7 @@ static uint64_t gp_unmap_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t
     }
     p->st.reserved -= done;
     p->st.unmapped_total += done;
+    if (done) GP_TRACE(p, GP_EV_UNMAP, addr, done, NULL, GP_TAG_UNTAGGED, 0);
     return done;
 }
 
@@ -585,6 +601,7 @@ static void gp_rec_finish(gp_pool *p, unsigned i)
         if (r->events[j]) p->be->event_release(p->be, r->events[j]);
     p->st.pending -= b->size;
     p->n_pending--;
+    GP_TRACE(p, GP_EV_FREE_COMPLETED, b->addr, b->size, p->streams[b->sidx], b->tag, b->prio);
     b->rec = 0;
     b->state = GP_BLOCK_FREE;
     p->recs[i] = p->recs[--p->n_recs];
@@ -1201,6 +1218,7 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
     ts->active_blocks++;
     ts->n_alloc++;
     gp_peak(&p->prio_alloc[priority], &p->prio_peak[priority], b->size);
+    GP_TRACE(p, GP_EV_ALLOC, b->addr, b->size, stream, tag, priority);
     pthread_mutex_unlock(&p->lock);
     *status = GP_OK;
     return (void *)b->addr;
@@ -1219,6 +1237,12 @@ fail:
                      "\n  %" PRIu64 " bytes cached at priorities above this request's (%d) stay theirs",
                      kept, priority);
         gp_error_set(st, "%s", p->last_oom);
+        if (p->trace) {
+            uint64_t dev_free = 0, dev_total = 0;
+            if (p->be->mem_info(p->be, &dev_free, &dev_total) != GP_OK) dev_free = 0;
+            gp_trace_add(p->trace, GP_EV_OOM, (uintptr_t)dev_free, size, stream, tag, priority);
+            gp_error_set(st, "%s", p->last_oom); /* (mem_info may have left its own) */
+        }
     }
     pthread_mutex_unlock(&p->lock);
     *status = st;
@@ -1279,6 +1303,11 @@ gp_status gp_free(gp_pool *p, void *ptr)
     ts->requested -= b->requested;
     ts->active_blocks--;
     p->prio_alloc[b->prio] -= b->size;
+    if (p->trace) {
+        gp_stream bs = p->streams[b->sidx];
+        gp_trace_add(p->trace, GP_EV_FREE_REQUESTED, b->addr, b->size, bs, b->tag, b->prio);
+        if (!b->rec) gp_trace_add(p->trace, GP_EV_FREE_COMPLETED, b->addr, b->size, bs, b->tag, b->prio);
+    }
     if (b->rec) {
         gp_free_recorded(p, b);
     } else {
@@ -1363,6 +1392,8 @@ gp_status gp_pool_create(gp_backend *be, const gp_config *cfg, gp_pool **out)
     p->hmask = 1023;
     p->buckets = calloc(p->hmask + 1, sizeof *p->buckets);
     if (!p->buckets) st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the pointer table");
+    /* GPUPOOL_TRACE: on from the start, so that a reserve's mapping is in it. */
+    if (st == GP_OK && cfg->trace) st = gp_pool_history(p, GP_HISTORY_DEFAULT, 1);
     /* Stream index 0 is the default stream, so that the reserve has bins. */
     if (st == GP_OK) {
         p->reserve_mode = cfg->mode == GP_MODE_RESERVE;
@@ -1438,6 +1469,7 @@ void gp_pool_destroy(gp_pool *p)
     for (size_t i = 0; i < p->n_slabs; i++) free(p->slabs[i]);
     free(p->slabs);
     free(p->buckets);
+    gp_trace_free(p->trace);
     p->be->destroy(p->be);
     pthread_mutex_destroy(&p->lock);
     free(p);
@@ -1704,3 +1736,62 @@ size_t gp_pool_oom_report(gp_pool *p, uint64_t requested, char *buf, size_t len)
 }
 
 const char *gp_pool_last_oom(gp_pool *p) { return p->last_oom; }
+
+/* ---------------------------------------------------------------- history */
+
+gp_status gp_pool_history(gp_pool *p, size_t max_entries, int stacks)
+{
+    gp_trace *fresh = NULL, *old;
+    /* Under the lock: a resize copies the newest events of the old ring.
+     * Not a hot path (a malloc and a copy of at most the ring). */
+    pthread_mutex_lock(&p->lock);
+    if (max_entries) {
+        fresh = p->trace ? gp_trace_resized(p->trace, max_entries) : gp_trace_new(max_entries);
+        if (!fresh) {
+            pthread_mutex_unlock(&p->lock);
+            return gp_error_set(GP_ERR_NOMEM,
+                                "gpupool: out of host memory for a history of %zu events (%zu bytes each)",
+                                max_entries, sizeof(gp_event));
+        }
+    }
+    old = p->trace;
+    p->trace = fresh;
+    atomic_store_explicit(&p->history_stacks, fresh && stacks, memory_order_relaxed);
+    pthread_mutex_unlock(&p->lock);
+    gp_trace_free(old);
+    return GP_OK;
+}
+
+int gp_pool_history_stacks(const gp_pool *p)
+{
+    return atomic_load_explicit(&p->history_stacks, memory_order_relaxed);
+}
+
+void gp_pool_history_info(gp_pool *p, size_t *capacity, size_t *len, uint64_t *recorded)
+{
+    *capacity = *len = 0;
+    *recorded = 0;
+    pthread_mutex_lock(&p->lock);
+    if (p->trace) gp_trace_info(p->trace, capacity, len, recorded);
+    pthread_mutex_unlock(&p->lock);
+}
+
+size_t gp_pool_history_read(gp_pool *p, gp_event *out, size_t max)
+{
+    pthread_mutex_lock(&p->lock);
+    size_t n = p->trace ? gp_trace_copy(p->trace, out, max) : 0;
+    pthread_mutex_unlock(&p->lock);
+    return n;
+}
+
+gp_status gp_pool_history_note(gp_pool *p, int action, uintptr_t addr, uint64_t size, gp_tag tag,
+                               int priority)
+{
+    if (action < 0 || action >= GP_EV_COUNT || tag >= GP_MAX_TAGS || priority < 0 || priority > GP_PRIO_MAX)
+        return gp_error_set(GP_ERR_INVALID, "gpupool: history note with bad action %d, tag %u or priority %d",
+                            action, (unsigned)tag, priority);
+    pthread_mutex_lock(&p->lock);
+    GP_TRACE(p, action, addr, size, NULL, tag, priority);
+    pthread_mutex_unlock(&p->lock);
+    return GP_OK;
+}

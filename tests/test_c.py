@@ -12,7 +12,7 @@ from typing import List
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CORE = ["pool.c", "tag.c", "error.c", "config.c", "backend_host.c"]
+CORE = ["pool.c", "tag.c", "error.c", "config.c", "backend_host.c", "trace.c"]
 CC = os.environ.get("CC", "cc")
 
 pytestmark = pytest.mark.skipif(shutil.which(CC) is None, reason=f"no C compiler ({CC})")
@@ -52,6 +52,7 @@ ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0", "UBSAN_OPTIONS": 
     ("test_config.c", []),
     ("test_compat.c", []),
     ("test_prio.c", []),
+    ("test_trace.c", []),
     ("test_model.c", [os.environ.get("GP_TEST_MODEL_OPS", "2000000")]),
     ("test_stress.c", ["100000"]),
 ])
