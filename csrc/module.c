@@ -359,9 +359,18 @@ static PyObject *pool_stats(PoolObject *self, PyObject *args)
     return stats_dict(self->pool, full);
 }
 
+/* The keys of the per-tag dicts, made once: stats() is meant to be called
+ * every step, and making these strings anew for every tag was most of it. */
+#define GP_TAG_KEYS 6
+static PyObject *g_tag_keys[GP_TAG_KEYS];
+
 static PyObject *pool_tag_stats(PoolObject *self, PyObject *noargs)
 {
     (void)noargs;
+    static const char *const names[GP_TAG_KEYS] = {"allocated", "allocated_peak", "requested",
+                                                   "active_blocks", "n_alloc", "limit"};
+    for (int i = 0; i < GP_TAG_KEYS; i++)
+        if (!g_tag_keys[i] && !(g_tag_keys[i] = PyUnicode_InternFromString(names[i]))) return NULL;
     PyObject *out = PyDict_New();
     if (!out) return NULL;
     unsigned n = gp_tag_count();
@@ -369,16 +378,17 @@ static PyObject *pool_tag_stats(PoolObject *self, PyObject *noargs)
         gp_tag_stats ts;
         gp_pool_tag_stats(self->pool, (gp_tag)t, &ts);
         if (!ts.n_alloc && !ts.limit && !ts.allocated_peak) continue; /* (retagged blocks) */
+        const uint64_t v[GP_TAG_KEYS] = {ts.allocated, ts.allocated_peak, ts.requested,
+                                         ts.active_blocks, ts.n_alloc, ts.limit};
         PyObject *d = PyDict_New();
-        if (!d) { Py_DECREF(out); return NULL; }
-        SET(d, "allocated", ts.allocated);
-        SET(d, "allocated_peak", ts.allocated_peak);
-        SET(d, "requested", ts.requested);
-        SET(d, "active_blocks", ts.active_blocks);
-        SET(d, "n_alloc", ts.n_alloc);
-        SET(d, "limit", ts.limit);
-        int rc = PyDict_SetItemString(out, gp_tag_name((gp_tag)t), d);
-        Py_DECREF(d);
+        int rc = d ? 0 : -1;
+        for (int i = 0; rc == 0 && i < GP_TAG_KEYS; i++) {
+            PyObject *x = PyLong_FromUnsignedLongLong((unsigned long long)v[i]);
+            rc = x ? PyDict_SetItem(d, g_tag_keys[i], x) : -1;
+            Py_XDECREF(x);
+        }
+        if (rc == 0) rc = PyDict_SetItemString(out, gp_tag_name((gp_tag)t), d);
+        Py_XDECREF(d);
         if (rc < 0) { Py_DECREF(out); return NULL; }
     }
     return out;

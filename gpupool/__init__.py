@@ -13,7 +13,9 @@ from typing import Any, Dict, Optional
 
 from . import _C
 from ._context import current_tag, priority_value, tag, tag_lifetime, tagged
+from ._plot import plot
 from ._pool import Block, HostPool, PoolView, format_bytes
+from ._snapshot import dump_snapshot, record_history, snapshot
 from ._torch import device_pool, disable_torch_patches, enable, is_enabled
 
 __version__ = "0.1.0"
@@ -23,7 +25,7 @@ __all__ = [
     "empty_cache", "set_limit", "budget", "last_oom_report", "tag", "current_tag", "HostPool",
     "PoolView", "Block", "format_bytes", "config", "config_options", "priority_value",
     "tagged", "tag_lifetime",
-    "disable_torch_patches",
+    "disable_torch_patches", "snapshot", "dump_snapshot", "record_history", "plot",
 ]
 
 

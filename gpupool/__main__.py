@@ -3,7 +3,10 @@
   python -m gpupool run script.py [args...]   enable gpupool (GPUPOOL_* apply),
                                               run the unmodified script, print
                                               the report at exit
-  python -m gpupool config                    every GPUPOOL_* option: value,
+  python -m gpupool report [--device N]       the processes on the GPUs and the
+                                              memory each uses (NVML), once
+  python -m gpupool top [--interval S]        the same, refreshed every S seconds
+  python -m gpupool config [--markdown]       every GPUPOOL_* option: value,
                                               default, accepted values, meaning
   python -m gpupool version                   version and build information
 """
@@ -14,13 +17,27 @@ import atexit
 import os
 import runpy
 import sys
-from typing import List, Optional
+import time
+from typing import Any, List, Optional, TextIO
 
 import gpupool
 from gpupool import _C
 
 
-def _config() -> int:
+def options_markdown() -> str:
+    """The README's option table, made from the C option table (the README
+    is checked against it by the tests, so the two cannot diverge)."""
+    rows = ["| Variable | `enable()` keyword | Default | Accepted | Meaning |",
+            "|---|---|---|---|---|"]
+    for env, key, default, accepted, help_ in gpupool.config_options():
+        rows.append(f"| `{env}` | `{key}` | {default} | {accepted} | {help_} |".replace("\n", " "))
+    return "\n".join(rows)
+
+
+def _config(markdown: bool) -> int:
+    if markdown:
+        print(options_markdown())
+        return 0
     try:
         _C.configure(None)  # validates the environment as enable() would
     except ValueError as e:
@@ -31,6 +48,83 @@ def _config() -> int:
         set_ = " (set)" if env in os.environ else ""
         print(f"{env}={current.get(key, '')}{set_}\n    default {default}; accepts {accepted}\n    {help_}")
     return 0
+
+
+def _process_name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read().split(b"\0")
+        return " ".join(w.decode(errors="replace") for w in words if w)[:60] or "?"
+    except OSError:
+        return "?"
+
+
+def _gpu_table(nvml: Any, devices: Optional[List[int]]) -> str:
+    """One block per GPU: used/total memory, then each process's memory."""
+    fb = gpupool.format_bytes
+    lines = []
+    for i in devices if devices is not None else range(nvml.nvmlDeviceGetCount()):
+        h = nvml.nvmlDeviceGetHandleByIndex(i)
+        name = nvml.nvmlDeviceGetName(h)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        mem = nvml.nvmlDeviceGetMemoryInfo(h)
+        lines.append(f"GPU {i} {name}: {fb(mem.used)} used of {fb(mem.total)} "
+                     f"({100 * mem.used / mem.total:.1f}%)")
+        procs = sorted(nvml.nvmlDeviceGetComputeRunningProcesses(h),
+                       key=lambda p: -(p.usedGpuMemory or 0))
+        if not procs:
+            lines.append("    no processes")
+            continue
+        lines.append(f"    {'pid':>8}  {'memory':>12}  command")
+        for p in procs:
+            used = fb(p.usedGpuMemory) if p.usedGpuMemory is not None else "?"
+            lines.append(f"    {p.pid:>8}  {used:>12}  {_process_name(p.pid)}")
+    return "\n".join(lines)
+
+
+def _nvml() -> Any:
+    """pynvml, initialised; None (with the reason on stderr) without it."""
+    try:
+        import pynvml
+    except ImportError:
+        print("gpupool: `report` and `top` read the GPU's processes through NVML and need "
+              "pynvml: pip install nvidia-ml-py (gpupool's shared tenant registry, which would "
+              "need nothing, does not exist yet)", file=sys.stderr)
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # pynvml.NVMLError: no driver, no GPU
+        print(f"gpupool: NVML cannot be initialised ({e}): is there an NVIDIA driver and GPU?",
+              file=sys.stderr)
+        return None
+    return pynvml
+
+
+def _watch(devices: Optional[List[int]], interval: Optional[float], count: Optional[int],
+           out: TextIO) -> int:
+    nvml = _nvml()
+    if nvml is None:
+        return 2
+    try:
+        n = 0
+        while True:
+            try:
+                table = _gpu_table(nvml, devices)
+            except Exception as e:  # pynvml.NVMLError: a bad device index, a lost GPU
+                print(f"gpupool: NVML failed: {e}", file=sys.stderr)
+                return 2
+            if interval is not None and out.isatty():
+                out.write("\x1b[H\x1b[2J")  # home, clear: a live view
+            print(time.strftime("%H:%M:%S ") + table if interval is not None else table, file=out)
+            out.flush()
+            n += 1
+            if interval is None or (count is not None and n >= count):
+                return 0
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        nvml.nvmlShutdown()
 
 
 def _run(script: str, args: List[str]) -> int:
@@ -61,7 +155,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     r = sub.add_parser("run", help="run a Python script with gpupool enabled")
     r.add_argument("script")
     r.add_argument("args", nargs=argparse.REMAINDER)
-    sub.add_parser("config", help="show every GPUPOOL_* option")
+    for cmd, what in (("report", "the processes on the GPUs and their memory, once"),
+                      ("top", "the processes on the GPUs and their memory, refreshed")):
+        q = sub.add_parser(cmd, help=what)
+        q.add_argument("--device", type=int, action="append",
+                       help="a GPU index (repeat for several; default: all)")
+        if cmd == "top":
+            q.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+            q.add_argument("--count", type=int, default=None, help="stop after this many refreshes")
+    c = sub.add_parser("config", help="show every GPUPOOL_* option")
+    c.add_argument("--markdown", action="store_true", help="the option table of the README")
     sub.add_parser("version", help="version and build information")
     a = p.parse_args(argv)
     if a.cmd == "run":
@@ -69,8 +172,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"gpupool: no such script: {a.script}", file=sys.stderr)
             return 2
         return _run(a.script, a.args)
+    if a.cmd == "report":
+        return _watch(a.device, None, None, sys.stdout)
+    if a.cmd == "top":
+        if a.interval <= 0 or (a.count is not None and a.count < 1):
+            p.error("top: --interval must be > 0 seconds and --count >= 1")
+        return _watch(a.device, a.interval, a.count, sys.stdout)
     if a.cmd == "config":
-        return _config()
+        return _config(a.markdown)
     print(f"gpupool {gpupool.__version__} {gpupool.build_info()}")
     return 0
 

@@ -6,6 +6,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional
 
 from . import _C
 from ._context import LIFETIMES, Priority, priority_value, tag_id
+from ._report import format_bytes, format_report
 
 __all__ = ["Block", "PoolView", "HostPool", "format_bytes"]
 
@@ -27,29 +28,33 @@ class Block(NamedTuple):
     lifetime: str  # region of the arena it lies in: "short" or "long" (placement)
 
 
-def format_bytes(n: float) -> str:
-    """1536 -> '1.50 KiB'."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB")
-    v, u = float(n), 0
-    while abs(v) >= 1024 and u < len(units) - 1:
-        v /= 1024
-        u += 1
-    return f"{v:.0f} {units[u]}" if u == 0 else f"{v:.2f} {units[u]}"
-
-
 class PoolView:
     """Typed access to one gpupool pool (a device's, or a HostPool)."""
 
-    def __init__(self, pool: "_C.Pool", name: str) -> None:
+    def __init__(self, pool: "_C.Pool", name: str, settings: Optional[Dict[str, str]] = None) -> None:
         self._pool = pool
         self.name = name
+        self._settings = settings
+
+    def settings(self) -> Dict[str, str]:
+        """The options this pool was made with (the process's configuration
+        for device pools), as text."""
+        return dict(_C.config()) if self._settings is None else dict(self._settings)
 
     def stats(self) -> Dict[str, Any]:
-        """All figures: allocated, reserved, peaks, counts, per tag and priority."""
+        """All figures: allocated, reserved, active (allocated + freed blocks
+        waiting for record_stream streams), their peaks, counts, cache hit
+        rate, driver calls (maps + unmaps + device syncs), mapped runs
+        ('segments'), the largest free block, fragmentation (share of free
+        mapped bytes outside the largest free block), offloaded bytes, the
+        history's state, per tag ('tags') and per priority ('priorities')."""
         s: Dict[str, Any] = self._pool.stats(True)
         n = s["n_alloc"]
         s["cache_hit_rate"] = s["cache_hits"] / n if n else 1.0
         s["fragmentation"] = 1.0 - s["largest_free"] / s["free_bytes"] if s["free_bytes"] else 0.0
+        s["active"] = s["allocated"] + s["pending"]
+        s["driver_calls"] = s["n_map"] + s["n_unmap"] + s["n_sync"]
+        s["history"] = self._pool.history_info()
         s["tags"] = self._pool.tag_stats()
         s["priorities"] = {p: {"allocated": c, "allocated_peak": pk}
                            for p, (c, pk) in self._pool.prio_stats().items()}
@@ -95,6 +100,22 @@ class PoolView:
         """The live block containing `addr` (ValueError if none)."""
         return _block(self._pool.lookup(addr))
 
+    def record_history(self, enabled: bool = True, max_entries: int = _C.HISTORY_DEFAULT,
+                       stacks: bool = True) -> None:
+        """Keep the newest `max_entries` alloc/free/map/unmap/OOM events (with
+        the Python stack of each call when `stacks`); enabled=False stops
+        and drops them.  See gpupool.record_history."""
+        if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries <= 0:
+            raise ValueError(f"record_history: max_entries must be an int > 0, got {max_entries!r}")
+        self._pool.set_history(max_entries if enabled else 0, bool(stacks))
+
+    def snapshot(self, device: int = 0) -> Dict[str, Any]:
+        """Segments, blocks and history in the format of
+        torch.cuda.memory._snapshot(), filed under device index `device`."""
+        from ._snapshot import pool_snapshot
+
+        return pool_snapshot(self, device, self.settings())
+
     def last_oom_report(self) -> str:
         """The report of the last allocation that failed for lack of memory ('' if none)."""
         return str(self._pool.last_oom())
@@ -112,8 +133,8 @@ class HostPool(PoolView):
     def __init__(self, capacity: int, **options: Any) -> None:
         if capacity <= 0:
             raise ValueError(f"HostPool capacity must be > 0 bytes, got {capacity}")
-        super().__init__(_C.Pool(int(capacity), {k: v for k, v in options.items() if v is not None}),
-                         "host")
+        opts = {k: v for k, v in options.items() if v is not None}
+        super().__init__(_C.Pool(int(capacity), opts), "host", {k: str(v) for k, v in opts.items()})
 
     def alloc(self, size: int, stream: int = 0, tag: Optional[str] = None,
               priority: Optional[object] = None) -> int:
@@ -133,29 +154,3 @@ def _block(t: tuple) -> Block:
     return Block(addr, size, req, stream, _C.tag_name(tag), prio, _STATES[state], _ARENAS[arena],
                  LIFETIMES[life])
 
-
-def format_report(name: str, s: Dict[str, Any]) -> str:
-    """The table printed by report(): totals, counters, then tags by size."""
-    fb = format_bytes
-    ratio = s["reserved_peak"] / s["allocated_peak"] if s["allocated_peak"] else 0.0
-    lines = [
-        f"gpupool {name}: chunk {fb(s['chunk'])}, limit {fb(s['limit']) if s['limit'] else 'none'}, "
-        f"device {fb(s['device_total'])}",
-        f"{'':12}{'current':>12}{'peak':>12}",
-        f"{'allocated':12}{fb(s['allocated']):>12}{fb(s['allocated_peak']):>12}",
-        f"{'reserved':12}{fb(s['reserved']):>12}{fb(s['reserved_peak']):>12}",
-        f"{'requested':12}{fb(s['requested']):>12}{fb(s['requested_peak']):>12}",
-        f"{'blocks':12}{s['active_blocks']:>12}{s['active_blocks_peak']:>12}",
-        f"peak reserved / peak allocated {ratio:.3f}; free {fb(s['free_bytes'])} in "
-        f"{s['free_blocks']} blocks, largest {fb(s['largest_free'])}; {s['segments']} mapped runs",
-        f"allocs {s['n_alloc']}, frees {s['n_free']}, cache hits {100 * s['cache_hit_rate']:.2f}%, "
-        f"maps {s['n_map']}, unmaps {s['n_unmap']}, stream waits {s['n_stream_waits']}, "
-        f"trims {s['n_trim']}, retries {s['n_alloc_retries']}, OOMs {s['n_oom']}",
-    ]
-    tags = sorted(s["tags"].items(), key=lambda kv: -kv[1]["allocated_peak"])
-    if tags:
-        lines.append(f"{'tag':20}{'allocated':>12}{'peak':>12}{'blocks':>9}{'limit':>12}")
-        for name_, t in tags:
-            lines.append(f"{name_[:20]:20}{fb(t['allocated']):>12}{fb(t['allocated_peak']):>12}"
-                         f"{t['active_blocks']:>9}{fb(t['limit']) if t['limit'] else '-':>12}")
-    return "\n".join(lines)
