@@ -12,7 +12,7 @@
  * Build and run (from the repository root):
  *   cc -O2 -std=c11 -D_GNU_SOURCE -Icsrc benchmarks/bench_hotpath.c \
  *      csrc/pool.c csrc/tag.c csrc/error.c csrc/config.c csrc/backend_host.c \
- *      -lpthread -o /tmp/bench_hotpath && /tmp/bench_hotpath
+ *      -lpthread -lm -o /tmp/bench_hotpath && /tmp/bench_hotpath
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -202,10 +202,7 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
 
 def _snapshot(device: Any = None, *args: Any, **kwargs: Any) -> Dict[str, Any]:
     """torch.cuda.memory._snapshot: gpupool's snapshot in PyTorch's format."""
-    try:
-        from ._snapshot import snapshot
-    except ImportError as e:  # pragma: no cover - depends on the tree
-        raise RuntimeError("gpupool: this build has no snapshot support (gpupool/_snapshot.py)") from e
+    from ._snapshot import snapshot
     return snapshot(_device(device))
 
 
@@ -216,8 +213,37 @@ def memory_snapshot(*args: Any, **kwargs: Any) -> List[Dict[str, Any]]:
 
 def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
     """torch.cuda.memory._dump_snapshot: pickle gpupool's snapshot (memory_viz reads it)."""
-    with open(filename, "wb") as f:
-        pickle.dump(_snapshot(), f)
+    from ._snapshot import dump_snapshot
+    dump_snapshot(filename)
+
+
+# A ring of more events than this would take GiBs of host memory (40 B an
+# event plus stacks); PyTorch's default max_entries is sys.maxsize, meaning
+# "no bound", which gpupool's ring cannot honour, so it keeps its default.
+_HISTORY_CAP = 1 << 26
+
+
+def _record_memory_history(enabled: Any = "all", context: Any = "all", stacks: Any = "all",
+                           max_entries: int = _HISTORY_CAP, device: Any = None,
+                           *args: Any, **kwargs: Any) -> None:
+    """torch.cuda.memory._record_memory_history: gpupool.record_history.
+
+    ``enabled`` None or False stops (and drops) the history; "state", "all" or
+    True records it.  ``stacks="python"`` or ``"all"`` (and ``context`` not
+    None) records Python stacks; C++ frames are not gathered.  ``max_entries``
+    above 2**26 events is clamped to gpupool's default ring
+    of 100,000 events, since PyTorch's default means "unbounded"."""
+    from ._snapshot import record_history
+
+    if "trace_alloc_max_entries" in kwargs:  # the pre-2.1 keyword
+        max_entries = kwargs.pop("trace_alloc_max_entries")
+    on = enabled not in (None, False)
+    if not isinstance(max_entries, int) or max_entries <= 0:
+        raise ValueError(f"_record_memory_history: max_entries must be an int > 0, got {max_entries!r}")
+    if max_entries > _HISTORY_CAP:
+        max_entries = _C.HISTORY_DEFAULT
+    with_stacks = context is not None and stacks in ("python", "all", True)
+    record_history(on, max_entries, with_stacks, None if device is None else _device(device))
 
 
 _API: Dict[str, Callable[..., Any]] = {
@@ -232,6 +258,7 @@ _API: Dict[str, Callable[..., Any]] = {
     "_snapshot": _snapshot,
     "memory_snapshot": memory_snapshot,
     "_dump_snapshot": _dump_snapshot,
+    "_record_memory_history": _record_memory_history,
 }
 # memory_allocated, max_memory_allocated, memory_reserved, max_memory_reserved,
 # reset_max_memory_allocated, ... are left as they are: PyTorch writes them

@@ -200,6 +200,12 @@ def test_snapshot_and_history(run_py, tmp_path) -> None:
     assert snap["segments"] and "device_traces" in snap
     actions = [e["action"] for e in snap["device_traces"][0]]
     assert "alloc" in actions and "free_completed" in actions, actions[:10]
+    here = [e for e in snap["device_traces"][0] if e["action"] == "alloc" and e["addr"] == x.data_ptr()]
+    assert here and any(f["filename"].endswith("case.py") for f in here[0]["frames"]), here
+    torch.cuda.memory._record_memory_history(enabled=None)
+    assert not any(torch.cuda.memory._snapshot()["device_traces"])
+    torch.cuda.memory._record_memory_history(stacks="python", max_entries=1 << 62)  # PyTorch's "unbounded"
+    assert gpupool.stats()["history"]["max_entries"] == 100000, gpupool.stats()["history"]
     torch.cuda.memory._record_memory_history(enabled=None)
     """)
 
