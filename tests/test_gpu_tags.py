@@ -21,8 +21,9 @@ def test_lora_example_report_shows_tags(run_py) -> None:
     ex = ROOT / "examples" / "qwen_lora_finetune.py"
     r = run_py(f"""
     import json, runpy, sys
-    sys.argv = [{str(ex)!r}, "--allocator", "gpupool", "--size", "tiny", "--steps", "4", "--warmup", "1"]
-    runpy.run_path(sys.argv[0], run_name="__main__")
+    # main() rather than __main__: the script ends in sys.exit, which would skip the check
+    lora = runpy.run_path({str(ex)!r}, run_name="lora_example")
+    assert lora["main"](["--allocator", "gpupool", "--size", "tiny", "--steps", "4", "--warmup", "1"]) == 0
     import gpupool
     print("TAGS", json.dumps({{k: v["allocated_peak"] for k, v in gpupool.stats()["tags"].items()}}))
     """)
