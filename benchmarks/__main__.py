@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from .modes import GPUPOOL_MODES, MODES, PYTORCH_MODES, child_env
-from .nvml import Nvml, PeakSampler
+from .modes import ALLOC_CONF, GPUPOOL_MODES, MODES, PYTORCH_MODES, child_env
+from .nvml import INTERVAL_S, Nvml, PeakSampler
 from .workloads import ROOT, WORKLOADS, Workload
+from .zygote import Zygote
 
 GIB = float(2**30)
 
@@ -32,6 +33,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=3, help="repetitions of each (workload, mode) (default: 3)")
     p.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one worker may run (default: 300)")
+    p.add_argument("--nvml-interval", type=float, default=INTERVAL_S, metavar="SECONDS",
+                   help=f"NVML sampling period of the workers' device memory; 0: no NVML figures "
+                        f"(default: {INTERVAL_S})")
+    p.add_argument("--fresh", action="store_true",
+                   help="start each worker as a fresh interpreter instead of forking it from a zygote "
+                        "that has imported torch (slower; the same figures)")
     p.add_argument("--json", metavar="PATH", default="benchmark-results.json",
                    help="write every run and the summary here (default: benchmark-results.json)")
     args = p.parse_args(argv)
@@ -45,6 +52,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             p.error(f"unknown mode {m!r}; expected some of {', '.join(MODES)}")
     if args.reps < 1:
         p.error("--reps must be positive")
+    if args.nvml_interval < 0:
+        p.error("--nvml-interval must be >= 0 (0 turns NVML sampling off)")
     return args
 
 
@@ -57,24 +66,39 @@ def nvml_for_workers() -> Nvml:
     return Nvml(None, int(first) if first.isdigit() else 0)
 
 
-def run_worker(w: Workload, mode: str, quick: bool, timeout: float, nvml: Nvml,
-               env: Dict[str, str], workdir: Path) -> Dict[str, Any]:
-    """One worker process; its JSON result plus the NVML peak, or {"error": ...}."""
+def mode_env(env: Dict[str, str], mode: str) -> Dict[str, str]:
+    """A worker's environment for `mode`: PyTorch's allocator settings must be in
+    place when torch is loaded, which in a zygote is before the worker exists."""
+    return {**env, "PYTORCH_CUDA_ALLOC_CONF": ALLOC_CONF[mode]} if mode in ALLOC_CONF else dict(env)
+
+
+def run_worker(w: Workload, mode: str, quick: bool, timeout: float, nvml: Optional[Nvml],
+               interval: float, env: Dict[str, str], workdir: Path,
+               zygote: Optional[Zygote]) -> Dict[str, Any]:
+    """One worker process (forked by `zygote`, or a fresh interpreter without one);
+    its JSON result plus the NVML peak, or {"error": ...}."""
     out = workdir / f"{w.name}-{mode}-{time.monotonic_ns()}.json"
     log = out.with_suffix(".log")
     cmd = w.command(mode, out, quick)
-    sampler = PeakSampler(nvml) if nvml.available else None
+    sampler = PeakSampler(nvml, interval) if nvml and nvml.available else None
     t0 = time.perf_counter()
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+    rc: Optional[int]
+    if zygote:
+        pid = zygote.start(cmd[1:], log)
         if sampler:
-            sampler.start(proc.pid)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            rc = None
+            sampler.start(pid)
+        rc = zygote.wait(pid, timeout)
+    else:
+        with open(log, "w") as f:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=mode_env(env, mode), stdout=f, stderr=subprocess.STDOUT)
+            if sampler:
+                sampler.start(proc.pid)
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                rc = None
     seen = sampler.stop() if sampler else {}
     wall = time.perf_counter() - t0
     if rc != 0 or not out.exists():
@@ -204,24 +228,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # NVML's order: so that both name the same device
     info = machine()
     print(f"machine: {json.dumps(info)}", flush=True)
-    nvml = nvml_for_workers()
-    if nvml.note:
+    nvml = nvml_for_workers() if args.nvml_interval > 0 else None
+    if nvml and nvml.note:
         print(f"note: {nvml.note}")
     runs: List[Dict[str, Any]] = []
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp:
+        zygotes: Dict[str, Zygote] = {}
+        if not args.fresh:
+            preload = sorted({m for name in args.only for m in WORKLOADS[name].preload})
+            zygotes = {mode: Zygote(preload, mode_env(env, mode), ROOT, Path(tmp) / f"zygote-{mode}.log")
+                       for mode in args.modes}
+            for z in zygotes.values():  # imported in parallel, before any timed run
+                z.ready()
         for rep in range(args.reps):
             for name in args.only:
                 w = WORKLOADS[name]
                 # Rotate the order each repetition, so that no mode always runs first (warm clocks).
                 k = rep % len(args.modes)
                 for mode in args.modes[k:] + args.modes[:k]:
-                    r = run_worker(w, mode, args.quick, args.timeout, nvml, env, Path(tmp))
+                    r = run_worker(w, mode, args.quick, args.timeout, nvml, args.nvml_interval, env, Path(tmp),
+                                   zygotes.get(mode))
                     runs.append({"workload": name, "mode": mode, "rep": rep, "result": r})
                     shown = r.get("error") or f"{r[w.metric] / w.scale:.3f} {w.unit}"
                     print(f"[rep {rep + 1}/{args.reps}] {name:9s} {mode:15s} {r['wall_s']:6.1f} s  {shown}",
                           flush=True)
-    nvml.close()
+        for z in zygotes.values():
+            z.close()
+    if nvml:
+        nvml.close()
     summaries = {name: summarize(runs, WORKLOADS[name]) for name in args.only}
     print(f"\n## gpupool benchmarks, {info.get('date')}: {info.get('gpu', '?')}, torch {info.get('torch', '?')}, "
           f"median of {args.reps} interleaved runs{' (--quick)' if args.quick else ''}\n")

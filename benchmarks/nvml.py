@@ -1,6 +1,6 @@
 """Peak device memory of a benchmark process, as NVML sees it.
 
-A background thread of the harness samples every 20 ms, from the launch of
+A background thread of the harness samples every 20 ms (``--nvml-interval``), from the launch of
 the worker to its exit:
 
 - ``process``: the worker's own usage (``nvmlDeviceGetComputeRunningProcesses``,
@@ -74,9 +74,10 @@ class Nvml:
 class PeakSampler:
     """Samples a worker's device memory in a thread until stop(): see the module's doc."""
 
-    def __init__(self, nvml: Nvml) -> None:
+    def __init__(self, nvml: Nvml, interval: float = INTERVAL_S) -> None:
         """Record the baseline (device memory in use now); call before launching the worker."""
         self._nvml = nvml
+        self._interval = interval
         self._baseline = nvml.used()
         self._device_peak = self._baseline
         self._process_peak: Optional[int] = None
@@ -100,7 +101,7 @@ class PeakSampler:
         try:
             while not self._stop.is_set():
                 self._sample()
-                self._stop.wait(INTERVAL_S)
+                self._stop.wait(self._interval)
         except self._nvml.error as e:
             self._error = f"NVML sampling stopped: {e}"
 
