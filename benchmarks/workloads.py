@@ -54,7 +54,7 @@ WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
     Workload("inference", "generate(), Qwen2 0.5B shape, batch 4, prompts 64..512, 64 new tokens",
              "tokens_per_s", "tokens/s", 1.0, True,
              (_INFERENCE, "--size", "0.5b", "--batch", "4", "--min-len", "64", "--max-len", "512",
-              "--new-tokens", "64", "--warmup", "1", "--steps", "3"),
+              "--new-tokens", "64", "--warmup", "1", "--steps", "2"),
              (_INFERENCE, "--size", "tiny", "--batch", "4", "--min-len", "64", "--max-len", "256",
               "--new-tokens", "16", "--warmup", "1", "--steps", "2"),
              "--allocator", _HF),
