@@ -26,7 +26,7 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from qwen_lora_finetune import (alloc_calls, build_model, check_common, common_parser, describe, finish,
-                                open_device, peak_memory, select_allocator, synchronize, tag)
+                                open_device, peak_memory, select_allocator, start_history, synchronize, tag)
 
 if TYPE_CHECKING:
     import argparse
@@ -72,6 +72,7 @@ def generate(args: "argparse.Namespace", use_gpupool: bool) -> Dict[str, Any]:
     import torch
 
     device = open_device(args.device)
+    start_history(args)
     torch.manual_seed(args.seed)
     with tag(use_gpupool, "weights"):
         model = build_model(args, device)

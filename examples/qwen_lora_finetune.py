@@ -28,6 +28,9 @@ sets it before importing torch. At the end it prints tokens/s over the timed
 steps and the peak allocated / reserved bytes as the allocator in use counts
 them (``gpupool.stats()`` or ``torch.cuda.max_memory_*``); ``--json PATH``
 writes them for the benchmark harness (``python -m benchmarks``).
+``--snapshot x.pickle`` and ``--plot x.png`` show where the memory went, by
+tag and over time (the history of every allocation is recorded meanwhile,
+which slows the run).
 """
 from __future__ import annotations
 
@@ -76,6 +79,11 @@ def common_parser(doc: str, batch: int, min_len: int, max_len: int, steps: int,
     p.add_argument("--warmup", type=int, default=warmup, help=f"untimed steps before them (default: {warmup})")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and data (default: 0)")
     p.add_argument("--json", metavar="PATH", help="write the results to this JSON file")
+    p.add_argument("--snapshot", metavar="PATH",
+                   help="record the allocation history from the start and pickle a memory snapshot here at the "
+                        "end (open it at https://pytorch.org/memory_viz); any CUDA allocator")
+    p.add_argument("--plot", metavar="PATH",
+                   help="draw memory over time by tag into this PNG at the end (gpupool allocators; matplotlib)")
     return p
 
 
@@ -85,6 +93,11 @@ def check_common(p: argparse.ArgumentParser, args: argparse.Namespace) -> argpar
         p.error("need 1 <= --min-len <= --max-len")
     if args.batch < 1 or args.steps < 1 or args.warmup < 0:
         p.error("--batch and --steps must be positive, --warmup not negative")
+    if (args.snapshot or args.plot) and not args.device.startswith("cuda"):
+        p.error("--snapshot and --plot need a CUDA --device")
+    if args.plot and not args.allocator.startswith("gpupool"):
+        p.error("--plot draws gpupool's history: use --allocator gpupool or gpupool-reserve "
+                "(--snapshot works with every allocator)")
     return args
 
 
@@ -230,6 +243,30 @@ def open_device(name: str) -> "torch.device":
     return torch.device("cuda", torch.cuda.current_device())
 
 
+def start_history(args: argparse.Namespace) -> None:
+    """With --snapshot or --plot: record every allocation and free, with Python stacks, from now on.
+
+    Through torch's own call, so that it works with every allocator: under
+    gpupool it turns on gpupool's history (gpupool.record_history)."""
+    if args.snapshot or args.plot:
+        import torch
+
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+
+
+def save_history(args: argparse.Namespace) -> None:
+    """Write what start_history recorded: --snapshot's pickle and --plot's PNG."""
+    if args.snapshot:
+        import torch
+
+        torch.cuda.memory._dump_snapshot(args.snapshot)
+        print(f"snapshot: {args.snapshot} (drop it on https://pytorch.org/memory_viz)")
+    if args.plot:
+        import gpupool
+
+        print(f"plot: {gpupool.plot(args.plot)}")
+
+
 def synchronize(device: "torch.device") -> None:
     """Wait for the device's queued work, so that a clock read after it is honest."""
     import torch
@@ -251,6 +288,7 @@ def train(args: argparse.Namespace, use_gpupool: bool) -> Dict[str, Any]:
     import torch
 
     device = open_device(args.device)
+    start_history(args)
     torch.manual_seed(args.seed)
 
     with tag(use_gpupool, "weights"):
@@ -317,6 +355,7 @@ def finish(args: argparse.Namespace, result: Dict[str, Any], use_gpupool: bool, 
         import gpupool
 
         print(gpupool.report())
+    save_history(args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

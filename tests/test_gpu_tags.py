@@ -15,15 +15,18 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.gpu
 
 
-def test_lora_example_report_shows_tags(run_py) -> None:
+def test_lora_example_report_shows_tags(run_py, tmp_path) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("peft")
+    pytest.importorskip("matplotlib")
     ex = ROOT / "examples" / "qwen_lora_finetune.py"
+    snap, png = tmp_path / "lora.pickle", tmp_path / "lora.png"
     r = run_py(f"""
     import json, runpy, sys
     # main() rather than __main__: the script ends in sys.exit, which would skip the check
     lora = runpy.run_path({str(ex)!r}, run_name="lora_example")
-    assert lora["main"](["--allocator", "gpupool", "--size", "tiny", "--steps", "4", "--warmup", "1"]) == 0
+    assert lora["main"](["--allocator", "gpupool", "--size", "tiny", "--steps", "4", "--warmup", "1",
+                         "--snapshot", {str(snap)!r}, "--plot", {str(png)!r}]) == 0
     import gpupool
     print("TAGS", json.dumps({{k: v["allocated_peak"] for k, v in gpupool.stats()["tags"].items()}}))
     """)
@@ -34,6 +37,14 @@ def test_lora_example_report_shows_tags(run_py) -> None:
         assert any(line.startswith(name) for line in r.stdout.splitlines()), r.stdout
     # Autograd's thread allocated under the inherited "backward" tag, not untagged.
     assert tags.get("untagged", 0) < 0.1 * tags["backward"], tags
+    # --snapshot: the whole run's history (from before the weights) in memory_viz's format;
+    # --plot: a PNG of it.
+    import pickle
+    data = pickle.loads(snap.read_bytes())
+    trace = data["device_traces"][0]
+    assert sum(e["action"] == "alloc" for e in trace) > 100 and any(e["frames"] for e in trace)
+    assert any(e["action"] == "free_completed" for e in trace)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
 def test_tagged_moves_a_models_parameters(run_py) -> None:
