@@ -401,3 +401,55 @@ def test_trainer_style_loop_logs_memory_every_step(run_py) -> None:
     print("steps", len(log), "allocated", log[-1][0], "peak", log[-1][1])
     """)
     assert "steps 20" in r.stdout
+
+
+@gpu
+def test_compile_sdpa_cudnn_and_ddp_still_work(run_py) -> None:
+    # The last row of issue 8's table: what worked under a bare pluggable
+    # allocator must keep working under gpupool, its memory included.
+    run_py("""
+    import os, socket, torch, gpupool
+    gpupool.enable()
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    torch.manual_seed(0)
+
+    def f(x, w):
+        return F.gelu(x @ w).sum(-1)
+    x, w = torch.randn(64, 256, device="cuda"), torch.randn(256, 256, device="cuda")
+    torch.testing.assert_close(torch.compile(f)(x, w), f(x, w), rtol=2e-3, atol=2e-2)
+
+    q, k, v = (torch.randn(2, 8, 512, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).float().pow(2).sum().backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0 for t in (q, k, v))
+
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False
+    conv = torch.nn.Conv2d(16, 32, 3, padding=1).cuda()
+    img = torch.randn(8, 16, 64, 64, device="cuda")
+    out = conv(img)
+    out.sum().backward()
+    ref = F.conv2d(img.cpu(), conv.weight.detach().cpu(), conv.bias.detach().cpu(), padding=1)
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4)
+    assert conv.weight.grad is not None
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(128, 128).cuda(), device_ids=[0])
+    model(torch.randn(32, 128, device="cuda")).sum().backward()
+    assert model.module.weight.grad.abs().sum() > 0
+    t = torch.full((1 << 20,), 2.0, device="cuda")
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    assert t.sum().item() == 2.0 * (1 << 20)
+    dist.destroy_process_group()
+    # All of it in gpupool's memory.
+    s = gpupool.stats()
+    assert s["n_alloc"] > 50 and s["allocated_peak"] > (1 << 22), s
+    """)
