@@ -366,6 +366,12 @@ typedef struct gp_tag_stats {
  * for `segments`, `free_blocks` and `largest_free`, which walk the arenas
  * only when `full` is non-zero, else they are left 0). */
 void gp_pool_stats(gp_pool *pool, gp_stats *out, int full);
+/* The largest request the pool can serve now without giving anything up:
+ * its largest free block or, in expandable mode, what the device (its
+ * driver's free memory) and the pool limit still let it map, whichever is
+ * larger.  What PyTorch's cacheInfo() answers, for cuDNN to size its
+ * workspace.  Walks the arenas and asks the driver: not for the hot path. */
+uint64_t gp_pool_headroom(gp_pool *pool);
 /* Figures of one tag (zeros for a tag never used). */
 void gp_pool_tag_stats(gp_pool *pool, gp_tag tag, gp_tag_stats *out);
 /* Figures by priority: allocated bytes now and at peak. */

@@ -24,7 +24,7 @@
 
 #include "backend.h"
 #include "pystack.h"
-#include "torch_oom.h"
+#include "torch_abi.h"
 
 #define GP_MAX_DEVICES 64
 
@@ -950,6 +950,28 @@ static PyObject *m_torch_oom_missing(PyObject *self, PyObject *noargs)
     return PyUnicode_FromString(m);
 }
 
+/* CUDAPluggableAllocator::cacheInfo, for cuDNN's benchmark mode (see
+ * torch_abi.h).  PyTorch's allocator answers the larger of the driver's free
+ * memory and its largest cached block; the pool's headroom is that, within
+ * its limit.  A device without a pool leaves *largest as PyTorch set it. */
+static void gp_cache_info(void *self, signed char device, size_t *largest)
+{
+    (void)self;
+    gp_pool *p = gp_device_pool(device);
+    if (!p) return;
+    uint64_t h = gp_pool_headroom(p);
+    if (h > *largest) *largest = (size_t)h;
+}
+
+static PyObject *m_install_cache_info(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    const char *why = gp_torch_set_cache_info(gp_cache_info);
+    if (!why) Py_RETURN_NONE;
+    return PyUnicode_FromString(why);
+}
+
 static PyObject *m_stack_frames(PyObject *self, PyObject *arg)
 {
     (void)self;
@@ -984,6 +1006,8 @@ static PyMethodDef module_methods[] = {
      "stack_frames(stack_id) -> [{filename, line, name}], innermost first, of a history stack"},
     {"torch_oom_missing", m_torch_oom_missing, METH_NOARGS,
      "None when gpupool can raise torch.OutOfMemoryError, else the C++ symbol it lacks"},
+    {"install_cache_info", m_install_cache_info, METH_NOARGS,
+     "answer CUDAPluggableAllocator::cacheInfo (cuDNN benchmark) from gpupool: None when done, else why not"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1638,6 +1638,21 @@ static void gp_scan_locked(gp_pool *p, gp_stats *o)
     }
 }
 
+uint64_t gp_pool_headroom(gp_pool *p)
+{
+    gp_stats s;
+    gp_pool_stats(p, &s, 1);
+    uint64_t best = s.largest_free, dev_free = 0, dev_total = 0;
+    if (!p->reserve_mode && p->be->mem_info(p->be, &dev_free, &dev_total) == GP_OK) {
+        if (s.limit) {
+            uint64_t room = s.limit > s.reserved ? s.limit - s.reserved : 0;
+            if (room < dev_free) dev_free = room;
+        }
+        if (dev_free > best) best = dev_free;
+    }
+    return best;
+}
+
 void gp_pool_stats(gp_pool *p, gp_stats *out, int full)
 {
     pthread_mutex_lock(&p->lock);

@@ -4,6 +4,7 @@ only when enable() (or a device query) is called."""
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Any, Dict, Optional
 
 from . import _C, _torch_patch
@@ -60,6 +61,12 @@ def enable(**options: Any) -> None:
                 "PyTorch's own allocator is already in use. Call it at the top of the script, "
                 "or use `python -m gpupool run script.py`.") from e
         _allocator, _options = alloc, dict(options)
+        # cuDNN's benchmark mode asks the allocator for its largest block; the
+        # pluggable allocator would throw (every convolution then fails).
+        why = _C.install_cache_info()
+        if why:
+            warnings.warn(f"gpupool: torch.backends.cudnn.benchmark=True will fail under this PyTorch "
+                          f"(cacheInfo not routed to gpupool: {why})", RuntimeWarning, stacklevel=2)
         _torch_patch.install_safety()
         if _C.config()["torch_patch"] == "1":
             _torch_patch.install_api()

@@ -228,8 +228,39 @@ static void test_capture_maps_ahead_and_when_short(void)
     gp_pool_destroy(p);
 }
 
+/* cacheInfo's answer: the largest free block, or what the device and the
+ * limit still let the pool map, whichever is larger; reserve mode never maps. */
+static void test_headroom(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    CHECK(gp_pool_headroom(p) == 64 * MiB);
+    char *x = AS(p, 10 * MiB, S_MAIN);
+    CHECK(x);
+    gp_stats s;
+    gp_pool_stats(p, &s, 1);
+    CHECK(gp_pool_headroom(p) == 64 * MiB - s.reserved);
+    gp_free(p, x);
+    CHECK(gp_pool_headroom(p) == 64 * MiB - s.reserved); /* 54 MiB unmapped beats 10 cached */
+    gp_pool_set_limit(p, 16 * MiB);
+    CHECK(gp_pool_headroom(p) == s.reserved); /* the limit leaves 6 MiB: the cached block is larger */
+    gp_pool_set_limit(p, 8 * MiB);             /* below reserved: nothing more may be mapped */
+    CHECK(gp_pool_headroom(p) == s.reserved);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_pool_destroy(p);
+
+    p = make_pool(64 * MiB, 256 * KiB, GP_MODE_RESERVE, &be);
+    gp_pool_stats(p, &s, 1);
+    CHECK(s.reserved > 0 && gp_pool_headroom(p) == s.reserved);
+    char *y = AS(p, 1 * MiB, S_MAIN);
+    CHECK(y && gp_pool_headroom(p) == s.reserved - 1 * MiB);
+    gp_free(p, y);
+    gp_pool_destroy(p);
+}
+
 int main(void)
 {
+    test_headroom();
     test_record_stream_waits_for_the_side_stream();
     test_record_stream_released_by_trim_and_destroy();
     test_capture_memory_stays_with_the_graph();

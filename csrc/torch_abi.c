@@ -1,5 +1,6 @@
 /*
- * torch_oom.c -- raise torch.OutOfMemoryError from gpupool_malloc.
+ * torch_abi.c -- PyTorch's C++ ABI, reached from C: torch.OutOfMemoryError
+ * from gpupool_malloc, and cacheInfo() for cuDNN.
  *
  * PyTorch's CUDAPluggableAllocator does not check what the malloc hook
  * returns (measured with torch 2.11): a NULL becomes a tensor whose data
@@ -20,9 +21,12 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
-#include "torch_oom.h"
+#include "torch_abi.h"
 
 /* c10::SourceLocation, passed by value: {function, file, line}. */
 typedef struct gp_srcloc {
@@ -115,4 +119,74 @@ void gp_torch_throw_oom(const char *msg)
      * ~exception is its first virtual function): take it from there. */
     void (*dtor)(void *) = (*(void (***)(void *))exc)[0];
     gp_cxx.throw_exc(exc, gp_cxx.oom_typeinfo, dtor);
+}
+
+/*
+ * cacheInfo.  cuDNN's benchmark mode sizes its workspace by asking the
+ * allocator for its largest block (c10::cuda::CUDACachingAllocator::
+ * cacheInfo); CUDAPluggableAllocator throws instead (PyTorch issue #98481),
+ * so torch.backends.cudnn.benchmark = True breaks every convolution.  The
+ * method is virtual and Python cannot reach it, so we rewrite its entry in
+ * the class's vtable -- the exported symbol _ZTV... -- after finding the
+ * slot by value: the entry equal to the address of PyTorch's own cacheInfo.
+ * No vtable layout is assumed; if the entry is not among the first
+ * GP_VT_SCAN, nothing is written.  The vtable lies in relocated read-only
+ * memory (RELRO): its page is made writable for the one store, then
+ * read-only again.
+ */
+#define GP_VT_SCAN 256
+
+static pthread_mutex_t gp_vt_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The protection of the mapping that holds `addr`, from /proc/self/maps, or
+ * -1.  Restored after the store as it was: the last page of a RELRO region
+ * may be shared with writable data, which PROT_READ would break. */
+static int gp_page_prot(uintptr_t addr)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return -1;
+    char line[512];
+    int prot = -1;
+    while (prot < 0 && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        char perms[5];
+        if (sscanf(line, "%lx-%lx %4s", &lo, &hi, perms) == 3 && addr >= lo && addr < hi)
+            prot = (perms[0] == 'r' ? PROT_READ : 0) | (perms[1] == 'w' ? PROT_WRITE : 0) |
+                   (perms[2] == 'x' ? PROT_EXEC : 0);
+    }
+    fclose(f);
+    return prot;
+}
+
+const char *gp_torch_set_cache_info(gp_cache_info_fn fn)
+{
+    static const char vt_name[] = "_ZTVN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocatorE";
+    static const char ci_name[] = "_ZN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocator9cacheInfoEaPm";
+    void **vt = gp_cxx_sym(vt_name);
+    void *theirs = gp_cxx_sym(ci_name);
+    if (!vt) return vt_name;
+    if (!theirs) return ci_name;
+    const char *why = NULL;
+    pthread_mutex_lock(&gp_vt_lock);
+    /* Entries 0 and 1 are the offset to top and the type_info. */
+    void **slot = NULL;
+    for (int i = 2; i < GP_VT_SCAN && !slot; i++)
+        if (vt[i] == theirs || vt[i] == (void *)fn) slot = &vt[i];
+    if (!slot) {
+        why = "CUDAPluggableAllocator::cacheInfo is not in its class's vtable";
+    } else if (*slot != (void *)fn) {
+        uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+        uintptr_t lo = (uintptr_t)slot & ~(page - 1);
+        int prot = gp_page_prot((uintptr_t)slot);
+        if (prot < 0) {
+            why = "the vtable's page is not in /proc/self/maps";
+        } else if (!(prot & PROT_WRITE) && mprotect((void *)lo, page, prot | PROT_WRITE) != 0) {
+            why = "mprotect refused to make the vtable writable";
+        } else {
+            __atomic_store_n(slot, (void *)fn, __ATOMIC_RELEASE);
+            if (!(prot & PROT_WRITE)) mprotect((void *)lo, page, prot);
+        }
+    }
+    pthread_mutex_unlock(&gp_vt_lock);
+    return why;
 }
