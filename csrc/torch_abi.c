@@ -131,8 +131,8 @@ void gp_torch_throw_oom(const char *msg)
  * slot by value: the entry equal to the address of PyTorch's own cacheInfo.
  * No vtable layout is assumed; if the entry is not among the first
  * GP_VT_SCAN, nothing is written.  The vtable lies in relocated read-only
- * memory (RELRO): its page is made writable for the one store, then
- * read-only again.
+ * memory (RELRO): its page is made writable for the one store, then given
+ * back the protection it had.
  */
 #define GP_VT_SCAN 256
 

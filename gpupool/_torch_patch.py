@@ -25,7 +25,6 @@ entry points to gpupool:
 """
 from __future__ import annotations
 
-import pickle
 import threading
 import weakref
 from collections import OrderedDict
@@ -224,24 +223,24 @@ _HISTORY_CAP = 1 << 26
 
 
 def _record_memory_history(enabled: Any = "all", context: Any = "all", stacks: Any = "all",
-                           max_entries: int = _HISTORY_CAP, device: Any = None,
+                           max_entries: Optional[int] = None, device: Any = None,
                            *args: Any, **kwargs: Any) -> None:
     """torch.cuda.memory._record_memory_history: gpupool.record_history.
 
     ``enabled`` None or False stops (and drops) the history; "state", "all" or
     True records it.  ``stacks="python"`` or ``"all"`` (and ``context`` not
     None) records Python stacks; C++ frames are not gathered.  ``max_entries``
-    above 2**26 events is clamped to gpupool's default ring
-    of 100,000 events, since PyTorch's default means "unbounded"."""
+    left out, or above 2**26 events (PyTorch's default, sys.maxsize, means
+    "unbounded"), gives gpupool's default ring of 100,000 events."""
     from ._snapshot import record_history
 
     if "trace_alloc_max_entries" in kwargs:  # the pre-2.1 keyword
         max_entries = kwargs.pop("trace_alloc_max_entries")
     on = enabled not in (None, False)
+    if max_entries is None or (isinstance(max_entries, int) and max_entries > _HISTORY_CAP):
+        max_entries = _C.HISTORY_DEFAULT
     if not isinstance(max_entries, int) or max_entries <= 0:
         raise ValueError(f"_record_memory_history: max_entries must be an int > 0, got {max_entries!r}")
-    if max_entries > _HISTORY_CAP:
-        max_entries = _C.HISTORY_DEFAULT
     with_stacks = context is not None and stacks in ("python", "all", True)
     record_history(on, max_entries, with_stacks, None if device is None else _device(device))
 

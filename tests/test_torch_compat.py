@@ -508,3 +508,23 @@ def test_cache_info_is_answered_through_the_vtable(run_py) -> None:
     if torch.version.cuda is None:
         pytest.skip("a CPU-only build of torch has no CUDAPluggableAllocator")
     assert "ok" in run_py(CACHE_INFO_THROUGH_VTABLE).stdout
+
+
+def test_record_memory_history_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch.cuda.memory._record_memory_history's arguments, as gpupool.record_history takes them.
+    from gpupool import _snapshot
+    calls = []
+    monkeypatch.setattr(_snapshot, "record_history", lambda *a: calls.append(a))
+    rmh = _torch_patch._record_memory_history
+    rmh()                                            # PyTorch's defaults: all, Python stacks
+    rmh(max_entries=2 ** 63 - 1)                     # sys.maxsize: "unbounded"
+    rmh("state", stacks="python", max_entries=5000)
+    rmh(True, context=None)                          # no context: no stacks
+    rmh(enabled=None)                                # off
+    rmh(trace_alloc_max_entries=77)                  # the pre-2.1 keyword
+    assert calls == [(True, _C.HISTORY_DEFAULT, True, None), (True, _C.HISTORY_DEFAULT, True, None),
+                     (True, 5000, True, None), (True, _C.HISTORY_DEFAULT, False, None),
+                     (False, _C.HISTORY_DEFAULT, True, None), (True, 77, True, None)]
+    for bad in (0, -3, 1.5, "10"):
+        with pytest.raises(ValueError, match="max_entries must be an int > 0"):
+            rmh(max_entries=bad)
