@@ -1,11 +1,13 @@
 """Side-by-side benchmarks of gpupool against PyTorch's own CUDA allocators.
 
-    python -m benchmarks                         # everything: about 10 minutes on an H100
-    python -m benchmarks --quick                 # a smoke run: small sizes, one repetition
+    python -m benchmarks                         # everything: 580 s on an H100 (2026-11-23)
+    python -m benchmarks --quick --reps 1        # a smoke run: small sizes, one repetition
     python -m benchmarks --only lora,churn --modes native,gpupool --reps 5 --json results.json
 
-Each run is a subprocess (a process picks its allocator once) in one of the
-modes of :mod:`benchmarks.modes`; modes are interleaved and every
+Each run is a process of its own (a process picks its allocator once),
+forked from a zygote per mode that has imported torch and transformers
+(:mod:`benchmarks.zygote`; ``--fresh`` starts a new interpreter instead), in
+one of the modes of :mod:`benchmarks.modes`; modes are interleaved and every
 (workload, mode) pair is repeated ``--reps`` times, so that the table shows the
 median and the spread (min..max), and each mode's ratio to the best of
 PyTorch's modes. The workloads (:mod:`benchmarks.workloads`) are a LoRA
