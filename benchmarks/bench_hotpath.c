@@ -11,7 +11,7 @@
  *
  * Build and run (from the repository root):
  *   cc -O2 -std=c11 -D_GNU_SOURCE -Icsrc benchmarks/bench_hotpath.c \
- *      csrc/pool.c csrc/tag.c csrc/error.c csrc/config.c csrc/backend_host.c \
+ *      csrc/pool.c csrc/tag.c csrc/error.c csrc/config.c csrc/backend_host.c csrc/trace.c \
  *      -lpthread -lm -o /tmp/bench_hotpath && /tmp/bench_hotpath
  */
 #include <stdio.h>

@@ -64,3 +64,21 @@ def test_c_asan_ubsan(tmp_path: Path, test: str, args: List[str]) -> None:
 def test_c_stress_tsan(tmp_path: Path) -> None:
     exe = build(tmp_path, "test_stress.c", ["-fsanitize=thread"])
     run(exe, ["20000"], {"TSAN_OPTIONS": "halt_on_error=1"})
+
+
+@pytest.mark.parametrize("bench", ["bench_hotpath.c", "bench_frag.c"])
+def test_benchmark_build_line_works(tmp_path: Path, bench: str) -> None:
+    # The command in the benchmark's header is what people copy: it must
+    # still name every source the core needs (it missed trace.c once).
+    text = (ROOT / "benchmarks" / bench).read_text()
+    lines = text[text.index(" *   cc "):].splitlines()
+    cmd = ""
+    for line in lines:
+        cmd += line.lstrip(" *").rstrip("\\").strip() + " "
+        if not line.rstrip().endswith("\\"):
+            break
+    words = cmd.split("&&")[0].split()
+    out = words.index("-o")
+    words[out + 1] = str(tmp_path / "bench")
+    r = subprocess.run([CC if w == "cc" else w for w in words], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, f"{' '.join(words)}\n{r.stderr}"
