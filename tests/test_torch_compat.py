@@ -459,6 +459,28 @@ def test_compile_sdpa_cudnn_and_ddp_still_work(run_py) -> None:
     """)
 
 
+@gpu
+def test_cudnn_benchmark_fails_under_a_bare_pluggable_allocator(run_py) -> None:
+    # The "bare" column of the cuDNN row: the same allocator functions, handed
+    # to PyTorch without gpupool.enable() (so cacheInfo is not routed).
+    r = run_py("""
+    import torch
+    from gpupool import _C
+    torch.cuda.memory.change_current_allocator(
+        torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, "gpupool_malloc", "gpupool_free"))
+    torch.backends.cudnn.benchmark = True
+    conv = torch.nn.Conv2d(16, 32, 3, padding=1).cuda()
+    try:
+        conv(torch.randn(8, 16, 64, 64, device="cuda"))
+        torch.cuda.synchronize()
+    except RuntimeError as e:
+        print("RAISES", str(e).splitlines()[0])
+    else:
+        print("WORKS")
+    """)
+    assert "RAISES" in r.stdout and "cacheInfo" in r.stdout, r.stdout
+
+
 def test_cache_info_hook_says_what_it_lacks() -> None:
     # Without PyTorch's CUDA library in the process there is no vtable to
     # patch: the call must say which symbol is missing, not crash or pretend.
