@@ -171,6 +171,55 @@ def test_devices(run_py) -> None:
     """)
 
 
+def test_ddp_two_ranks_two_gpus(run_py) -> None:
+    # One process per GPU, each with its own gpupool: NCCL's buffers and
+    # DDP's gradient buckets come from gpupool, and both ranks end equal.
+    r = run_py("""
+    import os, socket, torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    def rank_main(rank, port):
+        import gpupool
+        gpupool.enable()
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dev = torch.device("cuda", rank)
+        torch.cuda.set_device(dev)
+        dist.init_process_group("nccl", rank=rank, world_size=2, device_id=dev)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(),
+                                    torch.nn.Linear(1024, 512)).to(dev)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+        opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+        g = torch.Generator(device=dev).manual_seed(rank)
+        for _ in range(5):
+            loss = ddp(torch.randn(64, 512, device=dev, generator=g)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+        both = [torch.empty_like(flat) for _ in range(2)]
+        dist.all_gather(both, flat)
+        assert torch.equal(both[0], both[1]), "ranks diverged"
+        s = gpupool.stats(rank)
+        assert s["n_alloc"] > 20 and s["allocated_peak"] > 4 << 20, s
+        print("rank", rank, "ok", s["allocated_peak"], flush=True)
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        if torch.cuda.device_count() < 2:
+            print("SKIP one GPU")
+        else:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            mp.spawn(rank_main, args=(port,), nprocs=2)
+    """)
+    if "SKIP" in r.stdout:
+        pytest.skip("needs two GPUs")
+    assert "rank 0 ok" in r.stdout and "rank 1 ok" in r.stdout, r.stdout
+
+
 def test_lora_example_runs(run_py) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("peft")
