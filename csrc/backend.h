@@ -5,13 +5,14 @@
  * implements it over the CUDA driver API, backend_host.c over mmap.
  *
  * All functions return GP_OK or a gp_status, leaving a message with
- * gp_error_set() on failure.  GP_ERR_OOM means "the device has no memory for
+ * gp_error_set() (error.h) on failure.  GP_ERR_OOM means "the device has no memory for
  * this", which the pool answers by trimming and retrying; anything else is a
  * hard error.
  */
 #ifndef GP_BACKEND_H
 #define GP_BACKEND_H
 
+#include "error.h"
 #include "gpupool.h"
 
 struct gp_backend {
@@ -56,36 +57,5 @@ struct gp_backend {
 
     void (*destroy)(gp_backend *be);
 };
-
-/* Leave a message for gp_last_error() (printf format); returns `s` so that
- * callers can write `return gp_error_set(GP_ERR_OOM, "...")`. */
-gp_status gp_error_set(gp_status s, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-void gp_error_clear(void);
-
-/* Host backend fault injection and observation, for tests. */
-typedef struct gp_host_counters {
-    uint64_t n_map, n_unmap, n_reserve, n_unreserve;
-    uint64_t n_stream_wait, n_sync;
-    uint64_t n_map_capturing; /* map() calls while a fake capture was on */
-    uint64_t n_event_record, n_event_query;
-    uint64_t events_live;     /* recorded and not yet released */
-    uint64_t mapped;         /* bytes mapped now */
-} gp_host_counters;
-
-/* Make the n-th next map() fail with `status` (1 = the very next one);
- * 0 disarms. */
-void gp_host_fail_map(gp_backend *be, uint64_t nth, gp_status status);
-void gp_host_counters_get(gp_backend *be, gp_host_counters *out);
-/* Change the capacity (bytes that may be mapped at once). */
-void gp_host_set_capacity(gp_backend *be, uint64_t capacity);
-/* Fake stream progress: events recorded on `stream` so far complete (all
- * events complete on synchronize()).  Until then event_query says "not done",
- * as for a stream that still runs a long kernel. */
-void gp_host_stream_complete(gp_backend *be, gp_stream stream);
-/* Mark `stream` as capturing a graph (on != 0) or not.  While any stream
- * captures, stream_wait() involving it fails, as on CUDA, and map() calls are
- * counted in n_map_capturing. */
-void gp_host_set_capturing(gp_backend *be, gp_stream stream, int on);
 
 #endif /* GP_BACKEND_H */

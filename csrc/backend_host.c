@@ -17,7 +17,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "backend.h"
+#include "backend_host.h"
 
 typedef struct host_map {
     uintptr_t addr;

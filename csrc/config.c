@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "error.h"
 
 /* POSIX leaves this declaration to the program. */
 extern char **environ;

@@ -6,7 +6,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "backend.h"
+#include "error.h"
 
 static _Thread_local char gp_err_msg[1024];
 

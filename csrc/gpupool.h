@@ -324,6 +324,22 @@ gp_status gp_pool_set_tag_limit(gp_pool *pool, gp_tag tag, uint64_t bytes);
 gp_status gp_pool_retag(gp_pool *pool, void *const *ptrs, size_t n, gp_tag tag,
                         int priority, uint64_t *bytes);
 
+/* The pool's integrity, checked as tlsf_check checks a TLSF heap: the block
+ * list covers every arena without gap or overlap; each free block sits in
+ * the bins of its slot, region and size class, and the bitmaps agree with
+ * the lists; the pointer hash holds exactly the used blocks; every block
+ * header is in use or spare; the record_stream table matches the pending
+ * blocks; free neighbours that may merge have merged; the figures (pool, per
+ * tag, per priority) equal sums over the blocks; the chunk table's mapped
+ * chunks equal reserved.  Returns the number of violations found (0: the
+ * pool is consistent) and describes the first in `msg` (at most `n` bytes,
+ * NUL-terminated; may be NULL when n is 0).  Takes the pool's lock; O(blocks
+ * + bins).  With GPUPOOL_DEBUG=1 the pool runs it itself every
+ * GP_DEBUG_EVERY allocations and frees and aborts, naming the violation, if
+ * the pool is corrupt. */
+size_t gp_pool_check(gp_pool *pool, char *msg, size_t n);
+#define GP_DEBUG_EVERY 256
+
 /* -------------------------------------------------------------- statistics */
 
 typedef struct gp_stats {

@@ -7,7 +7,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "backend.h"
+#include "error.h"
 
 static pthread_mutex_t gp_tag_lock = PTHREAD_MUTEX_INITIALIZER;
 static char gp_tag_names[GP_MAX_TAGS][GP_TAG_NAME_MAX + 1] = {"untagged"};

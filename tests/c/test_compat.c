@@ -62,7 +62,7 @@ static void test_record_stream_waits_for_the_side_stream(void)
     CHECK(gp_record_stream(p, (char *)y + 512, S_SIDE) == GP_ERR_FOREIGN);
     int local;
     CHECK(gp_record_stream(p, &local, S_SIDE) == GP_ERR_FOREIGN);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 static void test_record_stream_released_by_trim_and_destroy(void)
@@ -93,7 +93,7 @@ static void test_record_stream_released_by_trim_and_destroy(void)
     gp_record_stream(p, a, S_SIDE);
     gp_record_stream(p, b, S_SIDE);
     gp_free(p, a);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 /* Whether one of n allocations of `size` on s returns `addr` (they are
@@ -178,7 +178,7 @@ static void test_capture_memory_stays_with_the_graph(void)
         if (i != 1) gp_free(p, c[i]);
     CHECK(handed_out(p, c[0], MiB, S_MAIN, 8));
     CHECK(pool_consistent(p, be) == 0);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 static void test_capture_maps_ahead_and_when_short(void)
@@ -225,7 +225,7 @@ static void test_capture_maps_ahead_and_when_short(void)
     gp_pool_trim(p, UINT64_MAX);
     gp_pool_stats(p, &s, 0);
     CHECK(s.reserved == 0);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 /* cacheInfo's answer: the largest free block, or what the device and the
@@ -247,7 +247,7 @@ static void test_headroom(void)
     gp_pool_set_limit(p, 8 * MiB);             /* below reserved: nothing more may be mapped */
     CHECK(gp_pool_headroom(p) == s.reserved);
     CHECK(pool_consistent(p, be) == 0);
-    gp_pool_destroy(p);
+    done(p);
 
     p = make_pool(64 * MiB, 256 * KiB, GP_MODE_RESERVE, &be);
     gp_pool_stats(p, &s, 1);
@@ -255,7 +255,7 @@ static void test_headroom(void)
     char *y = AS(p, 1 * MiB, S_MAIN);
     CHECK(y && gp_pool_headroom(p) == s.reserved - 1 * MiB);
     gp_free(p, y);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 int main(void)

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "backend.h"
+#include "error.h"
 #include "check.h"
 
 #define KiB (1ull << 10)

@@ -149,6 +149,6 @@ int main(int argc, char **argv)
     printf("model test: %ld failed allocations (oom or injected), %ld injections, %ld trims, "
            "%llu cache hits of %llu allocs\n", n_oom, n_inject, n_trim,
            (unsigned long long)s.cache_hits, (unsigned long long)s.n_alloc);
-    gp_pool_destroy(p);
+    done(p);
     return check_done();
 }

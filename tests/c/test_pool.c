@@ -34,7 +34,7 @@ static void test_basic(void)
     CHECK(s.allocated == 0 && s.requested == 0 && s.active_blocks == 0 && s.n_free == 3);
     CHECK(s.allocated_peak >= 3 * MiB && s.reserved == s.free_bytes);
     CHECK(pool_consistent(p, be) == 0);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 static void test_reuse_and_merge(void)
@@ -60,7 +60,7 @@ static void test_reuse_and_merge(void)
     gp_pool_stats(p, &s1, 1);
     CHECK(s1.free_blocks == 1); /* everything merged back */
     CHECK(pool_consistent(p, be) == 0);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 static void test_bins_many_sizes(void)
@@ -94,7 +94,7 @@ static void test_bins_many_sizes(void)
     for (int i = 0; i < N; i += 2) CHECK((ptr[i] = A(p, sz[i])) != NULL);
     for (int i = 0; i < N; i++) gp_free(p, ptr[i]);
     CHECK(pool_consistent(p, be) == 0);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 static void test_bad_pointers(void)
@@ -121,7 +121,7 @@ static void test_bad_pointers(void)
     CHECK(strstr(gp_last_error(), "256 TiB") != NULL);
     CHECK(gp_alloc(p, 10, NULL, 0, 999, &st) == NULL && st == GP_ERR_INVALID);
     gp_free(p, b);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 static void test_oom_and_trim(void)
@@ -156,7 +156,7 @@ static void test_oom_and_trim(void)
     gp_host_counters_get(be, &c);
     CHECK(c.mapped == 0 && c.n_sync >= 1);
     CHECK(pool_consistent(p, be) == 0);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 static void test_trim_keeps_live_data(void)
@@ -189,7 +189,7 @@ static void test_trim_keeps_live_data(void)
     CHECK(q != NULL);
     memset(q, 7, 10 * MiB);
     CHECK(pool_consistent(p, be) == 0);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 static void test_limits(void)
@@ -232,7 +232,7 @@ static void test_limits(void)
     gp_free(p, b);
     gp_free(p, u);
     CHECK(pool_consistent(p, be) == 0);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 static void test_streams(void)
@@ -265,7 +265,7 @@ static void test_streams(void)
     gp_free(p, x);
     gp_free(p, y);
     CHECK(pool_consistent(p, be) == 0);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 static void test_injected_failures(void)
@@ -296,7 +296,7 @@ static void test_injected_failures(void)
     CHECK(pool_consistent(p, be) == 0);
     gp_free(p, big);
     gp_free(p, keep);
-    gp_pool_destroy(p);
+    done(p);
 
     /* A failure while creating a reserve-mode pool is reported at creation. */
     gp_config cfg;
@@ -336,7 +336,7 @@ static void test_pressure(void)
     CHECK(x != NULL && victim == NULL && pressure_calls == 1);
     CHECK(pool_consistent(p, be) == 0);
     gp_free(p, x);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 static void test_reserve_mode(void)
@@ -363,7 +363,7 @@ static void test_reserve_mode(void)
     CHECK(s1.n_map == s0.n_map && s1.n_unmap == 0 && s1.reserved == 32 * MiB);
     CHECK(pool_consistent(p, be) == 0);
     for (int i = 1; i < 64; i += 2) gp_free(p, v[i]);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 static void test_tags(void)
@@ -427,7 +427,7 @@ static gp_stats lean_growth(double slack)
     gp_free(p, c);
     gp_free(p, s1);
     gp_free(p, s2);
-    gp_pool_destroy(p);
+    done(p);
     return s;
 }
 

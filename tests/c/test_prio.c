@@ -109,7 +109,7 @@ static void test_limit_low_cannot_displace_high_cache(void)
     gp_free(p, h);
     gp_free(p, c.sep1);
     gp_free(p, c.sep2);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 /* A high request displaces low cache before normal cache, and only as much
@@ -137,7 +137,7 @@ static void test_limit_lowest_cache_first(void)
     gp_free(p, h);
     gp_free(p, c.sep1);
     gp_free(p, c.sep2);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 /* The same rules when the device, not the limit, is full. */
@@ -159,7 +159,7 @@ static void test_device_full(void)
     gp_free(p, h);
     gp_free(p, c.sep1);
     gp_free(p, c.sep2);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 /* The layer above (offload): gives up live blocks of priorities below the
@@ -223,7 +223,7 @@ static void test_pressure_priorities(void)
     CHECK(pool_consistent(p, be) == 0);
     gp_free(p, n2);
     gp_free(p, c1);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 /* Free neighbours merge to the highest of their priorities. */
@@ -241,7 +241,7 @@ static void test_cache_priority_merges_up(void)
     CHECK(block_at(p, a).prio == HIGH);
     gp_free(p, d);
     CHECK(pool_consistent(p, be) == 0);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 static void test_default_priority(void)
@@ -256,7 +256,7 @@ static void test_default_priority(void)
     gp_status st;
     CHECK(gp_alloc(p, 4096, NULL, GP_TAG_UNTAGGED, -2, &st) == NULL && st == GP_ERR_INVALID);
     gp_free(p, x);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 static void test_retag(void)
@@ -312,7 +312,7 @@ static void test_retag(void)
     gp_pool_tag_stats(p, acts, &ta);
     CHECK(ta.allocated == 0 && ta.requested == 0);
     CHECK(pool_consistent(p, be) == 0);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 /* Placement: long-lived tags in a region of their own; free blocks of one
@@ -356,7 +356,7 @@ static void test_placement_separates(void)
         }
         gp_pool_trim(p, UINT64_MAX);
         CHECK(reserved(p) == 0 && pool_consistent(p, be) == 0);
-        gp_pool_destroy(p);
+        done(p);
     }
     /* A lifetime is a property of the tag: set, applied to new allocations. */
     CHECK(gp_tag_set_lifetime(acts, GP_LIFE_LONG) == GP_OK && gp_tag_lifetime(acts) == GP_LIFE_LONG);
@@ -365,7 +365,7 @@ static void test_placement_separates(void)
     gp_block_info info;
     CHECK(gp_pool_lookup(p, x, &info) == GP_OK && info.lifetime == GP_LIFE_LONG);
     gp_free(p, x);
-    gp_pool_destroy(p);
+    done(p);
     CHECK(gp_tag_set_lifetime(acts, GP_LIFE_SHORT) == GP_OK);
     CHECK(gp_tag_set_lifetime(acts, 2) == GP_ERR_INVALID);
     CHECK(gp_tag_set_lifetime((gp_tag)(GP_MAX_TAGS - 1), GP_LIFE_LONG) == GP_ERR_INVALID);
@@ -399,7 +399,7 @@ static uint64_t frag_peak(int placement)
     gp_stats s;
     gp_pool_stats(p, &s, 0);
     for (int i = 0; i < 64; i++) gp_free(p, state[i]);
-    gp_pool_destroy(p);
+    done(p);
     return s.reserved_peak;
 }
 

@@ -97,6 +97,6 @@ int main(int argc, char **argv)
     CHECK(pool_consistent(pool, be) == 0);
     printf("stress: %d threads x %ld ops, %llu allocs, %llu trims\n", THREADS, ops_per_thread,
            (unsigned long long)st.n_alloc, (unsigned long long)st.n_trim);
-    gp_pool_destroy(pool);
+    done(pool);
     return check_done();
 }

@@ -118,7 +118,7 @@ static void test_replay(void)
     CHECK(n_done > 0 && n_done <= n_req);
     CHECK(s.n_unmap > 0); /* the trims unmapped: UNMAP events were replayed */
     free(ev);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 /* The ring keeps the newest events, oldest first; a resize keeps the newest
@@ -171,7 +171,7 @@ static void test_ring(void)
     gp_alloc(p, 4096, NULL, 0, 1, NULL); /* off: nothing recorded, nothing breaks */
     gp_pool_history_info(p, &cap, &len, &rec);
     CHECK(len == 0);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 /* record_stream: the completion comes when the other stream's work did. */
@@ -194,7 +194,7 @@ static void test_pending_free(void)
     CHECK(n == 7);
     CHECK(n == 7 && ev[3].action == GP_EV_FREE_COMPLETED && ev[3].addr == (uintptr_t)x && ev[3].size == 8192);
     free(ev);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 /* OOM, notes and contexts. */
@@ -218,7 +218,7 @@ static void test_oom_note_context(void)
     CHECK(n == 2 && ev[0].addr <= 4 * MiB); /* the device's free bytes */
     CHECK(n == 2 && ev[1].action == GP_EV_OFFLOAD && ev[1].size == 4096 && ev[1].context == 0);
     free(ev);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 /* GPUPOOL_TRACE: on from creation, with stacks; a reserve's mapping is in it. */
@@ -245,11 +245,16 @@ static void test_config_trace(void)
     gp_pool_stats(p, &s, 0);
     CHECK(n >= 1 && mapped == s.reserved && s.reserved >= 8 * MiB);
     free(ev);
-    gp_pool_destroy(p);
+    done(p);
 }
 
 int main(void)
 {
+    /* The tests use tag ids 1..3: make them exist. */
+    gp_tag t;
+    CHECK(gp_tag_intern("t1", &t) == GP_OK && t == 1);
+    CHECK(gp_tag_intern("t2", &t) == GP_OK && t == 2);
+    CHECK(gp_tag_intern("t3", &t) == GP_OK && t == 3);
     test_replay();
     test_ring();
     test_pending_free();

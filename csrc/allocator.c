@@ -1,0 +1,194 @@
+/*
+ * allocator.c -- what PyTorch calls: the two symbols its
+ * CUDAPluggableAllocator loads from this same shared object,
+ *
+ *   void *gpupool_malloc(ssize_t size, int device, cudaStream_t stream);
+ *   void  gpupool_free(void *ptr, ssize_t size, int device, cudaStream_t stream);
+ *
+ * and what they need: one pool per CUDA device, created on the first
+ * allocation on it with the configuration given to gp_registry_configure
+ * (GPUPOOL_* variables and enable() keywords), and the thread-local context
+ * (tag and priority) that gpupool.tag() sets.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "module.h"
+#include "pystack.h"
+#include "torch_abi.h"
+
+static gp_config g_cfg;
+static int g_configured;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic(gp_pool *) g_pools[GP_MAX_DEVICES];
+static atomic_ullong g_free_errors;
+static char g_create_error[1024];
+
+/* The tag context of this thread: tag id and priority (GP_PRIO_DEFAULT: the
+ * pool's configured priority).  t_tag is -1 while the thread has no context
+ * of its own -- autograd's backward threads, threads a library starts --
+ * and it then allocates under the inherited context, which
+ * gpupool.tag(..., inherit=True) sets for the whole process: one atomic
+ * word, tag * GP_CTX_PRIO + priority + 1, so that both change together. */
+#define GP_CTX_PRIO 512
+static _Thread_local int t_tag = -1;
+static _Thread_local int t_prio = GP_PRIO_DEFAULT;
+static atomic_int g_inherited = GP_TAG_UNTAGGED * GP_CTX_PRIO + GP_PRIO_DEFAULT + 1;
+
+void gp_context(gp_tag *tag, int *prio, int *own)
+{
+    *own = t_tag >= 0;
+    if (*own) {
+        *tag = (gp_tag)t_tag;
+        *prio = t_prio;
+        return;
+    }
+    int v = atomic_load_explicit(&g_inherited, memory_order_relaxed);
+    *tag = (gp_tag)(v / GP_CTX_PRIO);
+    *prio = v % GP_CTX_PRIO - 1;
+}
+
+static void gp_log_oom(const char *what)
+{
+    if (g_cfg.log != GP_LOG_OFF) fprintf(stderr, "%s\n", what);
+}
+
+/* The pool of `device`, created on first use (slow path, under g_lock). */
+gp_pool *gp_registry_pool(int device)
+{
+    if (device < 0 || device >= GP_MAX_DEVICES) {
+        gp_error_set(GP_ERR_INVALID, "gpupool: device %d is out of range (0..%d)", device, GP_MAX_DEVICES - 1);
+        return NULL;
+    }
+    gp_pool *p = atomic_load_explicit(&g_pools[device], memory_order_acquire);
+    if (p) return p;
+    pthread_mutex_lock(&g_lock);
+    p = atomic_load_explicit(&g_pools[device], memory_order_relaxed);
+    if (!p) {
+        if (!g_configured) gp_config_default(&g_cfg);
+        gp_backend *be;
+        gp_status st = gp_backend_cuda_create(device, &be);
+        if (st == GP_OK) st = gp_pool_create(be, &g_cfg, &p);
+        if (st != GP_OK) {
+            snprintf(g_create_error, sizeof g_create_error, "%s", gp_last_error());
+            p = NULL;
+        } else {
+            atomic_store_explicit(&g_pools[device], p, memory_order_release);
+            if (g_cfg.log == GP_LOG_ALL) {
+                gp_stats s;
+                gp_pool_stats(p, &s, 0);
+                fprintf(stderr, "gpupool: device %d pool created (%s mode, reserved %llu bytes)\n",
+                        device, g_cfg.mode == GP_MODE_RESERVE ? "reserve" : "expandable",
+                        (unsigned long long)s.reserved);
+            }
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return p;
+}
+
+int gp_registry_configure(const gp_config *cfg)
+{
+    pthread_mutex_lock(&g_lock);
+    int live = 0;
+    for (int i = 0; i < GP_MAX_DEVICES; i++) live |= atomic_load(&g_pools[i]) != NULL;
+    if (!live) {
+        g_cfg = *cfg;
+        g_configured = 1;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return live ? -1 : 0;
+}
+
+void gp_registry_config(gp_config *out)
+{
+    pthread_mutex_lock(&g_lock);
+    if (g_configured) *out = g_cfg;
+    else gp_config_default(out);
+    pthread_mutex_unlock(&g_lock);
+}
+
+gp_pool *gp_registry_get(int device)
+{
+    return device >= 0 && device < GP_MAX_DEVICES ? atomic_load(&g_pools[device]) : NULL;
+}
+
+const char *gp_registry_error(void) { return g_create_error; }
+
+unsigned long long gp_registry_free_errors(void) { return atomic_load(&g_free_errors); }
+
+void gp_context_set(int tag, int prio, int *old_tag, int *old_prio)
+{
+    *old_tag = t_tag;
+    *old_prio = t_prio;
+    t_tag = tag;
+    t_prio = prio;
+}
+
+void gp_context_set_inherited(int tag, int prio, int *old_tag, int *old_prio)
+{
+    int old = atomic_exchange(&g_inherited, tag * GP_CTX_PRIO + prio + 1);
+    *old_tag = old / GP_CTX_PRIO;
+    *old_prio = old % GP_CTX_PRIO - 1;
+}
+
+__attribute__((visibility("default"))) void *gpupool_malloc(ssize_t size, int device, void *stream)
+{
+    if (size <= 0) return NULL; /* PyTorch keeps NULL for empty tensors */
+    gp_pool *p = atomic_load_explicit(&g_pools[device & (GP_MAX_DEVICES - 1)], memory_order_acquire);
+    if (!p || device < 0 || device >= GP_MAX_DEVICES) {
+        p = gp_registry_pool(device);
+        if (!p) {
+            fprintf(stderr, "gpupool: cannot create the pool of device %d: %s\n", device, g_create_error);
+            return NULL;
+        }
+    }
+    gp_tag tag;
+    int prio;
+    int own;
+    gp_context(&tag, &prio, &own);
+    gp_status st;
+    /* History with stacks: the Python stack, taken before the pool's lock. */
+    int stacks = gp_pool_history_stacks(p);
+    if (stacks) gp_set_context(gp_pystack_capture());
+    void *r = gp_alloc(p, (size_t)size, stream, tag, prio, &st);
+    if (stacks) gp_set_context(0);
+    if (r) return r;
+    char msg[1200];
+    if (st == GP_ERR_OOM || st == GP_ERR_LIMIT) {
+        gp_log_oom(gp_pool_last_oom(p));
+        /* "CUDA out of memory." first: code that matches PyTorch's message
+         * (accelerate's batch-size finder, for one) recognises it. */
+        snprintf(msg, sizeof msg, "CUDA out of memory. %s", gp_pool_last_oom(p));
+    } else {
+        snprintf(msg, sizeof msg, "gpupool: allocation of %zd bytes failed: %s", size, gp_last_error());
+        fprintf(stderr, "%s\n", msg);
+    }
+    gp_torch_throw_oom(msg); /* does not return when torch's C++ runtime is there */
+    return NULL;
+}
+
+__attribute__((visibility("default"))) void gpupool_free(void *ptr, ssize_t size, int device, void *stream)
+{
+    (void)size;
+    (void)stream;
+    if (!ptr) return;
+    gp_pool *p = device >= 0 && device < GP_MAX_DEVICES
+                     ? atomic_load_explicit(&g_pools[device], memory_order_acquire) : NULL;
+    if (!p) {
+        atomic_fetch_add(&g_free_errors, 1);
+        fprintf(stderr, "gpupool: free of %p on device %d, which has no gpupool pool\n", ptr, device);
+        return;
+    }
+    int stacks = gp_pool_history_stacks(p);
+    if (stacks) gp_set_context(gp_pystack_capture());
+    gp_status st = gp_free(p, ptr);
+    if (stacks) gp_set_context(0);
+    if (st != GP_OK) {
+        /* PyTorch's deleter cannot take an error: count it and say it. */
+        atomic_fetch_add(&g_free_errors, 1);
+        fprintf(stderr, "%s\n", gp_last_error());
+    }
+}

@@ -1,0 +1,62 @@
+/*
+ * module.h -- the pieces of the CPython module gpupool._C:
+ *   allocator.c  the device registry (one pool per CUDA device, made on its
+ *                first allocation), the thread's allocation context, and the
+ *                two symbols PyTorch loads (gpupool_malloc, gpupool_free)
+ *   pypool.c     the Python type Pool over any gp_pool, and errors as
+ *                Python exceptions
+ *   module.c     the module's functions and its init
+ * Only these see Python; they reach the allocator through gpupool.h.
+ */
+#ifndef GP_MODULE_H
+#define GP_MODULE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "error.h"
+#include "gpupool.h"
+
+#define GP_MAX_DEVICES 64
+
+/* ------------------------------------------------ allocator.c: the registry */
+
+/* The configuration of device pools made from now on.  -1 (nothing changed)
+ * once a device pool exists. */
+int gp_registry_configure(const gp_config *cfg);
+/* The configuration in force (the defaults until configured). */
+void gp_registry_config(gp_config *out);
+/* The pool of `device`, or NULL when it has none (no error set). */
+gp_pool *gp_registry_get(int device);
+/* The pool of `device`, made on first use; NULL with the error set (and
+ * kept for gp_registry_error) when it cannot be made. */
+gp_pool *gp_registry_pool(int device);
+/* Why the last pool creation failed ("" if none did). */
+const char *gp_registry_error(void);
+/* Frees PyTorch made that gpupool rejected. */
+unsigned long long gp_registry_free_errors(void);
+
+/* ------------------------------------ allocator.c: the allocation context */
+
+/* The tag and priority an allocation of this thread gets now, and whether
+ * they are the thread's own (else the inherited context's). */
+void gp_context(gp_tag *tag, int *prio, int *own);
+/* Set this thread's context (tag -1: none of its own); the previous one in
+ * *old_tag, *old_prio. */
+void gp_context_set(int tag, int prio, int *old_tag, int *old_prio);
+/* Set the inherited context (threads without their own); the previous in
+ * *old_tag, *old_prio. */
+void gp_context_set_inherited(int tag, int prio, int *old_tag, int *old_prio);
+
+/* ------------------------------------------------- pypool.c: the Pool type */
+
+extern PyTypeObject gp_pool_type;
+/* A Pool object over p; `owned`: destroyed with the object (HostPool). */
+PyObject *gp_pool_wrap(gp_pool *p, int owned);
+/* Raise the Python exception for st with gp_last_error()'s message; NULL. */
+PyObject *gp_raise(gp_status st);
+/* A config from the defaults, GPUPOOL_* (when use_env) and a dict of
+ * options; -1 with an exception set. */
+int gp_config_from_py(PyObject *opts, int use_env, gp_config *cfg);
+
+#endif /* GP_MODULE_H */

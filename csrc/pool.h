@@ -1,0 +1,224 @@
+/*
+ * pool.h -- the pool's insides, shared by the files of the pool layer and by
+ * nothing above it (module.c sees gpupool.h only):
+ *   pool.c    the core: block headers, the pointer hash, split and merge,
+ *             mapping, trim, growth, alloc/free, limits, create/destroy
+ *   stream.c  streams, record_stream events, CUDA graph capture
+ *   stats.c   walks, statistics, the OOM report, the history's API
+ *   check.c   gp_pool_check, the integrity checker
+ *   bins.h    blocks and the TLSF bins
+ *
+ * Every byte of an arena belongs to exactly one block, in address order:
+ *   USED            handed out, in the pointer hash
+ *   FREE            mapped and free, in the bins of the stream it was used on
+ *   PENDING         freed, waiting for record_stream events; in no bin
+ *   FREE_UNMAPPED   no physical memory behind it, in the arena's unmapped bins
+ * Mapped/unmapped boundaries fall on chunk boundaries, so an unmapped block
+ * starts and ends on one.  Neighbours merge when both are free with the same
+ * stream, or both unmapped (never across the long-lived region's start).
+ * Hence reserved = sum(USED) + sum(FREE) + sum(PENDING) and
+ * allocated = sum(USED).
+ *
+ * Functions here that take a pool expect its lock held, unless they say
+ * otherwise.
+ */
+#ifndef GP_POOL_H
+#define GP_POOL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "backend.h"
+#include "bins.h"
+#include "trace.h"
+
+#define GP_MAX_SIZE (1ull << 48)
+#define GP_MAX_STREAMS 64
+/* Block headers are allocated this many at a time (a slab). */
+#define GP_SLAB_BLOCKS 256
+
+/* record_stream: the extra streams of a live block, then, once it is freed
+ * (state PENDING), the event recorded on each of them.  The block goes back
+ * to the bins when every event completed; it is rare, so a short array. */
+#define GP_REC_STREAMS 8
+typedef struct gp_rec {
+    gp_block *b;
+    gp_stream streams[GP_REC_STREAMS];
+    uint64_t events[GP_REC_STREAMS]; /* 0: completed (or none recorded) */
+    unsigned n;
+    uint8_t pending;   /* freed, waiting for the events                  */
+    uint8_t wait_sync; /* an event could not be recorded: wait for a sync */
+} gp_rec;
+
+/* A graph pool: the memory of the CUDA graphs captured into it (PyTorch's
+ * graph memory pool id is the key).  Its free blocks sit in a stream slot of
+ * their own, which no other allocation looks at, so that memory a graph
+ * captured is never handed to code outside it until the pool is released;
+ * then its blocks go back to the slot of the stream that captured. */
+#define GP_MAX_GPOOLS 16
+#define GP_GPOOL_STREAMS 4
+typedef struct gp_gpool {
+    uint64_t key;
+    unsigned slot, home;   /* its stream slot; where its memory goes back   */
+    unsigned refs;         /* graphs that hold it                           */
+    gp_stream capturing[GP_GPOOL_STREAMS]; /* streams capturing into it now */
+    unsigned n_capturing;
+    int live;
+} gp_gpool;
+
+/* Kinds of stream slots. */
+enum { GP_SLOT_STREAM = 0, GP_SLOT_GPOOL = 1, GP_SLOT_SPARE = 2 };
+
+typedef struct gp_arena {
+    uintptr_t base;
+    uint64_t size, chunk;
+    uint64_t *handles;        /* per chunk: the backend's handle when mapped */
+    gp_block *first;          /* lowest block; the list covers the arena     */
+    gp_bins *bins[GP_MAX_STREAMS]; /* FREE blocks per stream, made lazily   */
+    gp_bins unmapped[2];      /* FREE_UNMAPPED blocks, per region (GP_LIFE_*) */
+    /* Lifetime placement: [long_base, base + size) is the long-lived region,
+     * the rest the short-lived one (long_base = base + size: no long region).
+     * Blocks never straddle nor merge across long_base. */
+    uintptr_t long_base;
+} gp_arena;
+
+struct gp_pool {
+    pthread_mutex_t lock;
+    gp_backend *be;
+    gp_config cfg;
+    int reserve_mode;
+    unsigned n_arenas;
+    uint64_t small_size;
+    gp_arena arenas[GP_ARENA_COUNT];
+
+    gp_stream streams[GP_MAX_STREAMS];
+    unsigned n_streams, last_sidx;
+    uint8_t slot_kind[GP_MAX_STREAMS]; /* GP_SLOT_*: graph pools use slots too */
+    /* GP_LIFE_* of a slot: the region it maps new memory in.  With placement
+     * a stream has a slot per lifetime, so that its free blocks of the two
+     * regions are binned apart and one never serves the other. */
+    uint8_t slot_life[GP_MAX_STREAMS];
+    int placement;      /* lifetime placement on (expandable mode only) */
+
+    gp_rec *recs;       /* record_stream: live and pending blocks */
+    unsigned n_recs, cap_recs, n_pending;
+
+    gp_gpool gpools[GP_MAX_GPOOLS];
+    unsigned n_capturing; /* streams capturing into a graph pool now */
+
+    gp_block **buckets; /* USED blocks by address, chained through fnext */
+    uint64_t hmask, hcount;
+
+    gp_block *spare;    /* free block headers */
+    void **slabs;
+    size_t n_slabs, cap_slabs;
+
+    gp_stats st;
+    gp_tag_stats tags[GP_MAX_TAGS];
+    uint64_t prio_alloc[GP_PRIO_MAX + 1], prio_peak[GP_PRIO_MAX + 1];
+
+    gp_pressure_fn pressure;
+    void *pressure_arg;
+    char last_oom[1024];
+
+    /* The history (trace.c), NULL while off: every event site tests it,
+     * under the lock.  history_stacks mirrors "on, with stacks" for
+     * gp_pool_history_stacks, which reads it without the lock. */
+    gp_trace *trace;
+    _Atomic int history_stacks;
+};
+
+/* Record an event in the history if it is on (the lock is held). */
+#define GP_TRACE(p, action, addr, size, stream, tag, prio)                        \
+    do {                                                                          \
+        if ((p)->trace) gp_trace_add((p)->trace, action, addr, size, stream, tag, prio); \
+    } while (0)
+
+static inline uint64_t gp_round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+static inline uint64_t gp_chunk_index(const gp_arena *a, uintptr_t addr)
+{
+    return (addr - a->base) / a->chunk;
+}
+
+static inline void gp_peak(uint64_t *cur, uint64_t *peak, uint64_t add)
+{
+    *cur += add;
+    if (*cur > *peak) *peak = *cur;
+}
+
+static inline uint64_t gp_hash(const gp_pool *p, uintptr_t a)
+{
+    /* Fibonacci hashing of the 512-byte unit number: consecutive blocks land
+     * far apart, so the chains stay short. */
+    return ((a >> GP_ALIGN_LOG2) * 0x9E3779B97F4A7C15ull >> 20) & p->hmask;
+}
+
+static inline gp_block *gp_hash_find(const gp_pool *p, uintptr_t a)
+{
+    for (gp_block *b = p->buckets[gp_hash(p, a)]; b; b = b->fnext)
+        if (b->addr == a) return b;
+    return NULL;
+}
+
+static inline gp_bins *gp_bins_of(gp_arena *a, const gp_block *b)
+{
+    return b->state == GP_BLOCK_FREE_UNMAPPED ? &a->unmapped[b->life] : a->bins[b->sidx];
+}
+
+/* ------------------------------------------------ pool.c: blocks and memory */
+
+/* Make sure `n` block headers are spare, so that a change of several blocks
+ * never fails half-way; gp_new_block takes one of them. */
+gp_status gp_reserve_headers(gp_pool *p, int n);
+gp_block *gp_new_block(gp_pool *p);
+/* b (in no bin) becomes free: merged with its free neighbours and binned. */
+gp_block *gp_insert_free(gp_pool *p, gp_arena *a, gp_block *b);
+/* Cut b (in no bin) after `size` bytes; returns the tail (in no bin). */
+gp_block *gp_split(gp_pool *p, gp_block *b, uint64_t size);
+/* Merge free neighbours of different streams (the device is idle). */
+void gp_coalesce_idle(gp_pool *p, gp_arena *a);
+/* Map so that a free block of `size` exists on slot sidx; returned removed
+ * from its bins, or NULL with *st set. */
+gp_block *gp_grow(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, int prio, gp_status *st);
+/* The arena holding address x, the block containing it (slow: a walk). */
+gp_arena *gp_arena_of(gp_pool *p, uintptr_t x);
+gp_block *gp_block_at(gp_arena *a, uintptr_t x);
+/* Explain why ptr is not a live block start (error path); sets the error. */
+gp_status gp_bad_pointer(gp_pool *p, const void *ptr, const char *what);
+
+/* Cache that trim may give back, of priority `min`..`max`: free blocks of
+ * stream slots (a graph pool's memory stays mapped: its graphs use the
+ * addresses), at least a chunk long when `whole` (before coalescing, smaller
+ * neighbours may still make a chunk). */
+static inline int gp_cached(const gp_pool *p, const gp_arena *a, const gp_block *b, int min, int max,
+                            int whole)
+{
+    return b->state == GP_BLOCK_FREE && p->slot_kind[b->sidx] == GP_SLOT_STREAM &&
+           b->prio >= min && b->prio <= max && (!whole || b->size >= a->chunk);
+}
+
+/* ------------------------------------------- stream.c: streams and capture */
+
+/* The slot of stream s for blocks of lifetime `life` (made on first use). */
+gp_status gp_slot_of(gp_pool *p, gp_stream s, unsigned life, unsigned *out);
+gp_status gp_stream_index(gp_pool *p, gp_stream s, unsigned *out);
+/* record_stream: give back the pending blocks whose events completed (no
+ * host wait); after a device synchronisation, all of them; b, with recorded
+ * streams, is freed. */
+void gp_poll_pending(gp_pool *p);
+void gp_release_pending(gp_pool *p);
+void gp_free_recorded(gp_pool *p, gp_block *b);
+/* While a capture is underway: the graph pool slot an allocation on stream
+ * s goes to (*slot -1: none), and a free block for it. */
+gp_status gp_capture_route(gp_pool *p, gp_stream s, int *slot);
+gp_block *gp_capture_find(gp_pool *p, gp_arena **ap, unsigned slot, unsigned sidx, uint64_t size);
+
+/* ------------------------------------------------------- stats.c: reports */
+
+void gp_info_of(const gp_pool *p, const gp_block *b, gp_block_info *o);
+/* segments, free_blocks and largest_free of *o, by walking the arenas. */
+void gp_scan_locked(gp_pool *p, gp_stats *o);
+void gp_oom_report_locked(gp_pool *p, uint64_t requested, char *buf, size_t len);
+
+#endif /* GP_POOL_H */
