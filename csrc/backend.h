@@ -15,6 +15,9 @@
 #include "error.h"
 #include "gpupool.h"
 
+/* Directions of gp_backend.copy. */
+enum { GP_COPY_D2H = 0, GP_COPY_H2D = 1, GP_COPY_D2D = 2 };
+
 struct gp_backend {
     const char *name;        /* "cuda", "host"                               */
     int device;              /* device ordinal                               */
@@ -54,6 +57,23 @@ struct gp_backend {
     gp_status (*synchronize)(gp_backend *be);
     /* Free and total memory of the device as its driver sees it. */
     gp_status (*mem_info)(gp_backend *be, uint64_t *free_b, uint64_t *total_b);
+
+    /* For offload (offload.c).  Page-locked host memory, which the device
+     * reads and writes asynchronously at full speed: pinning is slow (about
+     * 1.6 GB/s), so callers keep it.  GP_ERR_NOMEM when the host has none. */
+    gp_status (*host_alloc)(gp_backend *be, uint64_t size, void **ptr);
+    void (*host_free)(gp_backend *be, void *ptr, uint64_t size);
+    /* A stream of the backend's own, ordered with no other stream. */
+    gp_status (*stream_create)(gp_backend *be, gp_stream *out);
+    void (*stream_destroy)(gp_backend *be, gp_stream stream);
+    /* Queue a copy of `size` bytes from `src` to `dst` on `stream`, in the
+     * direction GP_COPY_*; it runs in stream order (asynchronously to the
+     * host when the host side is host_alloc memory).  Device addresses must
+     * be mapped until the copy has run. */
+    gp_status (*copy)(gp_backend *be, void *dst, const void *src, uint64_t size,
+                      int dir, gp_stream stream);
+    /* Block the host until `event` (event_record) has completed. */
+    gp_status (*event_wait)(gp_backend *be, uint64_t event);
 
     void (*destroy)(gp_backend *be);
 };

@@ -73,6 +73,14 @@ typedef CUresult (CUDAAPI *cu_pfn_stream_wait_event)(CUstream, CUevent, unsigned
 typedef CUresult (CUDAAPI *cu_pfn_stream_is_capturing)(CUstream, CUstreamCaptureStatus *);
 typedef CUresult (CUDAAPI *cu_pfn_event_query)(CUevent);
 typedef CUresult (CUDAAPI *cu_pfn_thread_exchange_capture_mode)(CUstreamCaptureMode *);
+typedef CUresult (CUDAAPI *cu_pfn_mem_host_alloc)(void **, size_t, unsigned int);
+typedef CUresult (CUDAAPI *cu_pfn_mem_free_host)(void *);
+typedef CUresult (CUDAAPI *cu_pfn_stream_create)(CUstream *, unsigned int);
+typedef CUresult (CUDAAPI *cu_pfn_stream_destroy)(CUstream);
+typedef CUresult (CUDAAPI *cu_pfn_memcpy_dtoh_async)(void *, CUdeviceptr, size_t, CUstream);
+typedef CUresult (CUDAAPI *cu_pfn_memcpy_htod_async)(CUdeviceptr, const void *, size_t, CUstream);
+typedef CUresult (CUDAAPI *cu_pfn_memcpy_dtod_async)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+typedef CUresult (CUDAAPI *cu_pfn_event_synchronize)(CUevent);
 
 /* field, ABI symbol.  The symbol is spelled out (not left to cuda.h's
  * #define cuX cuX_v2) so that what dlsym looks up is visible here. */
@@ -105,7 +113,15 @@ typedef CUresult (CUDAAPI *cu_pfn_thread_exchange_capture_mode)(CUstreamCaptureM
     X(stream_wait_event, cuStreamWaitEvent)            \
     X(stream_is_capturing, cuStreamIsCapturing)        \
     X(event_query, cuEventQuery)                       \
-    X(thread_exchange_capture_mode, cuThreadExchangeStreamCaptureMode)
+    X(thread_exchange_capture_mode, cuThreadExchangeStreamCaptureMode) \
+    X(mem_host_alloc, cuMemHostAlloc)                  \
+    X(mem_free_host, cuMemFreeHost)                    \
+    X(stream_create, cuStreamCreate)                   \
+    X(stream_destroy, cuStreamDestroy_v2)              \
+    X(memcpy_dtoh_async, cuMemcpyDtoHAsync_v2)         \
+    X(memcpy_htod_async, cuMemcpyHtoDAsync_v2)         \
+    X(memcpy_dtod_async, cuMemcpyDtoDAsync_v2)         \
+    X(event_synchronize, cuEventSynchronize)
 
 /* A typo in a typedef or a symbol name that cuda.h does not declare fails
  * the build here rather than corrupting the stack at run time.  _Generic does
@@ -517,6 +533,94 @@ static gp_status cu_mem_info(gp_backend *be, uint64_t *free_b, uint64_t *total_b
     return GP_OK;
 }
 
+static gp_status cu_host_alloc(gp_backend *be, uint64_t size, void **ptr)
+{
+    cu_backend *cb = CU(be);
+    int pushed;
+    CU_ENTER_OR_FAIL(cb, pushed, "host_alloc");
+    void *p = NULL;
+    /* PORTABLE: pinned for every context, as the device's primary one may
+     * not be the only one copying. */
+    CUresult r = cu_api.mem_host_alloc(&p, size, CU_MEMHOSTALLOC_PORTABLE);
+    cu_leave(pushed);
+    if (r != CUDA_SUCCESS) {
+        gp_status st = CU_FAIL(r, be->device, "cuMemHostAlloc(size=%llu)", (unsigned long long)size);
+        /* Pinned host memory that is not there is host memory, not device memory. */
+        return st == GP_ERR_OOM ? GP_ERR_NOMEM : st;
+    }
+    *ptr = p;
+    return GP_OK;
+}
+
+static void cu_host_free(gp_backend *be, void *ptr, uint64_t size)
+{
+    (void)size;
+    int pushed;
+    if (!ptr || cu_enter(CU(be), &pushed) != CUDA_SUCCESS) return;
+    cu_api.mem_free_host(ptr);
+    cu_leave(pushed);
+}
+
+static gp_status cu_stream_create(gp_backend *be, gp_stream *out)
+{
+    cu_backend *cb = CU(be);
+    int pushed;
+    CU_ENTER_OR_FAIL(cb, pushed, "stream_create");
+    CUstream s = NULL;
+    /* NON_BLOCKING: not ordered with the legacy default stream, which
+     * PyTorch's work runs on; the caller orders with events. */
+    CUresult r = cu_api.stream_create(&s, CU_STREAM_NON_BLOCKING);
+    cu_leave(pushed);
+    if (r != CUDA_SUCCESS) return CU_FAIL(r, be->device, "%s", "cuStreamCreate(NON_BLOCKING)");
+    *out = (gp_stream)s;
+    return GP_OK;
+}
+
+static void cu_stream_destroy(gp_backend *be, gp_stream stream)
+{
+    int pushed;
+    if (cu_enter(CU(be), &pushed) != CUDA_SUCCESS) return;
+    cu_api.stream_destroy((CUstream)stream);
+    cu_leave(pushed);
+}
+
+static gp_status cu_copy(gp_backend *be, void *dst, const void *src, uint64_t size, int dir, gp_stream stream)
+{
+    cu_backend *cb = CU(be);
+    int pushed;
+    CU_ENTER_OR_FAIL(cb, pushed, "copy");
+    CUresult r;
+    CUstream s = (CUstream)stream;
+    switch (dir) {
+    case GP_COPY_D2H: r = cu_api.memcpy_dtoh_async(dst, (CUdeviceptr)(uintptr_t)src, size, s); break;
+    case GP_COPY_H2D: r = cu_api.memcpy_htod_async((CUdeviceptr)(uintptr_t)dst, src, size, s); break;
+    case GP_COPY_D2D:
+        r = cu_api.memcpy_dtod_async((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, size, s);
+        break;
+    default:
+        cu_leave(pushed);
+        return gp_error_set(GP_ERR_INVALID, "cuda device %d: copy direction %d is not one of GP_COPY_*",
+                            be->device, dir);
+    }
+    cu_leave(pushed);
+    if (r != CUDA_SUCCESS)
+        return CU_FAIL(r, be->device, "cuMemcpy%sAsync(dst=%p, src=%p, size=%llu)",
+                       dir == GP_COPY_D2H ? "DtoH" : dir == GP_COPY_H2D ? "HtoD" : "DtoD", dst, src,
+                       (unsigned long long)size);
+    return GP_OK;
+}
+
+static gp_status cu_event_wait(gp_backend *be, uint64_t event)
+{
+    cu_backend *cb = CU(be);
+    int pushed;
+    CU_ENTER_OR_FAIL(cb, pushed, "event_wait");
+    CUresult r = cu_api.event_synchronize((CUevent)(uintptr_t)event);
+    cu_leave(pushed);
+    if (r != CUDA_SUCCESS) return CU_FAIL(r, be->device, "%s", "cuEventSynchronize()");
+    return GP_OK;
+}
+
 /* Errors are ignored: at interpreter exit the driver may already be torn
  * down (CUDA_ERROR_DEINITIALIZED), and there is nobody left to tell. */
 static void cu_destroy(gp_backend *be)
@@ -616,6 +720,12 @@ gp_status gp_backend_cuda_create(int device, gp_backend **out)
     be->synchronize = cu_synchronize;
     be->mem_info = cu_mem_info;
     be->destroy = cu_destroy;
+    be->host_alloc = cu_host_alloc;
+    be->host_free = cu_host_free;
+    be->stream_create = cu_stream_create;
+    be->stream_destroy = cu_stream_destroy;
+    be->copy = cu_copy;
+    be->event_wait = cu_event_wait;
 
     int pushed;
     size_t gran = 0;

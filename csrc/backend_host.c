@@ -35,7 +35,7 @@ typedef struct host_backend {
     gp_backend be; /* first: the pool sees only this */
     pthread_mutex_t lock;
     uint64_t capacity;
-    uint64_t next_handle;
+    uint64_t next_handle, next_stream;
     uint64_t fail_countdown; /* 0: off; 1: the next map() fails */
     gp_status fail_status;
     gp_host_counters c;
@@ -237,6 +237,101 @@ static gp_status host_mem_info(gp_backend *be, uint64_t *free_b, uint64_t *total
     return GP_OK;
 }
 
+static gp_status host_host_alloc(gp_backend *be, uint64_t size, void **ptr)
+{
+    host_backend *h = HOST(be);
+    if (size == 0) return gp_error_set(GP_ERR_INVALID, "host host_alloc: size 0");
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return gp_error_set(GP_ERR_NOMEM, "host host_alloc of %llu bytes: %s", (unsigned long long)size,
+                            strerror(errno));
+    pthread_mutex_lock(&h->lock);
+    h->c.n_host_alloc++;
+    h->c.host_bytes += size;
+    pthread_mutex_unlock(&h->lock);
+    *ptr = p;
+    return GP_OK;
+}
+
+static void host_host_free(gp_backend *be, void *ptr, uint64_t size)
+{
+    host_backend *h = HOST(be);
+    if (!ptr) return;
+    munmap(ptr, size);
+    pthread_mutex_lock(&h->lock);
+    h->c.host_bytes -= size;
+    pthread_mutex_unlock(&h->lock);
+}
+
+static gp_status host_stream_create(gp_backend *be, gp_stream *out)
+{
+    host_backend *h = HOST(be);
+    pthread_mutex_lock(&h->lock);
+    /* A value no caller's fake stream is likely to use. */
+    *out = (gp_stream)(uintptr_t)(0x5eed0000000ull + ++h->next_stream);
+    h->c.streams_live++;
+    pthread_mutex_unlock(&h->lock);
+    return GP_OK;
+}
+
+static void host_stream_destroy(gp_backend *be, gp_stream stream)
+{
+    host_backend *h = HOST(be);
+    (void)stream;
+    pthread_mutex_lock(&h->lock);
+    h->c.streams_live--;
+    pthread_mutex_unlock(&h->lock);
+}
+
+/* Bytes of [a, a+n) that lie in live mappings (they never overlap). */
+static uint64_t host_mapped_in(const host_backend *h, uintptr_t a, uint64_t n)
+{
+    uint64_t in = 0;
+    for (size_t i = 0; i < h->n_maps; i++) {
+        uintptr_t lo = h->maps[i].addr > a ? h->maps[i].addr : a;
+        uintptr_t hi = h->maps[i].addr + h->maps[i].size < a + n ? h->maps[i].addr + h->maps[i].size : a + n;
+        if (hi > lo) in += hi - lo;
+    }
+    return in;
+}
+
+/* Copies run at once (the host is the device); the device side must be
+ * mapped, as on a GPU, where touching unmapped memory is a fatal fault. */
+static gp_status host_copy(gp_backend *be, void *dst, const void *src, uint64_t size, int dir, gp_stream stream)
+{
+    host_backend *h = HOST(be);
+    (void)stream;
+    gp_status st = GP_OK;
+    pthread_mutex_lock(&h->lock);
+    h->c.n_copy++;
+    if (dir != GP_COPY_D2H && dir != GP_COPY_H2D && dir != GP_COPY_D2D) {
+        st = gp_error_set(GP_ERR_INVALID, "host copy: direction %d is not one of GP_COPY_*", dir);
+    } else {
+        int dev_src = dir != GP_COPY_H2D, dev_dst = dir != GP_COPY_D2H;
+        if ((dev_src && host_mapped_in(h, (uintptr_t)src, size) != size) ||
+            (dev_dst && host_mapped_in(h, (uintptr_t)dst, size) != size))
+            st = gp_error_set(GP_ERR_BACKEND, "host copy of %llu bytes from %p to %p: device memory not mapped "
+                              "(a GPU would fault)", (unsigned long long)size, src, dst);
+    }
+    if (st == GP_OK) h->c.copy_bytes += size;
+    pthread_mutex_unlock(&h->lock);
+    if (st == GP_OK && size) memmove(dst, src, size);
+    return st;
+}
+
+static gp_status host_event_wait(gp_backend *be, uint64_t event)
+{
+    host_backend *h = HOST(be);
+    gp_status st = GP_OK;
+    pthread_mutex_lock(&h->lock);
+    if (event == 0 || event > h->n_events || !h->events[event - 1].live)
+        st = gp_error_set(GP_ERR_INVALID, "host event_wait: event %llu is not live", (unsigned long long)event);
+    else
+        h->events[event - 1].done = 1; /* the host ran everything queued before it */
+    pthread_mutex_unlock(&h->lock);
+    return st;
+}
+
 static void host_destroy(gp_backend *be)
 {
     host_backend *h = HOST(be);
@@ -264,6 +359,8 @@ gp_status gp_backend_host_create(uint64_t capacity, gp_backend **out)
         .event_record = host_event_record, .event_query = host_event_query,
         .event_release = host_event_release, .is_capturing = host_is_capturing,
         .synchronize = host_synchronize, .mem_info = host_mem_info, .destroy = host_destroy,
+        .host_alloc = host_host_alloc, .host_free = host_host_free, .stream_create = host_stream_create,
+        .stream_destroy = host_stream_destroy, .copy = host_copy, .event_wait = host_event_wait,
     };
     *out = &h->be;
     return GP_OK;

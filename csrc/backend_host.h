@@ -18,6 +18,9 @@ typedef struct gp_host_counters {
     uint64_t n_event_record, n_event_query;
     uint64_t events_live;     /* recorded and not yet released */
     uint64_t mapped;         /* bytes mapped now */
+    uint64_t n_host_alloc, host_bytes; /* host_alloc calls; bytes held now */
+    uint64_t n_copy, copy_bytes;       /* copy calls and bytes copied      */
+    uint64_t streams_live;             /* stream_create minus destroy      */
 } gp_host_counters;
 
 /* Make the n-th next map() fail with `status` (1 = the very next one);

@@ -236,8 +236,16 @@ typedef struct gp_block_info {
 } gp_block_info;
 
 /* PENDING: freed, but a stream named with gp_record_stream may still use
- * it; it returns to the free bins once the work queued there has completed. */
-enum { GP_BLOCK_FREE_UNMAPPED = 0, GP_BLOCK_FREE = 1, GP_BLOCK_USED = 2, GP_BLOCK_PENDING = 3 };
+ * it; it returns to the free bins once the work queued there has completed.
+ * OFFLOADED: live, but its memory is on the host (gp_pool_offload_*): the
+ * address stays valid and reserved, no kernel may touch it until restored.
+ * FREE_OFFLOADED: free memory inside an offloaded run; it becomes FREE when
+ * the run is restored (and a live OFFLOADED block that is freed becomes
+ * one). */
+enum {
+    GP_BLOCK_FREE_UNMAPPED = 0, GP_BLOCK_FREE = 1, GP_BLOCK_USED = 2, GP_BLOCK_PENDING = 3,
+    GP_BLOCK_OFFLOADED = 4, GP_BLOCK_FREE_OFFLOADED = 5
+};
 enum { GP_ARENA_SMALL = 0, GP_ARENA_LARGE = 1, GP_ARENA_COUNT = 2 };
 
 /* Look up a live block by any address inside it.  GP_ERR_FOREIGN if none. */
@@ -340,6 +348,97 @@ gp_status gp_pool_retag(gp_pool *pool, void *const *ptrs, size_t n, gp_tag tag,
 size_t gp_pool_check(gp_pool *pool, char *msg, size_t n);
 #define GP_DEBUG_EVERY 256
 
+/* ------------------------------------------------------- offload, pool side */
+
+/* The pool's part of offloading memory to the host (offload.c does the
+ * copies and keeps the host copy).  Memory moves in *runs*: chunk-aligned
+ * address ranges whose every byte is a live block of the tags being
+ * offloaded or free cache, so that their physical chunks can be given back
+ * while every other block stays where it is.  A live block is offloaded
+ * only if all the chunks it touches are in runs; blocks that share a chunk
+ * with other live memory (another tag, a pending record_stream block, a
+ * CUDA graph's private memory) stay resident and are counted as `kept`.
+ *
+ * The addresses never change: live blocks of a run become OFFLOADED (still
+ * in the pointer hash: they can be freed, retagged and looked up), free
+ * cache in it FREE_OFFLOADED (no allocation lands there).  Figures: the
+ * bytes of OFFLOADED blocks leave `allocated` (and their tag's and
+ * priority's) for `offloaded`; `reserved` drops as chunks are unmapped;
+ * `active_blocks` still counts them (they are live allocations).
+ *
+ * A plan covers one offload or one restore:
+ *   gp_pool_offload_begin  plans and marks, under the lock; every run's
+ *                          chunks are still mapped.  Returns an empty plan
+ *                          (n_runs 0) when nothing can move.
+ *   gp_pool_restore_begin  a plan over runs offloaded earlier (their
+ *                          chunks unmapped), to map them again.
+ *   gp_pool_plan_unmap     give back the chunks of [addr, addr+size) (a
+ *                          chunk-aligned piece of one run), once its data is
+ *                          safe on the host.
+ *   gp_pool_plan_map       map fresh chunks there again (restore, or undoing
+ *                          a failed offload).  On GP_ERR_OOM it has first
+ *                          released cached chunks of priority <= `priority`
+ *                          and retried; the caller may then ask others to
+ *                          give memory up and call it again.
+ *   gp_pool_plan_end       finish: `resident` 1 when every chunk of the plan
+ *                          is mapped (the blocks are live and usable again,
+ *                          free pieces go back to the bins), 0 when every
+ *                          chunk is unmapped (the runs stay offloaded).
+ *                          GP_ERR_INVALID, and nothing changes, when the
+ *                          chunks are not all in that state.  Frees the plan.
+ * The chunks of a run are touched by nobody else meanwhile (no allocation
+ * lands in them, trim skips them), so the caller copies without the lock.
+ * Refused while a CUDA graph captures (GP_ERR_INVALID): a capture may not
+ * synchronise. */
+typedef struct gp_offload_run {
+    uintptr_t addr;     /* chunk-aligned                                  */
+    uint64_t size;      /* a multiple of `chunk`                          */
+    uint64_t chunk;     /* the mapping unit of its arena                  */
+} gp_offload_run;
+
+typedef struct gp_offload_range {
+    uintptr_t addr;     /* a live block: the bytes to copy                */
+    uint64_t size;
+    gp_tag tag;
+    uint8_t priority;
+} gp_offload_range;
+
+typedef struct gp_offload_plan {
+    int restore;                /* a restore plan (else an offload)        */
+    size_t n_runs;
+    gp_offload_run *runs;       /* in address order                       */
+    size_t n_blocks;
+    gp_offload_range *blocks;   /* the live blocks inside the runs, in
+                                   address order: only these bytes are
+                                   copied (free space is not)             */
+    uint64_t bytes;             /* sum of blocks[].size                    */
+    uint64_t released;          /* sum of runs[].size                      */
+    uint64_t kept;              /* offload: bytes of the tags' live blocks
+                                   that stay resident (see above)          */
+} gp_offload_plan;
+
+/* Plan the offload of the live blocks of `tags` (n_tags of them).
+ * GP_ERR_INVALID for a tag never interned or while a graph captures,
+ * GP_ERR_NOMEM when host memory for the plan is short. */
+gp_status gp_pool_offload_begin(gp_pool *pool, const gp_tag *tags, size_t n_tags,
+                                gp_offload_plan **out);
+/* Plan the restore of `runs` (as an offload plan listed them; each must
+ * still be wholly offloaded: GP_ERR_INVALID otherwise).  The plan's blocks
+ * are the live blocks in them now (some may have been freed since). */
+gp_status gp_pool_restore_begin(gp_pool *pool, const gp_offload_run *runs, size_t n_runs,
+                                gp_offload_plan **out);
+gp_status gp_pool_plan_unmap(gp_pool *pool, gp_offload_plan *plan, uintptr_t addr,
+                             uint64_t size);
+gp_status gp_pool_plan_map(gp_pool *pool, gp_offload_plan *plan, uintptr_t addr,
+                           uint64_t size, int priority);
+gp_status gp_pool_plan_end(gp_pool *pool, gp_offload_plan *plan, int resident);
+
+/* Block the host until all work on the pool's device has completed (the
+ * backend's synchronize; counted in n_sync). */
+gp_status gp_pool_synchronize(gp_pool *pool);
+/* The pool's backend, for the layers above that copy (offload.c). */
+gp_backend *gp_pool_backend(gp_pool *pool);
+
 /* -------------------------------------------------------------- statistics */
 
 typedef struct gp_stats {
@@ -364,7 +463,7 @@ typedef struct gp_stats {
     uint64_t device_total;              /* the backend's memory size        */
     uint64_t chunk;                     /* physical mapping unit            */
     uint64_t arena_size[GP_ARENA_COUNT];/* virtual bytes reserved per arena */
-    uint64_t offloaded;                 /* bytes offloaded to host now      */
+    uint64_t offloaded;                 /* bytes of live blocks offloaded now */
     uint64_t allocated_total;           /* bytes handed out, ever (rounded) */
     uint64_t requested_total;           /* bytes asked for, ever            */
     uint64_t mapped_total, unmapped_total; /* bytes mapped / unmapped, ever */
@@ -376,6 +475,7 @@ typedef struct gp_tag_stats {
     uint64_t allocated, allocated_peak, requested;
     uint64_t active_blocks, n_alloc;
     uint64_t limit;
+    uint64_t offloaded;                 /* bytes of its live blocks offloaded now */
 } gp_tag_stats;
 
 /* A consistent copy of the pool's figures (taken under its lock; O(1) but
