@@ -312,7 +312,10 @@ gp_status gp_pool_restore_begin(gp_pool *p, const gp_offload_run *runs, size_t n
                                   "0x%" PRIxPTR " is not offloaded", r->addr, r->size, b->addr);
                 break;
             }
-            if (b->state == GP_BLOCK_OFFLOADED) st = gp_add_range(&pb, b, r->addr, r->addr + r->size);
+            if (b->state == GP_BLOCK_OFFLOADED) {
+                st = gp_add_range(&pb, b, r->addr, r->addr + r->size);
+                pl->offloaded += b->size;
+            }
         }
         if (st == GP_OK) st = gp_add_run(&pb, a, r->addr, r->addr + r->size);
     }
