@@ -462,6 +462,16 @@ static int gp_print_placement(const gp_config *c, char *buf, size_t len)
     return snprintf(buf, len, "%s", gp_placement_names[c->placement == GP_PLACE_LIFETIME]);
 }
 
+static int gp_parse_host_limit(gp_config *c, const char *v, char *why, size_t n)
+{
+    return gp_spec_parse(&c->host_limit, v, why, n);
+}
+
+static int gp_print_host_limit(const gp_config *c, char *buf, size_t len)
+{
+    return gp_spec_print(c->host_limit, buf, len);
+}
+
 /* The table: variable, keyword, default, accepted values, meaning, parser,
  * printer.  The variable is always GPUPOOL_ and the keyword in upper case. */
 #define GP_OPTIONS(X)                                                                     \
@@ -514,7 +524,11 @@ static int gp_print_placement(const gp_config *c, char *buf, size_t len)
       "free memory the pool may keep mapped, as a share of allocated bytes, when it must " \
       "grow: beyond it, cached chunks are given back (one device sync) before new ones "  \
       "are mapped; none keeps every cached chunk",                                        \
-      gp_parse_slack, gp_print_slack)
+      gp_parse_slack, gp_print_slack)                                                     \
+    X("GPUPOOL_HOST_LIMIT", "host_limit", "50%", GP_SIZE_TEXT "; none or 0 for no limit", \
+      "cap on the pinned host memory that offloaded memory may take; a percentage or "    \
+      "fraction is of the host's physical memory", gp_parse_host_limit,                  \
+      gp_print_host_limit)
 
 #define GP_INFO(env, key, def, accepted, help, parse, print) {env, key, def, accepted, help},
 static const gp_option_info gp_options[] = {GP_OPTIONS(GP_INFO)};
@@ -550,6 +564,7 @@ void gp_config_default(gp_config *cfg)
         .cache_slack = 0.05,
         .torch_patch = 1,
         .placement = GP_PLACE_LIFETIME,
+        .host_limit = {.fraction = 0.5},
     };
 }
 
