@@ -491,8 +491,9 @@ static int gp_print_host_limit(const gp_config *c, char *buf, size_t len)
     X("GPUPOOL_CODEC", "codec", "none",                                                   \
       "none, lz4, zstd, bytesplit, bytesplit+lz4 or bytesplit+zstd",                      \
       "compression of blocks offloaded to host memory", gp_parse_codec, gp_print_codec)   \
-    X("GPUPOOL_OFFLOAD_THREADS", "offload_threads", "4", "an integer 1..64",              \
-      "offload worker threads", gp_parse_threads, gp_print_threads)                       \
+    X("GPUPOOL_OFFLOAD_THREADS", "offload_threads", "8", "an integer 1..64",              \
+      "threads that map, unmap and checksum offloaded memory beside its copies",          \
+      gp_parse_threads, gp_print_threads)                                                 \
     X("GPUPOOL_TENANT", "tenant", "(empty)",                                              \
       "1 to 63 characters of A-Z, a-z, 0-9, '_', '.' and '-'",                            \
       "group of processes sharing a GPU through the arbiter", gp_parse_tenant,            \
@@ -556,7 +557,7 @@ void gp_config_default(gp_config *cfg)
         .mode = GP_MODE_EXPANDABLE,
         .priority = GP_PRIO_NORMAL,
         .codec = "none",
-        .offload_threads = 4,
+        .offload_threads = 8,
         .log = GP_LOG_OOM,
         .chunk = 2 * MiB,
         .small_size = 1 * MiB,

@@ -24,7 +24,9 @@ def test_model_outputs_identical_after_offload_and_restore(run_py) -> None:
         info = gpupool.offload("model")
         free1 = torch.cuda.mem_get_info()[0]
         s = gpupool.stats()
-        assert info["bytes"] >= nbytes and s["tags"]["model"]["offloaded"] == info["bytes"], (info, nbytes)
+        # (small biases sharing a mapping unit with other live memory may stay: `kept`)
+        assert info["bytes"] + info["kept"] >= nbytes and info["bytes"] >= 0.99 * nbytes, (info, nbytes)
+        assert s["tags"]["model"]["offloaded"] == info["bytes"], (s["tags"]["model"], info)
         assert free1 - free0 >= info["released"] - 2 * 2**20, (free1 - free0, info)
         assert info["released"] >= nbytes - 64 * 2**20, info
         back = gpupool.restore("model")

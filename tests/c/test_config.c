@@ -144,7 +144,7 @@ static void test_defaults(void)
     CHECK(c.limit.bytes == 0 && c.limit.fraction == 0);
     CHECK(c.priority == GP_PRIO_NORMAL);
     CHECK(strcmp(c.codec, "none") == 0);
-    CHECK(c.offload_threads == 4);
+    CHECK(c.offload_threads == 8);
     CHECK(c.tenant[0] == '\0');
     CHECK(c.log == GP_LOG_OOM);
     CHECK(c.trace == 0);
