@@ -79,6 +79,7 @@ PyObject *gp_py_prefetch(gp_pool_object *self, PyObject *args);
 PyObject *gp_py_offload_register(gp_pool_object *self, PyObject *args);
 PyObject *gp_py_offload_use(gp_pool_object *self, PyObject *args);
 PyObject *gp_py_offload_stats(gp_pool_object *self, PyObject *args);
+PyObject *gp_py_offload_corrupt(gp_pool_object *self, PyObject *arg);
 
 /* Entries of the Pool type's method table. */
 #define GP_OFFLOAD_METHODS                                                                           \
@@ -93,6 +94,8 @@ PyObject *gp_py_offload_stats(gp_pool_object *self, PyObject *args);
     {"offload_use", (PyCFunction)gp_py_offload_use, METH_VARARGS,                                    \
      "offload_use(tag_id, busy): in use (never offloaded under pressure) or idle"},                 \
     {"offload_stats", (PyCFunction)gp_py_offload_stats, METH_VARARGS,                                \
-     "offload_stats(create=False) -> dict or None (no offloader yet)"},
+     "offload_stats(create=False) -> dict or None (no offloader yet)"},                             \
+    {"_offload_corrupt_for_test", (PyCFunction)gp_py_offload_corrupt, METH_O,                        \
+     "flip one stored byte of tag_id's offloaded copy (tests: a restore must catch it)"},
 
 #endif /* GP_MODULE_H */

@@ -1,22 +1,21 @@
 /*
  * offload.c -- the data path of offload (offload.h): plans from the pool
  * (gp_pool_offload_*), bytes through pinned host slabs (host_store.c), the
- * VMM calls and checksums on worker threads (workq.c).
+ * VMM calls on worker threads (workq.c), checksums on the device
+ * (checksum.h, the backend's checksum).
  *
  * Offload: the pool marks the tags' blocks and names the chunk runs to
  * release; the device is synchronised (the streams that used the memory,
- * record_stream events included, have finished); the live bytes in each
- * chunk are copied out in pieces of at most GP_PIECE_MAX on one of two copy
- * streams, alternating by chunk, and an event follows each chunk's copies.
- * A worker waits for that event, unmaps the chunk -- so device memory is
- * given back while later chunks are still being copied -- and queues the
- * checksums of its pieces, which may finish after the offload returns
- * (a restore waits for them).
+ * record_stream events included, have finished); for each chunk, each live
+ * piece (at most GP_PIECE_MAX) is checksummed and copied out on one of two
+ * copy streams, alternating by chunk, and an event follows.  A worker waits
+ * for that event and unmaps the chunk -- device memory is given back while
+ * later chunks are still being copied.
  *
  * Restore: the pool checks the runs are still wholly offloaded; workers map
- * each chunk (ahead of the copies) and verify its pieces' checksums; the
- * caller copies each chunk's pieces back as soon as its job is done, waits
- * for the copies, and the pool makes the blocks live again.
+ * each chunk ahead of the copies; each chunk's pieces are copied back as
+ * soon as it is mapped and checksummed again on the device; only when every
+ * sum matches does the pool make the blocks live again.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -26,6 +25,7 @@
 
 #include <pthread.h>
 
+#include "checksum.h"
 #include "host_store.h"
 #include "offload.h"
 #include "workq.h"
@@ -36,6 +36,10 @@
 /* Slab of pinned host memory: a few per GiB (pinning cost is per byte),
  * small enough that the store holds little more than it must. */
 #define GP_HOST_SLAB (32ull << 20)
+/* Checksums one offload or restore may compute (a device array of this
+ * many words, taken from the pool once): 2 TiB in GP_PIECE_MAX pieces,
+ * 256 GiB of 2 MiB chunks. */
+#define GP_SUMS_MAX (128u << 10)
 #define GP_RECORD_TAGS 16
 
 typedef struct gp_piece {
@@ -43,7 +47,7 @@ typedef struct gp_piece {
     uint64_t size;
     gp_extent host;     /* where they are (ptr NULL: contents dropped) */
     uint64_t stored;    /* bytes stored in host                        */
-    uint64_t sum;       /* checksum of the stored bytes                */
+    uint64_t sum;       /* checksum of its device bytes (checksum.h)   */
     gp_tag tag;
     int copied;         /* its copy out was queued                     */
 } gp_piece;
@@ -60,7 +64,6 @@ typedef struct gp_record {
     uint64_t offloaded, copied, host_bytes, released;
     int priority;       /* the highest of its blocks': what restoring may displace */
     int codec;
-    gp_batch sums;      /* the checksum jobs of its pieces            */
     int prefetching;    /* a prefetch is restoring it                 */
 } gp_record;
 
@@ -85,6 +88,8 @@ struct gp_offloader {
     gp_reg reg[GP_MAX_TAGS];
     uint64_t clock;
     gp_batch prefetches;   /* (waited for through the records' flags) */
+    uint64_t *sums_dev;    /* GP_SUMS_MAX checksums, device memory       */
+    uint64_t *sums_host;   /* where they are read back                   */
     gp_status prefetch_status; /* the last prefetch's failure, reported by the next restore */
     char prefetch_error[512];
     gp_offload_stats st;
@@ -95,42 +100,6 @@ static double gp_now(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-/* ------------------------------------------------------------- checksum */
-
-static inline uint64_t gp_fold(uint64_t a, uint64_t b)
-{
-    __uint128_t r = (__uint128_t)a * b;
-    return (uint64_t)r ^ (uint64_t)(r >> 64);
-}
-
-/* Fletcher-style over 8 lanes of 64-bit words: a[l] sums a lane's words,
- * b[l] the running a[l], so both a word's value and its place count; the
- * lanes are independent adds (vectorised, memory-bound), folded at the end
- * with the length and the seed.  Made to catch corruption of stored bytes
- * (a flipped bit, a misplaced or truncated piece), not an adversary. */
-uint64_t gp_checksum(const void *data, size_t n, uint64_t seed)
-{
-    const unsigned char *p = data;
-    uint64_t a[8] = {0}, b[8] = {0}, d[8];
-    size_t i = 0;
-    for (; i + sizeof d <= n; i += sizeof d) {
-        memcpy(d, p + i, sizeof d);
-        for (int l = 0; l < 8; l++) {
-            a[l] += d[l];
-            b[l] += a[l];
-        }
-    }
-    memset(d, 0, sizeof d);
-    memcpy(d, p + i, n - i);
-    for (int l = 0; l < 8; l++) {
-        a[l] += d[l];
-        b[l] += a[l];
-    }
-    uint64_t h = seed ^ ((uint64_t)n * 0x9e3779b97f4a7c15ull);
-    for (int l = 0; l < 8; l++) h = gp_fold(h ^ a[l], (b[l] ^ 0xff51afd7ed558ccdull) | 1);
-    return gp_fold(h ^ (h >> 29), 0xc4ceb9fe1a85ec53ull);
 }
 
 /* --------------------------------------------------------------- records */
@@ -146,10 +115,7 @@ static int gp_record_has(const gp_record *r, const gp_tag *tags, size_t n)
 static void gp_record_free(gp_offloader *o, gp_record *r)
 {
     if (!r) return;
-    gp_batch_wait(&r->sums); /* (no job may still read the pieces) */
-    gp_error_clear();
     for (size_t i = 0; i < r->n_pieces; i++) gp_host_store_free(o->hs, &r->pieces[i].host);
-    gp_batch_destroy(&r->sums);
     free(r->runs);
     free(r->pieces);
     free(r);
@@ -221,15 +187,8 @@ static gp_status gp_pieces_of(const gp_offload_plan *pl, gp_record *r)
 
 /* ---------------------------------------------------------------- jobs */
 
-static gp_status gp_job_sum(void *arg)
-{
-    gp_piece *p = arg;
-    p->sum = gp_checksum(p->host.ptr, p->stored, p->addr);
-    return GP_OK;
-}
-
-/* Offload: the chunk's copies have been queued; once they ran, give the
- * chunk back, then checksum its pieces. */
+/* Offload: the chunk's checksums and copies have been queued; once they
+ * ran, give the chunk back. */
 static gp_status gp_job_unmap(void *arg)
 {
     gp_chunk *c = arg;
@@ -243,13 +202,6 @@ static gp_status gp_job_unmap(void *arg)
     }
     if ((st = gp_pool_plan_unmap(c->o->pool, c->plan, c->addr, c->size)) != GP_OK) return st;
     c->unmapped = 1;
-    for (size_t i = 0; i < c->np; i++) {
-        gp_piece *p = &c->rec->pieces[c->p0 + i];
-        if (p->host.ptr && (st = gp_workq_push(c->o->q, &c->rec->sums, gp_job_sum, p)) != GP_OK) {
-            gp_job_sum(p); /* (the queue could not grow: do it here) */
-            gp_error_clear();
-        }
-    }
     return GP_OK;
 }
 
@@ -274,25 +226,6 @@ static gp_status gp_job_map(void *arg)
     gp_status st = gp_pool_plan_map(c->o->pool, c->plan, c->addr, c->size, GP_PRIO_MAX);
     if (st == GP_OK) c->mapped = 1;
     return st;
-}
-
-typedef struct gp_verify {
-    const gp_record *rec;
-    const gp_piece *piece;
-} gp_verify;
-
-/* Restore: a piece's stored bytes against its checksum.  It runs beside
- * the copy back: the blocks stay OFFLOADED (untouchable) until every piece
- * was found whole, and on a mismatch the restore gives the chunks back. */
-static gp_status gp_job_verify(void *arg)
-{
-    const gp_verify *v = arg;
-    const gp_piece *p = v->piece;
-    if (gp_checksum(p->host.ptr, p->stored, p->addr) == p->sum) return GP_OK;
-    char tags[256];
-    return gp_error_set(GP_ERR_BACKEND, "gpupool: the host copy of tag %s is corrupt: checksum mismatch in the %"
-                        PRIu64 " bytes of 0x%" PRIxPTR "; the memory stays offloaded",
-                        gp_tags_text(v->rec, tags, sizeof tags), p->size, p->addr);
 }
 
 /* ----------------------------------------------------------- the streams */
@@ -321,6 +254,14 @@ static gp_status gp_streams_drain(gp_offloader *o)
         if (s != GP_OK && st == GP_OK) st = s;
     }
     return st;
+}
+
+/* Read the first n checksums back (the work that wrote them has run). */
+static gp_status gp_sums_read(gp_offloader *o, size_t n)
+{
+    if (!n) return GP_OK;
+    gp_status st = o->be->copy(o->be, o->sums_host, o->sums_dev, n * sizeof *o->sums_dev, GP_COPY_D2H, o->streams[0]);
+    return st == GP_OK ? gp_streams_drain(o) : st;
 }
 
 /* -------------------------------------------------------------- offload */
@@ -366,7 +307,6 @@ static gp_record *gp_record_new(const gp_tag *tags, size_t n_tags, const gp_offl
 {
     gp_record *r = calloc(1, sizeof *r);
     if (!r) return NULL;
-    gp_batch_init(&r->sums);
     memcpy(r->tags, tags, n_tags * sizeof *tags);
     r->n_tags = (unsigned)n_tags;
     r->codec = GP_CODEC_RAW;
@@ -375,7 +315,6 @@ static gp_record *gp_record_new(const gp_tag *tags, size_t n_tags, const gp_offl
     for (size_t i = 0; i < pl->n_ranges; i++)
         if (pl->ranges[i].priority > r->priority) r->priority = pl->ranges[i].priority;
     if (!(r->runs = malloc(pl->n_runs * sizeof *r->runs)) || gp_pieces_of(pl, r) != GP_OK) {
-        gp_batch_destroy(&r->sums);
         free(r->runs);
         free(r->pieces);
         free(r);
@@ -410,6 +349,9 @@ static gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n
     gp_record *r = gp_record_new(tags, n_tags, pl);
     gp_chunk *c = r ? gp_chunks_of(r, &n) : NULL;
     if (!c) st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for an offload record");
+    else if (r->n_pieces > GP_SUMS_MAX)
+        st = gp_error_set(GP_ERR_INVALID, "gpupool: offload of %zu pieces at once (at most %u: offload fewer "
+                          "tags at a time)", r->n_pieces, GP_SUMS_MAX);
     if (st == GP_OK && opts->keep && (st = gp_host_store_reserve(o->hs, pl->bytes + 16 * r->n_pieces)) == GP_OK) {
         for (size_t i = 0; i < r->n_pieces && st == GP_OK; i++) {
             st = gp_host_store_alloc(o->hs, r->pieces[i].size, &r->pieces[i].host);
@@ -427,8 +369,8 @@ static gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n
         free(c);
         return gp_error_set(st, "%s", why);
     }
-    /* Copies out, chunk by chunk on alternating streams; a worker gives
-     * each chunk back behind its copies. */
+    /* Checksums and copies out, chunk by chunk on alternating streams; a
+     * worker gives each chunk back behind them. */
     gp_batch unmaps;
     gp_batch_init(&unmaps);
     for (size_t k = 0; k < n && st == GP_OK; k++) {
@@ -437,8 +379,11 @@ static gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n
         c[k].plan = pl;
         c[k].rec = r;
         for (size_t i = 0; i < c[k].np && st == GP_OK && opts->keep; i++) {
-            gp_piece *p = &r->pieces[c[k].p0 + i];
-            if ((st = o->be->copy(o->be, p->host.ptr, (const void *)p->addr, p->size, GP_COPY_D2H, s)) == GP_OK)
+            size_t j = c[k].p0 + i;
+            gp_piece *p = &r->pieces[j];
+            st = o->be->checksum(o->be, (const void *)p->addr, p->size, p->addr, &o->sums_dev[j], s);
+            if (st == GP_OK &&
+                (st = o->be->copy(o->be, p->host.ptr, (const void *)p->addr, p->size, GP_COPY_D2H, s)) == GP_OK)
                 p->copied = 1;
         }
         if (st == GP_OK && c[k].np && opts->keep) st = o->be->event_record(o->be, s, &c[k].event);
@@ -447,6 +392,9 @@ static gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n
     gp_status jst = gp_batch_wait(&unmaps);
     gp_batch_destroy(&unmaps);
     if (st == GP_OK) st = jst;
+    /* The checksums ran before the copies, which have run: read them. */
+    if (st == GP_OK && opts->keep) st = gp_sums_read(o, r->n_pieces);
+    for (size_t i = 0; st == GP_OK && i < r->n_pieces; i++) r->pieces[i].sum = o->sums_host[i];
     if (st == GP_OK && (st = gp_pool_plan_end(o->pool, pl, 0)) == GP_OK) {
         gp_record_keep(o, r);
         *res = (gp_offload_result){.bytes = r->offloaded, .copied = r->copied, .host_bytes = r->host_bytes,
@@ -496,11 +444,6 @@ static gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offl
     if (st != GP_OK) return st;
     gp_offload_plan *pl;
     if ((st = gp_pool_restore_begin(o->pool, r->runs, r->n_runs, &pl)) != GP_OK) return st;
-    /* The checksums of its pieces must exist before they are verified. */
-    if ((st = gp_batch_wait(&r->sums)) != GP_OK) {
-        gp_pool_plan_end(o->pool, pl, 0);
-        return st;
-    }
     size_t n = 0;
     gp_chunk *c = gp_chunks_of(r, &n);
     if (!c) {
@@ -519,18 +462,9 @@ static gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offl
             break;
         }
     }
-    /* Verification runs beside the copies (queued behind the maps). */
-    gp_batch verified;
-    gp_batch_init(&verified);
-    gp_verify *vs = calloc(r->n_pieces ? r->n_pieces : 1, sizeof *vs);
-    if (!vs && st == GP_OK) st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a restore");
-    for (size_t i = 0; vs && i < r->n_pieces && st == GP_OK; i++) {
-        if (!r->pieces[i].host.ptr) continue;
-        vs[i] = (gp_verify){r, &r->pieces[i]};
-        st = gp_workq_push(o->q, &verified, gp_job_verify, &vs[i]);
-    }
-    /* Copy each chunk back as soon as it is mapped.  A chunk the device had
-     * no room for: make room (lower-priority idle tags), then map it here. */
+    /* Copy each chunk back as soon as it is mapped, and checksum what came
+     * back.  A chunk the device had no room for: make room (lower-priority
+     * idle tags), then map it here. */
     for (size_t k = 0; k < queued && st == GP_OK; k++) {
         if ((st = gp_batch_wait(&c[k].done)) != GP_OK && !c[k].mapped && (st == GP_ERR_OOM || st == GP_ERR_LIMIT)) {
             uint64_t got = 0;
@@ -540,22 +474,32 @@ static gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offl
                 st = gp_job_map(&c[k]);
             }
         }
+        gp_stream s = o->streams[k & 1];
         for (size_t i = 0; i < c[k].np && st == GP_OK; i++) {
-            gp_piece *p = &r->pieces[c[k].p0 + i];
-            if (p->host.ptr)
-                st = o->be->copy(o->be, (void *)p->addr, p->host.ptr, p->size, GP_COPY_H2D, o->streams[k & 1]);
+            size_t j = c[k].p0 + i;
+            gp_piece *p = &r->pieces[j];
+            if (!p->host.ptr) continue;
+            st = o->be->copy(o->be, (void *)p->addr, p->host.ptr, p->size, GP_COPY_H2D, s);
+            if (st == GP_OK) st = o->be->checksum(o->be, (const void *)p->addr, p->size, p->addr, &o->sums_dev[j], s);
         }
     }
-    gp_status vst = gp_batch_wait(&verified);
-    if (st == GP_OK) st = vst;
-    gp_batch_destroy(&verified);
-    free(vs);
+    /* The blocks stay OFFLOADED (untouchable) until every piece came back
+     * whole; a mismatch gives the chunks back below. */
+    for (size_t k = 0; k < queued; k++) gp_batch_wait(&c[k].done);
+    if (st == GP_OK) st = gp_streams_drain(o);
+    if (st == GP_OK) st = gp_sums_read(o, r->n_pieces);
+    for (size_t i = 0; st == GP_OK && i < r->n_pieces; i++) {
+        const gp_piece *p = &r->pieces[i];
+        if (p->host.ptr && o->sums_host[i] != p->sum) {
+            char tags[256];
+            st = gp_error_set(GP_ERR_BACKEND, "gpupool: the host copy of tag %s is corrupt: checksum mismatch in "
+                              "the %" PRIu64 " bytes of 0x%" PRIxPTR, gp_tags_text(r, tags, sizeof tags), p->size,
+                              p->addr);
+        }
+    }
     char why[1024] = "";
     if (st != GP_OK) snprintf(why, sizeof why, "%s", gp_last_error());
-    for (size_t k = 0; k < queued; k++) {
-        gp_batch_wait(&c[k].done);
-        gp_batch_destroy(&c[k].done);
-    }
+    for (size_t k = 0; k < queued; k++) gp_batch_destroy(&c[k].done);
     gp_error_clear();
     gp_status dst = gp_streams_drain(o);
     if (st == GP_OK) st = dst;
@@ -695,6 +639,13 @@ gp_status gp_offloader_create(gp_pool *pool, uint64_t host_limit, unsigned threa
     for (unsigned t = 0; t < GP_MAX_TAGS; t++) o->reg[t].prio = -1;
     gp_batch_init(&o->prefetches);
     gp_status st = gp_host_store_create(o->be, host_limit, GP_HOST_SLAB, &o->hs);
+    gp_tag own;
+    if (st == GP_OK) st = gp_tag_intern("gpupool", &own);
+    /* The checksums' device array comes from the pool, once, before any
+     * pressure could call on the offloader. */
+    if (st == GP_OK) o->sums_dev = gp_alloc(pool, GP_SUMS_MAX * sizeof(uint64_t), NULL, own, GP_PRIO_CRITICAL, &st);
+    if (st == GP_OK && !(o->sums_host = malloc(GP_SUMS_MAX * sizeof(uint64_t))))
+        st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the offloader");
     if (st == GP_OK) st = gp_workq_create(threads, &o->q);
     if (st == GP_OK) st = gp_workq_create(1, &o->pq);
     if (st != GP_OK) {
@@ -718,6 +669,8 @@ void gp_offloader_destroy(gp_offloader *o)
         gp_record_free(o, r);
     }
     for (int i = 0; i < o->n_streams; i++) o->be->stream_destroy(o->be, o->streams[i]);
+    if (o->sums_dev) gp_free(o->pool, o->sums_dev);
+    free(o->sums_host);
     gp_host_store_destroy(o->hs);
     gp_batch_destroy(&o->prefetches);
     pthread_cond_destroy(&o->cond);
@@ -880,7 +833,6 @@ gp_status gp_offload_corrupt_for_test(gp_offloader *o, gp_tag tag)
     pthread_mutex_lock(&o->lock);
     for (gp_record *r = o->records; r && st != GP_OK; r = r->next) {
         if (!gp_record_has(r, &tag, 1) || !r->n_pieces || !r->pieces[0].host.ptr) continue;
-        gp_batch_wait(&r->sums);
         ((unsigned char *)r->pieces[0].host.ptr)[r->pieces[0].stored / 2] ^= 0x40;
         gp_error_clear();
         st = GP_OK;

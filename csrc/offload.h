@@ -9,8 +9,9 @@
  * valid.  The copies run in slices on two streams of the backend's own; a
  * chunk is unmapped as soon as the copies out of it have completed, and on
  * restore chunks are mapped ahead of the copies into them, on worker
- * threads.  Each piece of stored data has a checksum, verified before it is
- * copied back: a mismatch leaves the memory offloaded and names the tag.
+ * threads.  Each piece has a checksum, computed on the device before it
+ * leaves and again after it came back (checksum.h): a mismatch leaves the
+ * memory offloaded and names the tag.
  *
  * Failure leaves things whole: an offload that fails half way (host limit,
  * a device error) maps back what it had released and copies it back, so
@@ -39,8 +40,9 @@
 typedef struct gp_offloader gp_offloader;
 
 /* An offloader for `pool` (which must outlive it): host memory capped at
- * `host_limit` bytes (0: none), `threads` worker threads (1..64).  It
- * installs itself as the pool's pressure callback. */
+ * `host_limit` bytes (0: none), `threads` worker threads (1..64).  It takes
+ * 1 MiB of the pool (tag "gpupool") for its checksums and installs itself
+ * as the pool's pressure callback. */
 gp_status gp_offloader_create(gp_pool *pool, uint64_t host_limit, unsigned threads, gp_offloader **out);
 /* Restores nothing: memory still offloaded is lost (its addresses stay
  * reserved in the pool until the pool goes).  Removes the callback. */
@@ -120,9 +122,5 @@ int gp_offload_is_offloaded(gp_offloader *o, gp_tag tag);
 /* For tests: flip one stored byte of the newest offload holding `tag`, as
  * a failing host DIMM would (GP_ERR_INVALID if it has no stored bytes). */
 gp_status gp_offload_corrupt_for_test(gp_offloader *o, gp_tag tag);
-
-/* A checksum of `n` bytes (64-bit, seeded), fast enough for the host
- * side of PCIe on a few threads. */
-uint64_t gp_checksum(const void *data, size_t n, uint64_t seed);
 
 #endif /* GP_OFFLOAD_H */

@@ -226,3 +226,17 @@ PyObject *gp_py_offload_stats(gp_pool_object *self, PyObject *args)
                          (unsigned long long)s.bytes_out, "bytes_in", (unsigned long long)s.bytes_in, "n_pin",
                          (unsigned long long)s.n_pin, "tags", tags);
 }
+
+PyObject *gp_py_offload_corrupt(gp_pool_object *self, PyObject *arg)
+{
+    long tag = PyLong_AsLong(arg);
+    if (tag == -1 && PyErr_Occurred()) return NULL;
+    gp_offloader *o = gp_pool_offloader(self->pool, 0);
+    if (!o || tag < 0 || tag >= (long)gp_tag_count()) {
+        PyErr_Format(PyExc_ValueError, "tag id %ld has nothing offloaded", tag);
+        return NULL;
+    }
+    gp_status st = gp_offload_corrupt_for_test(o, (gp_tag)tag);
+    if (st != GP_OK) return gp_raise(st);
+    Py_RETURN_NONE;
+}

@@ -17,7 +17,8 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Union
 
-from ._context import Priority, priority_value, tag_id, tagged
+from . import _C
+from ._context import Priority, priority_value, tag_id, tag_lifetime, tagged
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._pool import PoolView
@@ -189,6 +190,7 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
     bring it back when it is next used.  Returns a handle with
     ``.offload()``, ``.restore()``, ``.prefetch()`` and ``.remove()``."""
     prio = priority_value(priority)
+    tag_lifetime(tag, "long")  # with placement: apart from short-lived churn, so whole chunks can go
     p = _pool(device, pool)
     h = OffloadHandle(obj, tag, prio, p, pool)
     p._pool.offload_register(h._tid, prio)
@@ -239,10 +241,21 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
 
 
 def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> None:
+    # The context the step allocates under: its new state (the first step
+    # makes it) lands under the tag, in the tag's region (offloadable tags
+    # are long-lived), not among the gradients it would then share chunks
+    # with.  Per thread; a step that raised leaves it set until the next.
+    saved = threading.local()
+
     def pre(o: Any, args: Any, kwargs: Any) -> None:
         h._enter()
+        if getattr(saved, "ctx", None) is None:
+            saved.ctx = _C.set_context(h._tid, h.priority)
 
     def post(o: Any, args: Any, kwargs: Any) -> None:
+        ctx, saved.ctx = getattr(saved, "ctx", None), None
+        if ctx is not None:
+            _C.set_context(*ctx)
         h._retag_state(o)
         h._use(False)
         if offload_after_step:

@@ -15,7 +15,9 @@ MiB = 2**20
 
 
 def pool(capacity: int = 256 * MiB, **kw: object) -> gpupool.HostPool:
-    return gpupool.HostPool(capacity, chunk="256KiB", large_chunk="1MiB", **kw)
+    p = gpupool.HostPool(capacity, chunk="256KiB", large_chunk="1MiB", **kw)
+    p._pool.offload_stats(True)  # the offloader (it takes 1 MiB for checksums) before any figure
+    return p
 
 
 def fill(addr: int, n: int, seed: int) -> None:
@@ -138,3 +140,17 @@ def test_snapshot_of_an_offloaded_pool() -> None:
     assert snap["segments"] is not None
     gpupool.restore("snap_t", pool=p)
     assert _C.tag_name(tag_id("snap_t")) == "snap_t"
+
+
+def test_corrupt_host_copy_is_caught_and_memory_stays_offloaded() -> None:
+    p = pool()
+    a = p.alloc(8 * MiB, tag="crc_t")
+    fill(a, 8 * MiB, 11)
+    gpupool.offload("crc_t", pool=p)
+    p._pool._offload_corrupt_for_test(tag_id("crc_t"))
+    with pytest.raises(RuntimeError, match="checksum.*'crc_t'|'crc_t'.*checksum"):
+        gpupool.restore("crc_t", pool=p)
+    assert p.lookup(a).state == "offloaded"
+    p._pool._offload_corrupt_for_test(tag_id("crc_t"))
+    gpupool.restore("crc_t", pool=p)
+    assert same(a, 8 * MiB, 11)

@@ -12,6 +12,7 @@ def test_model_outputs_identical_after_offload_and_restore(run_py) -> None:
         import torch, gpupool
         gpupool.enable()
         torch.manual_seed(0)
+        gpupool.device_pool()._pool.offload_stats(True)  # the offloader (1 MiB for checksums) first
         with gpupool.tag("model"):
             m = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).cuda().to(torch.bfloat16)
         x = torch.randn(32, 4096, device="cuda", dtype=torch.bfloat16)
@@ -35,6 +36,22 @@ def test_model_outputs_identical_after_offload_and_restore(run_py) -> None:
             y2 = m(x)
         assert [p.data_ptr() for p in m.parameters()] == ptrs
         assert torch.equal(y1, y2)
+        # A corrupted host copy is caught by the device checksums: the
+        # memory stays offloaded, and comes back once mended.
+        gpupool.offload("model")
+        tid = gpupool._context.tag_id("model")
+        p = gpupool.device_pool()
+        p._pool._offload_corrupt_for_test(tid)
+        try:
+            gpupool.restore("model")
+            raise SystemExit("corruption not caught")
+        except RuntimeError as e:
+            assert "checksum" in str(e) and "'model'" in str(e), e
+        assert gpupool.stats()["tags"]["model"]["offloaded"] == info["bytes"]
+        p._pool._offload_corrupt_for_test(tid)
+        gpupool.restore("model")
+        with torch.no_grad():
+            assert torch.equal(m(x), y1)
         # keep=False: the memory comes back usable, contents undefined.
         gpupool.offload("model", keep=False)
         gpupool.restore("model")
