@@ -311,7 +311,10 @@ uint64_t gp_pool_empty_cache(gp_pool *pool);
  * (offload, the arbiter) may give up live memory of priority lower than
  * `priority` -- never of `priority` or above -- and returns the bytes it
  * freed.  Called without the pool's lock held, so it may call gp_*
- * functions (gp_free of the blocks it gives up). */
+ * functions (gp_free of the blocks it gives up, even gp_alloc); the request
+ * is then decided afresh (its tag's limit, its stream, a capture begun or
+ * ended meanwhile) as if it had just been made.  Asked at most once per
+ * request. */
 typedef uint64_t (*gp_pressure_fn)(void *arg, gp_pool *pool, uint64_t needed,
                                    int priority);
 void gp_pool_set_pressure(gp_pool *pool, gp_pressure_fn fn, void *arg);

@@ -48,10 +48,11 @@ static gp_status gp_refill_spare(gp_pool *p)
     return GP_OK;
 }
 
-/* Callers make sure a header is spare (gp_reserve_headers) before they start
- * changing blocks, so a split never fails half-way. */
+/* A header from the spare list, refilled when empty; NULL (with the error
+ * set) only when the host is out of memory. */
 gp_block *gp_new_block(gp_pool *p)
 {
+    if (!p->spare && gp_refill_spare(p) != GP_OK) return NULL;
     gp_block *b = p->spare;
     p->spare = b->fnext;
     memset(b, 0, sizeof *b);
@@ -154,10 +155,12 @@ gp_block *gp_insert_free(gp_pool *p, gp_arena *a, gp_block *b)
 }
 
 /* Cut b (in no bin) after `size` bytes; the tail becomes a block of the same
- * state and stream, returned (not in any bin).  Needs a spare header. */
+ * state and stream, returned (not in any bin).  NULL, b unchanged, when no
+ * header can be had (see gp_reserve_headers). */
 gp_block *gp_split(gp_pool *p, gp_block *b, uint64_t size)
 {
     gp_block *t = gp_new_block(p);
+    if (!t) return NULL;
     t->addr = b->addr + size;
     t->size = b->size - size;
     t->state = b->state;
@@ -430,13 +433,11 @@ static uint64_t gp_cached_above(const gp_pool *p, int prio)
 }
 
 /* The limit or the device stands in the way of a request of `prio` that
- * found no cached block: give up, in this order, what it may displace, and
- * retry after each step -- (1) cached chunks of priorities up to its own,
+ * found no cached block: release cached chunks of priorities up to its own,
  * the lowest first, as many as it needs, then all of them (the limit path
- * of gp_grow has done this already); (2) live memory of lower priorities,
- * through the pressure callback (offload, the arbiter), only if some
- * exists.  Nothing of a higher priority is touched, so only a request that
- * can displace nobody fails.  Called, and returns, with the lock held. */
+ * of gp_grow has done this already), retrying after each step.  Nothing of
+ * a higher priority is touched.  The pressure callback, the next step, is
+ * gp_alloc's: it needs the lock dropped. */
 static gp_block *gp_displace(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t bsize, int prio,
                              gp_status *st)
 {
@@ -449,25 +450,26 @@ static gp_block *gp_displace(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t bs
             b = gp_grow(p, a, sidx, bsize, prio, st);
         }
     }
-    if (!b && (*st == GP_ERR_OOM || *st == GP_ERR_LIMIT) && p->pressure && gp_lower_live(p, prio)) {
-        gp_pressure_fn fn = p->pressure;
-        void *arg = p->pressure_arg;
-        pthread_mutex_unlock(&p->lock);
-        uint64_t got = fn(arg, p, bsize, prio);
-        pthread_mutex_lock(&p->lock);
-        if (got) {
-            /* What was given up is cache now: reuse it, or release it and map. */
-            if ((b = gp_bins_find(a->bins[sidx], bsize))) gp_bins_remove(a->bins[sidx], b);
-            else if (!(b = gp_steal(p, a, sidx, bsize))) {
-                b = gp_grow(p, a, sidx, bsize, prio, st);
-                if (!b && *st == GP_ERR_OOM && !p->reserve_mode) {
-                    gp_trim_in(p, NULL, UINT64_MAX, prio);
-                    b = gp_grow(p, a, sidx, bsize, prio, st);
-                }
-            }
-        }
-    }
     return b;
+}
+
+/* Ask the pressure callback (offload, the arbiter) to give up live memory
+ * of priorities below `prio`.  It runs without the lock, so anything may
+ * change meanwhile -- other threads and the callback itself allocate and
+ * free -- and the caller must decide everything again afterwards.  Returns
+ * whether it gave something up; the lock is held again on return, and the
+ * error the request failed with is kept. */
+static int gp_ask_pressure(gp_pool *p, uint64_t bsize, int prio, gp_status st)
+{
+    char why[1024];
+    snprintf(why, sizeof why, "%s", gp_last_error());
+    gp_pressure_fn fn = p->pressure;
+    void *arg = p->pressure_arg;
+    pthread_mutex_unlock(&p->lock);
+    uint64_t got = fn(arg, p, bsize, prio);
+    pthread_mutex_lock(&p->lock);
+    if (!got) gp_error_set(st, "%s", why);
+    return got != 0;
 }
 
 void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priority, gp_status *status)
@@ -491,37 +493,55 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
     pthread_mutex_lock(&p->lock);
     unsigned sidx;
     gp_tag_stats *ts = &p->tags[tag];
-    gp_arena *a = &p->arenas[p->n_arenas == 1 || bsize >= p->small_size ? p->n_arenas - 1 : 0];
+    gp_arena *a;
     gp_block *b = NULL;
-    /* Placement: long-lived tags use their stream's slot of the long region
-     * (not while capturing: a capture draws on the capturing stream's slot). */
-    unsigned life = p->placement && !p->n_capturing ? (unsigned)gp_tag_lifetime(tag) : GP_LIFE_SHORT;
-    if ((st = gp_slot_of(p, stream, life, &sidx)) != GP_OK) goto fail;
-    int gslot = -1; /* the graph pool this allocation goes to, if capturing */
-    if (p->n_capturing && (st = gp_capture_route(p, stream, &gslot)) != GP_OK) goto fail;
-    if (p->n_pending) gp_poll_pending(p);
-    if (ts->limit && ts->allocated + bsize > ts->limit) {
-        st = gp_error_set(GP_ERR_LIMIT,
-                          "tag '%s' is limited to %" PRIu64 " bytes and holds %" PRIu64
-                          "; %" PRIu64 " more were asked for",
-                          gp_tag_name(tag), ts->limit, ts->allocated, (uint64_t)bsize);
-        goto fail;
-    }
-    if (gp_reserve_headers(p, 1) != GP_OK) { st = GP_ERR_NOMEM; goto fail; }
-    if (gslot >= 0) b = gp_capture_find(p, &a, (unsigned)gslot, sidx, bsize);
-    else if ((b = gp_bins_find(a->bins[sidx], bsize))) gp_bins_remove(a->bins[sidx], b);
-    if (b) {
-        p->st.cache_hits++;
-    } else if (gslot >= 0 || !(b = gp_steal(p, a, sidx, bsize))) {
+    int gslot;        /* the graph pool this allocation goes to, if capturing */
+    int asked = 0;    /* the pressure callback had its chance */
+    for (;;) {
+        /* Everything is decided here, and again after the pressure callback
+         * (which runs without the lock). */
+        a = &p->arenas[p->n_arenas == 1 || bsize >= p->small_size ? p->n_arenas - 1 : 0];
+        /* Placement: long-lived tags use their stream's slot of the long
+         * region (not while capturing: a capture draws on the capturing
+         * stream's slot). */
+        unsigned life = p->placement && !p->n_capturing ? (unsigned)gp_tag_lifetime(tag) : GP_LIFE_SHORT;
+        if ((st = gp_slot_of(p, stream, life, &sidx)) != GP_OK) goto fail;
+        gslot = -1;
+        if (p->n_capturing && (st = gp_capture_route(p, stream, &gslot)) != GP_OK) goto fail;
+        if (p->n_pending) gp_poll_pending(p);
+        if (ts->limit && ts->allocated + bsize > ts->limit) {
+            st = gp_error_set(GP_ERR_LIMIT,
+                              "tag '%s' is limited to %" PRIu64 " bytes and holds %" PRIu64
+                              "; %" PRIu64 " more were asked for",
+                              gp_tag_name(tag), ts->limit, ts->allocated, (uint64_t)bsize);
+            goto fail;
+        }
+        if (gslot >= 0) b = gp_capture_find(p, &a, (unsigned)gslot, sidx, bsize);
+        else if ((b = gp_bins_find(a->bins[sidx], bsize))) gp_bins_remove(a->bins[sidx], b);
+        if (b) {
+            p->st.cache_hits++;
+            break;
+        }
         /* (A capture cannot wait on another stream: it never steals.) */
-        b = gp_grow(p, a, sidx, bsize, priority, &st);
-        if (!b && (st == GP_ERR_OOM || st == GP_ERR_LIMIT))
-            b = gp_displace(p, a, sidx, bsize, priority, &st);
-        if (!b) goto fail;
+        if (gslot < 0 && (b = gp_steal(p, a, sidx, bsize))) break;
+        if ((b = gp_grow(p, a, sidx, bsize, priority, &st))) break;
+        if (st != GP_ERR_OOM && st != GP_ERR_LIMIT) goto fail;
+        if ((b = gp_displace(p, a, sidx, bsize, priority, &st))) break;
+        /* Live memory of lower priorities, through the callback, once. */
+        if ((st != GP_ERR_OOM && st != GP_ERR_LIMIT) || asked || !p->pressure || !gp_lower_live(p, priority))
+            goto fail;
+        asked = 1;
+        if (!gp_ask_pressure(p, bsize, priority, st)) goto fail;
     }
     b->state = GP_BLOCK_USED; /* before the tail goes back, or they would merge */
     if (b->size - bsize >= GP_ALIGN) {
         gp_block *tail = gp_split(p, b, bsize);
+        if (!tail) { /* no header for the tail: the block goes back */
+            st = GP_ERR_NOMEM;
+            b->state = GP_BLOCK_FREE;
+            gp_insert_free(p, a, b);
+            goto fail;
+        }
         tail->state = GP_BLOCK_FREE;
         gp_insert_free(p, a, tail);
     }

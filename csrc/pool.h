@@ -168,8 +168,11 @@ static inline gp_bins *gp_bins_of(gp_arena *a, const gp_block *b)
 
 /* ------------------------------------------------ pool.c: blocks and memory */
 
-/* Make sure `n` block headers are spare, so that a change of several blocks
- * never fails half-way; gp_new_block takes one of them. */
+/* Make sure `n` block headers are spare, so that the next n splits cannot
+ * fail: a change of several blocks then never fails half-way.  It holds
+ * only while the lock is: after dropping it (the pressure callback) a
+ * caller reserves again.  gp_new_block takes a spare header, refilling the
+ * list if empty, and returns NULL (error set) if the host has no memory. */
 gp_status gp_reserve_headers(gp_pool *p, int n);
 gp_block *gp_new_block(gp_pool *p);
 /* b (in no bin) becomes free: merged with its free neighbours and binned. */
