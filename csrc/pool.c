@@ -799,18 +799,21 @@ void gp_pool_destroy(gp_pool *p)
     free(p->recs);
     for (unsigned k = 0; k < GP_ARENA_COUNT; k++) {
         gp_arena *a = &p->arenas[k];
-        if (!a->base) continue;
-        /* Blocks are in address order and two mapped blocks may share a
-         * chunk: `done` keeps each chunk from being released twice. */
-        uintptr_t done = a->base;
-        for (gp_block *b = a->first; b; b = b->next) {
-            if (b->state == GP_BLOCK_FREE_UNMAPPED) continue;
-            uintptr_t c = b->addr / a->chunk * a->chunk;
-            for (c = c < done ? done : c; c < b->addr + b->size; c += a->chunk)
-                p->be->unmap(p->be, c, a->chunk, a->handles[gp_chunk_index(a, c)]);
-            done = c;
+        /* (A failed creation may leave an arena with a chunk table and no
+         * reservation.) */
+        if (a->base) {
+            /* Blocks are in address order and two mapped blocks may share a
+             * chunk: `done` keeps each chunk from being released twice. */
+            uintptr_t done = a->base;
+            for (gp_block *b = a->first; b; b = b->next) {
+                if (b->state == GP_BLOCK_FREE_UNMAPPED) continue;
+                uintptr_t c = b->addr / a->chunk * a->chunk;
+                for (c = c < done ? done : c; c < b->addr + b->size; c += a->chunk)
+                    p->be->unmap(p->be, c, a->chunk, a->handles[gp_chunk_index(a, c)]);
+                done = c;
+            }
+            p->be->unreserve(p->be, a->base, a->size);
         }
-        p->be->unreserve(p->be, a->base, a->size);
         free(a->handles);
         for (unsigned s = 0; s < GP_MAX_STREAMS; s++) free(a->bins[s]);
     }

@@ -308,6 +308,58 @@ static void test_injected_failures(void)
     CHECK(strstr(gp_last_error(), "reserve") != NULL);
 }
 
+/* Backend calls that fail on demand, around the host backend's own (the
+ * table is the backend's interface, so a test may wrap any entry). */
+typedef struct wrapped {
+    gp_status (*reserve)(gp_backend *, uint64_t, uint64_t, uintptr_t *);
+    gp_status (*unmap)(gp_backend *, uintptr_t, uint64_t, uint64_t);
+    int fail_reserve, fail_unmap; /* the n-th next call fails (0: none) */
+    int fail_unmap_count;         /* and so many after it */
+} wrapped;
+static wrapped wrap;
+
+static gp_status failing_reserve(gp_backend *be, uint64_t size, uint64_t align, uintptr_t *base)
+{
+    if (wrap.fail_reserve && --wrap.fail_reserve == 0)
+        return gp_error_set(GP_ERR_OOM, "test: reserve fails");
+    return wrap.reserve(be, size, align, base);
+}
+
+static gp_status failing_unmap(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t handle)
+{
+    if (wrap.fail_unmap && --wrap.fail_unmap == 0) {
+        wrap.fail_unmap = wrap.fail_unmap_count > 0 ? 1 : 0;
+        if (wrap.fail_unmap_count > 0) wrap.fail_unmap_count--;
+        return gp_error_set(GP_ERR_BACKEND, "test: unmap fails");
+    }
+    return wrap.unmap(be, addr, size, handle);
+}
+
+static gp_backend *wrapped_backend(uint64_t capacity)
+{
+    gp_backend *be;
+    CHECK(gp_backend_host_create(capacity, &be) == GP_OK);
+    wrap = (wrapped){.reserve = be->reserve, .unmap = be->unmap};
+    be->reserve = failing_reserve;
+    be->unmap = failing_unmap;
+    return be;
+}
+
+/* A pool whose creation fails frees what it had made (LeakSanitizer
+ * checks): the chunk table of an arena whose reservation failed too. */
+static void test_create_failure_leaks_nothing(void)
+{
+    for (int nth = 1; nth <= 2; nth++) {
+        gp_config cfg;
+        gp_config_default(&cfg);
+        gp_backend *be = wrapped_backend(64 * MiB);
+        wrap.fail_reserve = nth; /* the small arena's, then the large one's */
+        gp_pool *p = (gp_pool *)&cfg;
+        CHECK(gp_pool_create(be, &cfg, &p) == GP_ERR_OOM && p == NULL);
+        CHECK(strstr(gp_last_error(), "reserve fails") != NULL);
+    }
+}
+
 static uint64_t pressure_calls;
 static uint64_t pressure_fn(void *arg, gp_pool *pool, uint64_t needed, int prio)
 {
@@ -455,6 +507,7 @@ int main(void)
     test_limits();
     test_streams();
     test_injected_failures();
+    test_create_failure_leaks_nothing();
     test_pressure();
     test_reserve_mode();
     test_tags();
