@@ -178,11 +178,16 @@ gp_block *gp_split(gp_pool *p, gp_block *b, uint64_t size)
 /* ------------------------------------------------------------ map / unmap */
 
 /* Map [addr, addr+len) chunk by chunk; on failure unmap what this call
- * mapped, so the range is either wholly mapped or wholly not. */
-static gp_status gp_map_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len)
+ * mapped, from the end.  An unmap that fails there keeps its chunk mapped
+ * in the backend, so the pool keeps it too: *kept is then the length of the
+ * prefix of the range still mapped (and counted in reserved), which the
+ * caller must turn into free memory.  Otherwise the range is either wholly
+ * mapped or wholly not (*kept 0). */
+static gp_status gp_map_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len, uint64_t *kept)
 {
     uint64_t done = 0;
     gp_status st = GP_OK;
+    *kept = 0;
     while (done < len) {
         uint64_t ci = gp_chunk_index(a, addr + done);
         p->st.n_map++;
@@ -192,21 +197,40 @@ static gp_status gp_map_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t 
     }
     if (st != GP_OK) {
         p->st.n_map_fail++;
+        char why[1024];
+        snprintf(why, sizeof why, "%s", gp_last_error());
         while (done > 0) {
-            done -= a->chunk;
-            uint64_t ci = gp_chunk_index(a, addr + done);
+            uint64_t ci = gp_chunk_index(a, addr + done - a->chunk);
             p->st.n_unmap++;
-            p->be->unmap(p->be, addr + done, a->chunk, a->handles[ci]);
+            if (p->be->unmap(p->be, addr + done - a->chunk, a->chunk, a->handles[ci]) != GP_OK) break;
             a->handles[ci] = 0;
+            done -= a->chunk;
         }
-        return st;
+        gp_error_set(st, "%s", why);
+        if (!done) return st;
+        *kept = len = done;
     }
     p->st.reserved += len;
     p->st.mapped_total += len;
     GP_TRACE(p, GP_EV_MAP, addr, len, NULL, GP_TAG_UNTAGGED, 0);
     if (p->n_capturing) p->st.n_capture_maps += len / a->chunk;
     if (p->st.reserved > p->st.reserved_peak) p->st.reserved_peak = p->st.reserved;
-    return GP_OK;
+    return st;
+}
+
+/* The first `len` bytes of unmapped block u (in its bins) were mapped: they
+ * become free memory of slot sidx and priority prio, merged and binned (the
+ * rest of u stays unmapped); returns the free block they are part of.
+ * Needs a spare header. */
+static gp_block *gp_mapped_head(gp_pool *p, gp_arena *a, gp_block *u, uint64_t len, unsigned sidx, int prio)
+{
+    gp_bins_remove(gp_bins_of(a, u), u);
+    gp_block *rest = u->size > len ? gp_split(p, u, len) : NULL;
+    u->state = GP_BLOCK_FREE; /* before the rest goes back, or they would merge */
+    u->sidx = (uint8_t)sidx;
+    u->prio = (uint8_t)prio;
+    if (rest) gp_insert_free(p, a, rest);
+    return gp_insert_free(p, a, u);
 }
 
 /* Unmap chunks of [addr, addr+len) from the start; returns bytes unmapped
@@ -379,15 +403,13 @@ gp_block *gp_grow(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, int pri
     gp_block *pv = u->prev;
     if (pv && pv->state == GP_BLOCK_FREE && pv->sidx == sidx && pv->life == u->life && pv->size < size)
         need = gp_round_up(size - pv->size, a->chunk);
-    if ((*st = gp_reserve_headers(p, 2)) != GP_OK) return NULL;
-    if ((*st = gp_map_range(p, a, u->addr, need)) != GP_OK) return NULL;
-    gp_bins_remove(gp_bins_of(a, u), u);
-    gp_block *rest = u->size > need ? gp_split(p, u, need) : NULL;
-    u->state = GP_BLOCK_FREE; /* before the rest goes back, or they would merge */
-    u->sidx = (uint8_t)sidx;
-    u->prio = (uint8_t)prio;
-    if (rest) gp_insert_free(p, a, rest);
-    gp_block *b = gp_insert_free(p, a, u);
+    if ((*st = gp_reserve_headers(p, 1)) != GP_OK) return NULL;
+    uint64_t kept;
+    if ((*st = gp_map_range(p, a, u->addr, need, &kept)) != GP_OK) {
+        if (kept) gp_mapped_head(p, a, u, kept, sidx, prio);
+        return NULL;
+    }
+    gp_block *b = gp_mapped_head(p, a, u, need, sidx, prio);
     gp_bins_remove(a->bins[sidx], b);
     return b;
 }
@@ -706,17 +728,13 @@ static gp_status gp_map_reserve(gp_pool *p, uint64_t bytes)
     gp_block *u = a->first;
     uint64_t len = bytes / a->chunk * a->chunk;
     if (len == 0) len = a->chunk;
+    uint64_t kept = 0;
     gp_status st = gp_reserve_headers(p, 1);
-    if (st == GP_OK) st = gp_map_range(p, a, u->addr, len);
+    if (st == GP_OK) st = gp_map_range(p, a, u->addr, len, &kept);
     if (st != GP_OK)
         return gp_error_set(st, "gpupool: cannot map the reserve of %" PRIu64 " bytes on device %d: %s",
                             len, p->be->device, gp_last_error());
-    gp_bins_remove(&a->unmapped[GP_LIFE_SHORT], u);
-    gp_block *rest = u->size > len ? gp_split(p, u, len) : NULL;
-    u->state = GP_BLOCK_FREE;
-    u->sidx = 0;
-    if (rest) gp_insert_free(p, a, rest);
-    gp_insert_free(p, a, u);
+    gp_mapped_head(p, a, u, len, 0, 0);
     return GP_OK;
 }
 
@@ -802,16 +820,9 @@ void gp_pool_destroy(gp_pool *p)
         /* (A failed creation may leave an arena with a chunk table and no
          * reservation.) */
         if (a->base) {
-            /* Blocks are in address order and two mapped blocks may share a
-             * chunk: `done` keeps each chunk from being released twice. */
-            uintptr_t done = a->base;
-            for (gp_block *b = a->first; b; b = b->next) {
-                if (b->state == GP_BLOCK_FREE_UNMAPPED) continue;
-                uintptr_t c = b->addr / a->chunk * a->chunk;
-                for (c = c < done ? done : c; c < b->addr + b->size; c += a->chunk)
-                    p->be->unmap(p->be, c, a->chunk, a->handles[gp_chunk_index(a, c)]);
-                done = c;
-            }
+            /* The chunk table names every chunk the backend has mapped. */
+            for (uint64_t i = 0; i < a->size / a->chunk; i++)
+                if (a->handles[i]) p->be->unmap(p->be, a->base + i * a->chunk, a->chunk, a->handles[i]);
             p->be->unreserve(p->be, a->base, a->size);
         }
         free(a->handles);

@@ -360,6 +360,58 @@ static void test_create_failure_leaks_nothing(void)
     }
 }
 
+/* An unmap that fails keeps its chunk mapped in the backend: the pool
+ * must keep it too (as reserved memory it can use and release later), or
+ * that physical memory is lost for good -- here while a failed growth is
+ * rolled back, and while a trim releases a block. */
+static void test_failed_unmap_keeps_the_chunk(void)
+{
+    gp_backend *be = wrapped_backend(64 * MiB);
+    gp_config cfg;
+    gp_config_default(&cfg);
+    cfg.chunk = cfg.large_chunk = 256 * KiB;
+    cfg.small_size = 64 * KiB;
+    cfg.cache_slack = -1;
+    gp_pool *p;
+    CHECK(gp_pool_create(be, &cfg, &p) == GP_OK);
+    void *keep = A(p, 100 * KiB);
+    gp_stats s0, s1;
+    gp_pool_stats(p, &s0, 0);
+    /* The 3rd chunk of a 1 MiB growth fails; rolling back, the unmap of the
+     * 1st one fails too. */
+    gp_host_fail_map(be, 3, GP_ERR_BACKEND);
+    wrap.fail_unmap = 2;
+    gp_status st;
+    CHECK(gp_alloc(p, 1 * MiB, NULL, 0, 1, &st) == NULL && st == GP_ERR_BACKEND);
+    CHECK(strstr(gp_last_error(), "injected") != NULL);
+    gp_pool_stats(p, &s1, 0);
+    CHECK(s1.reserved == s0.reserved + 256 * KiB && s1.allocated == s0.allocated);
+    CHECK(pool_consistent(p, be) == 0);
+    /* The chunk is cache: the next growth uses it and maps the rest. */
+    char *x = A(p, 1 * MiB);
+    CHECK(x != NULL);
+    gp_stats s2;
+    gp_pool_stats(p, &s2, 0);
+    CHECK(s2.reserved == s0.reserved + 1 * MiB && s2.n_map == s1.n_map + 3);
+    memset(x, 1, 1 * MiB);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_free(p, x);
+
+    /* A trim whose 2nd unmap fails: the first chunk goes, the rest stays
+     * mapped and cached, and the next trim gives it back. */
+    wrap.fail_unmap = 2;
+    uint64_t freed = gp_pool_empty_cache(p);
+    CHECK(freed == 256 * KiB);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_pool_stats(p, &s2, 0);
+    CHECK(s2.reserved == s0.reserved + 768 * KiB);
+    CHECK(gp_pool_empty_cache(p) == 768 * KiB);
+    gp_pool_stats(p, &s2, 0);
+    CHECK(s2.reserved == s0.reserved && pool_consistent(p, be) == 0);
+    gp_free(p, keep);
+    done(p);
+}
+
 static uint64_t pressure_calls;
 static uint64_t pressure_fn(void *arg, gp_pool *pool, uint64_t needed, int prio)
 {
@@ -508,6 +560,7 @@ int main(void)
     test_streams();
     test_injected_failures();
     test_create_failure_leaks_nothing();
+    test_failed_unmap_keeps_the_chunk();
     test_pressure();
     test_reserve_mode();
     test_tags();
