@@ -207,7 +207,8 @@ void gp_pool_destroy(gp_pool *pool);
 
 /* Allocate `size` bytes (> 0) for use on `stream`, under `tag` and
  * `priority` (0..255, or GP_PRIO_DEFAULT).  The address is aligned to 512
- * bytes.  Never calls the backend when a cached block fits.  Returns NULL on
+ * bytes.  Never calls the backend when a cached block fits (nor asks about
+ * record_stream events then: see gp_record_stream).  Returns NULL on
  * failure with gp_last_error() set: GP_ERR_OOM (device full) or GP_ERR_LIMIT
  * (pool or tag limit) once the pool released the cached memory of
  * priorities up to `priority` and the pressure callback had its chance (see
@@ -260,8 +261,11 @@ void gp_pool_walk(gp_pool *pool, gp_block_fn fn, void *arg);
 /* Tensor.record_stream: the live block at `ptr` (its start) is also used on
  * `stream`.  When it is freed, an event is recorded on every such stream and
  * the block is not handed out again (state GP_BLOCK_PENDING) until those
- * events completed: later allocations query them, without a host wait; a
- * trim, which synchronises the device, releases all.  Recording the block's
+ * events completed: an allocation that finds no cached block (a miss)
+ * queries them, without a host wait -- a hit makes no driver call, so a
+ * completed block may wait for the next miss; an allocation that would
+ * fail, and a trim, synchronise the device, which releases all (also a
+ * block whose event could not be recorded).  Recording the block's
  * own stream does nothing.  GP_ERR_FOREIGN / GP_ERR_DOUBLE_FREE for a pointer
  * that is not a live block's start, GP_ERR_TOO_MANY past 8 streams. */
 gp_status gp_record_stream(gp_pool *pool, void *ptr, gp_stream stream);
@@ -298,8 +302,10 @@ gp_status gp_pool_capture_release(gp_pool *pool, uint64_t key);
 
 /* Unmap free chunks until at least `bytes` were released (UINT64_MAX: all),
  * whatever priority cached them, lowest first.  Synchronises the device
- * first (a chunk may still be read by a stream that freed it).  Returns the
- * bytes released. */
+ * first (a chunk may still be read by a stream that freed it) when there is
+ * cache to release or a block pending record_stream events, which the sync
+ * frees (in reserve mode too, which never unmaps).  Returns the bytes
+ * released. */
 uint64_t gp_pool_trim(gp_pool *pool, uint64_t bytes);
 
 /* gp_pool_trim(pool, UINT64_MAX): what torch.cuda.empty_cache() does. */

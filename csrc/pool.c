@@ -319,14 +319,19 @@ static int gp_cache_level(const gp_pool *p, const gp_arena *only, int min, int w
 static uint64_t gp_trim_in(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio)
 {
     /* No synchronisation (illegal) nor unmapping while a graph captures. */
-    if (p->reserve_mode || p->n_capturing || p->st.reserved == p->st.allocated) return 0;
-    /* Nothing this request may release: spare the device sync. */
-    if (gp_cache_level(p, only, 0, 0) > max_prio) return 0;
+    if (p->n_capturing || p->st.reserved == p->st.allocated) return 0;
+    /* Nothing this request may release: spare the device sync.  Pending
+     * blocks count (the sync frees them; reserve mode then keeps them as
+     * cache, never unmapping). */
+    int cache = !p->reserve_mode && gp_cache_level(p, only, 0, 0) <= max_prio;
+    if (!cache && !gp_pending_upto(p, max_prio)) return 0;
     /* A stream may still read a block it freed: wait for the device before
      * giving any chunk back. */
-    p->st.n_sync++;
-    if (p->be->synchronize(p->be) != GP_OK) return 0;
-    gp_release_pending(p);
+    if (gp_sync_locked(p) != GP_OK) {
+        gp_error_clear();
+        return 0;
+    }
+    if (p->reserve_mode) return 0;
     for (unsigned k = 0; k < p->n_arenas; k++)
         if (!only || &p->arenas[k] == only) gp_coalesce_idle(p, &p->arenas[k]);
     uint64_t freed = 0;
@@ -434,6 +439,17 @@ static gp_block *gp_steal(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size)
 }
 /* ------------------------------------------------------------ alloc, free */
 
+/* A cached block of at least `size` bytes for slot sidx, or for graph pool
+ * slot gslot (>= 0) while capturing (*a may change then); removed from its
+ * bins. */
+static inline gp_block *gp_fit(gp_pool *p, gp_arena **a, int gslot, unsigned sidx, uint64_t size)
+{
+    if (gslot >= 0) return gp_capture_find(p, a, (unsigned)gslot, sidx, size);
+    gp_block *b = gp_bins_find((*a)->bins[sidx], size);
+    if (b) gp_bins_remove((*a)->bins[sidx], b);
+    return b;
+}
+
 /* Whether live memory of a priority below `prio` exists (what the pressure
  * callback may give up). */
 static int gp_lower_live(const gp_pool *p, int prio)
@@ -465,6 +481,17 @@ static gp_block *gp_displace(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t bs
 {
     gp_block *b = NULL;
     p->st.n_alloc_retries++;
+    /* Blocks waiting for record_stream events (or for a sync, when an event
+     * could not be recorded) are freed by a device sync: before failing,
+     * wait for them (a capture cannot). */
+    if (p->n_pending && !p->n_capturing) {
+        gp_status ss = gp_sync_locked(p);
+        if (ss != GP_OK) {
+            *st = ss;
+            return NULL;
+        }
+        if ((b = gp_fit(p, &a, -1, sidx, bsize)) || (b = gp_steal(p, a, sidx, bsize))) return b;
+    }
     if (*st == GP_ERR_OOM && !p->reserve_mode) {
         gp_trim_in(p, NULL, gp_round_up(bsize, a->chunk), prio);
         if (!(b = gp_grow(p, a, sidx, bsize, prio, st)) && *st == GP_ERR_OOM) {
@@ -530,7 +557,6 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
         if ((st = gp_slot_of(p, stream, life, &sidx)) != GP_OK) goto fail;
         gslot = -1;
         if (p->n_capturing && (st = gp_capture_route(p, stream, &gslot)) != GP_OK) goto fail;
-        if (p->n_pending) gp_poll_pending(p);
         if (ts->limit && ts->allocated + bsize > ts->limit) {
             st = gp_error_set(GP_ERR_LIMIT,
                               "tag '%s' is limited to %" PRIu64 " bytes and holds %" PRIu64
@@ -538,8 +564,13 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
                               gp_tag_name(tag), ts->limit, ts->allocated, (uint64_t)bsize);
             goto fail;
         }
-        if (gslot >= 0) b = gp_capture_find(p, &a, (unsigned)gslot, sidx, bsize);
-        else if ((b = gp_bins_find(a->bins[sidx], bsize))) gp_bins_remove(a->bins[sidx], b);
+        b = gp_fit(p, &a, gslot, sidx, bsize);
+        /* Blocks whose record_stream events completed, asked of the driver
+         * only on a miss: a hit makes no driver call. */
+        if (!b && p->n_pending) {
+            gp_poll_pending(p);
+            b = gp_fit(p, &a, gslot, sidx, bsize);
+        }
         if (b) {
             p->st.cache_hits++;
             break;

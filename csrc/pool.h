@@ -207,11 +207,16 @@ static inline int gp_cached(const gp_pool *p, const gp_arena *a, const gp_block 
 gp_status gp_slot_of(gp_pool *p, gp_stream s, unsigned life, unsigned *out);
 gp_status gp_stream_index(gp_pool *p, gp_stream s, unsigned *out);
 /* record_stream: give back the pending blocks whose events completed (no
- * host wait); after a device synchronisation, all of them; b, with recorded
- * streams, is freed. */
+ * host wait: a driver call per event, so only off the hot path -- a miss,
+ * a trim); b, with recorded streams, is freed. */
 void gp_poll_pending(gp_pool *p);
-void gp_release_pending(gp_pool *p);
 void gp_free_recorded(gp_pool *p, gp_block *b);
+/* Synchronise the device (counted in n_sync); then every pending block is
+ * safe and goes back to the bins. */
+gp_status gp_sync_locked(gp_pool *p);
+/* Whether a pending block of priority <= max_prio exists (a sync would
+ * turn it into cache that priority may release). */
+int gp_pending_upto(const gp_pool *p, int max_prio);
 /* While a capture is underway: the graph pool slot an allocation on stream
  * s goes to (*slot -1: none), and a free block for it. */
 gp_status gp_capture_route(gp_pool *p, gp_stream s, int *slot);

@@ -128,12 +128,27 @@ void gp_poll_pending(gp_pool *p)
 }
 
 /* After a device synchronisation every pending block is safe. */
-void gp_release_pending(gp_pool *p)
+static void gp_release_pending(gp_pool *p)
 {
     for (unsigned i = 0; i < p->n_recs;) {
         if (p->recs[i].pending) gp_rec_finish(p, i);
         else i++;
     }
+}
+
+gp_status gp_sync_locked(gp_pool *p)
+{
+    p->st.n_sync++;
+    gp_status st = p->be->synchronize(p->be);
+    if (st == GP_OK) gp_release_pending(p);
+    return st;
+}
+
+int gp_pending_upto(const gp_pool *p, int max_prio)
+{
+    for (unsigned i = 0; i < p->n_recs; i++)
+        if (p->recs[i].pending && p->recs[i].b->prio <= max_prio) return 1;
+    return 0;
 }
 
 /* b, with extra streams, is freed: record an event on each and keep it out
@@ -272,9 +287,7 @@ gp_status gp_pool_capture_prepare(gp_pool *p, gp_stream stream)
     /* With another capture underway the device cannot be synchronised: the
      * new capture then draws on its stream's own blocks and new mappings. */
     if (st != GP_OK || p->n_capturing) goto out;
-    p->st.n_sync++;
-    if ((st = p->be->synchronize(p->be)) != GP_OK) goto out;
-    gp_release_pending(p);
+    if ((st = gp_sync_locked(p)) != GP_OK) goto out;
     /* The device is idle: every cached block is safe for the capturing
      * stream.  Hand them all to it, so that the capture finds them without
      * a cross-stream wait (which a capture cannot make). */
