@@ -157,6 +157,10 @@ static void gp_check_arena(gp_checker *c, gp_pool *p, unsigned k, gp_sums *s)
                          "free block 0x%" PRIxPTR " is in slot %u, which is not in use", b->addr,
                          (unsigned)b->sidx);
             if (b->sidx < GP_MAX_STREAMS) s->free_in_slot[k][b->sidx]++;
+            /* Placement: a slot's bins hold blocks of its region only. */
+            VIOLATION_IF(c, b->sidx < GP_MAX_STREAMS && b->life != p->slot_life[b->sidx],
+                         "free block 0x%" PRIxPTR " of region %u is in slot %u, of region %u", b->addr,
+                         (unsigned)b->life, (unsigned)b->sidx, (unsigned)p->slot_life[b->sidx]);
             VIOLATION_IF(c, b->rec, "free block 0x%" PRIxPTR " still has a record_stream record", b->addr);
             break;
         case GP_BLOCK_PENDING:

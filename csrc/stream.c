@@ -290,19 +290,29 @@ gp_status gp_pool_capture_prepare(gp_pool *p, gp_stream stream)
     if ((st = gp_sync_locked(p)) != GP_OK) goto out;
     /* The device is idle: every cached block is safe for the capturing
      * stream.  Hand them all to it, so that the capture finds them without
-     * a cross-stream wait (which a capture cannot make). */
+     * a cross-stream wait (which a capture cannot make): each to the
+     * stream's slot of its own region, so that regions stay apart (a
+     * capture draws on the short one). */
     uint64_t have = 0;
+    unsigned to[2] = {sidx, 0};
+    int have_long = 0;
     for (unsigned k = 0; k < p->n_arenas; k++) {
         gp_arena *a = &p->arenas[k];
         gp_coalesce_idle(p, a);
         for (gp_block *b = a->first; b; b = b->next) {
             if (b->state != GP_BLOCK_FREE || p->slot_kind[b->sidx] != GP_SLOT_STREAM) continue;
-            if (b->sidx != sidx) {
+            if (b->life == GP_LIFE_LONG && !have_long) {
+                /* (Out of slots: the long region's blocks stay where they are.) */
+                have_long = gp_slot_of(p, stream, GP_LIFE_LONG, &to[GP_LIFE_LONG]) == GP_OK ? 1 : -1;
+                if (have_long < 0) gp_error_clear();
+            }
+            if (b->life == GP_LIFE_LONG && have_long < 0) continue;
+            if (b->sidx != to[b->life]) {
                 gp_bins_remove(a->bins[b->sidx], b);
-                b->sidx = (uint8_t)sidx;
+                b->sidx = (uint8_t)to[b->life];
                 b = gp_insert_free(p, a, b);
             }
-            if (k == p->n_arenas - 1) have += b->size;
+            if (k == p->n_arenas - 1 && b->life == GP_LIFE_SHORT) have += b->size;
         }
     }
     /* Map ahead, before the capture starts, what the workload needed at its

@@ -286,6 +286,36 @@ static void test_capture_maps_ahead_and_when_short(void)
     done(p);
 }
 
+/* Placement (make_pool's default): preparing a capture hands the cached
+ * blocks to the capturing stream, each to its slot of the block's own
+ * region -- the long-lived region's blocks moved into the short slot, and
+ * the next untagged allocation landed among the long-lived ones. */
+static void test_capture_prepare_keeps_regions_apart(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    gp_tag weights;
+    CHECK(gp_tag_intern("weights", &weights) == GP_OK && gp_tag_lifetime(weights) == GP_LIFE_LONG);
+    void *w = gp_alloc(p, 1 * MiB, S_OTHER, weights, GP_PRIO_NORMAL, NULL);
+    void *keep = gp_alloc(p, 1 * MiB, S_OTHER, weights, GP_PRIO_NORMAL, NULL);
+    void *a = AS(p, 1 * MiB, S_OTHER);
+    CHECK(w && keep && a);
+    gp_free(p, w);
+    gp_free(p, a);
+    CHECK(gp_pool_capture_prepare(p, S_MAIN) == GP_OK);
+    CHECK(pool_consistent(p, be) == 0);
+    uint64_t maps = counters(be).n_map;
+    gp_block_info info;
+    void *x = AS(p, 1 * MiB, S_MAIN), *y = gp_alloc(p, 1 * MiB, S_MAIN, weights, GP_PRIO_NORMAL, NULL);
+    CHECK(x == a && gp_pool_lookup(p, x, &info) == GP_OK && info.lifetime == GP_LIFE_SHORT);
+    CHECK(y == w && gp_pool_lookup(p, y, &info) == GP_OK && info.lifetime == GP_LIFE_LONG);
+    CHECK(counters(be).n_map == maps);
+    gp_free(p, x);
+    gp_free(p, y);
+    gp_free(p, keep);
+    done(p);
+}
+
 /* cacheInfo's answer: the largest free block, or what the device and the
  * limit still let the pool map, whichever is larger; reserve mode never maps. */
 static void test_headroom(void)
@@ -324,5 +354,6 @@ int main(void)
     test_pending_blocks_are_never_stuck();
     test_capture_memory_stays_with_the_graph();
     test_capture_maps_ahead_and_when_short();
+    test_capture_prepare_keeps_regions_apart();
     return check_done();
 }
