@@ -209,7 +209,9 @@ void gp_pool_destroy(gp_pool *pool);
  * `priority` (0..255, or GP_PRIO_DEFAULT).  The address is aligned to 512
  * bytes.  Never calls the backend when a cached block fits (nor asks about
  * record_stream events then: see gp_record_stream).  Returns NULL on
- * failure with gp_last_error() set: GP_ERR_OOM (device full) or GP_ERR_LIMIT
+ * failure with gp_last_error() set: GP_ERR_OOM (device full; decided from
+ * the driver's free memory and the cache the request may release before
+ * anything is mapped, so a hopeless request costs no mapping) or GP_ERR_LIMIT
  * (pool or tag limit) once the pool released the cached memory of
  * priorities up to `priority` and the pressure callback had its chance (see
  * the priorities above), GP_ERR_INVALID for size 0 or a size that overflows;

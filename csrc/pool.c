@@ -363,11 +363,62 @@ uint64_t gp_pool_trim(gp_pool *p, uint64_t bytes)
 uint64_t gp_pool_empty_cache(gp_pool *p) { return gp_pool_trim(p, UINT64_MAX); }
 /* ---------------------------------------------------------------- growing */
 
+/* Bytes cached at priorities min..max (free blocks of stream slots). */
+static uint64_t gp_cached_bytes(const gp_pool *p, int min, int max)
+{
+    uint64_t n = 0;
+    for (unsigned k = 0; k < p->n_arenas; k++)
+        for (const gp_block *b = p->arenas[k].first; b; b = b->next)
+            if (gp_cached(p, &p->arenas[k], b, min, max, 0)) n += b->size;
+    return n;
+}
+
+/* At most what a trim for a request of `prio` could give back: its cache
+ * (whole chunks or not) and the blocks pending record_stream events, which
+ * the trim's sync frees; nothing while a graph captures. */
+static uint64_t gp_releasable(const gp_pool *p, int prio)
+{
+    if (p->n_capturing) return 0;
+    uint64_t n = gp_cached_bytes(p, 0, prio);
+    for (unsigned i = 0; i < p->n_recs; i++)
+        if (p->recs[i].pending && p->recs[i].b->prio <= prio) n += p->recs[i].b->size;
+    return n;
+}
+
+/* Whether `need` more bytes fit on the device, asked of its figures (the
+ * driver's free memory; yes when it has none to give, or while a graph
+ * captures: a call the driver deems unsafe then would invalidate the
+ * capture).  If not, *short_by is what is missing and *could what a trim
+ * for `prio` might add. */
+static int gp_device_fits(gp_pool *p, uint64_t need, int prio, uint64_t *short_by, uint64_t *could)
+{
+    uint64_t dev_free = 0, dev_total = 0;
+    if (p->n_capturing) return 1;
+    if (p->be->mem_info(p->be, &dev_free, &dev_total) != GP_OK) {
+        gp_error_clear(); /* no figures: the mapping will tell */
+        return 1;
+    }
+    if (need <= dev_free) return 1;
+    *short_by = need - dev_free;
+    *could = gp_releasable(p, prio);
+    return 0;
+}
+
+static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, int prio, gp_status *st,
+                            int may_trim);
+
 /* Map new memory so that a free block of at least `size` bytes exists on
  * stream slot sidx, in the slot's region, for a request of `prio` (which
- * may release cache of priorities up to its own to stay under the limit);
- * return it (removed from its bins) or NULL with the error set. */
+ * may release cache of priorities up to its own to stay under the limit
+ * or to make room on the device); return it (removed from its bins) or
+ * NULL with the error set. */
 gp_block *gp_grow(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, int prio, gp_status *st)
+{
+    return gp_grow_in(p, a, sidx, size, prio, st, 1);
+}
+
+static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, int prio, gp_status *st,
+                            int may_trim)
 {
     if (p->reserve_mode) {
         *st = gp_error_set(GP_ERR_OOM, "the reserved pool is exhausted (reserve mode never maps more)");
@@ -408,6 +459,22 @@ gp_block *gp_grow(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, int pri
     gp_block *pv = u->prev;
     if (pv && pv->state == GP_BLOCK_FREE && pv->sidx == sidx && pv->life == u->life && pv->size < size)
         need = gp_round_up(size - pv->size, a->chunk);
+    /* Whether the device has the memory, decided from its figures before
+     * anything is mapped: a mapping that fails half-way has cost a map and
+     * an unmap per chunk (0.47 s for 1 GiB in 64 KiB chunks).  What the
+     * cache may add is released first, once; if even that is too little,
+     * the request fails at once and the cache stays. */
+    uint64_t short_by, could;
+    if (!gp_device_fits(p, need, prio, &short_by, &could)) {
+        /* (The trim may merge u away: grow afresh after it.) */
+        if (may_trim && short_by <= could && gp_trim_in(p, NULL, short_by, prio))
+            return gp_grow_in(p, a, sidx, size, prio, st, 0);
+        *st = gp_error_set(GP_ERR_OOM,
+                           "the device lacks %" PRIu64 " of the %" PRIu64 " bytes needed, and the cache this "
+                           "request may release (priority <= %d) holds %" PRIu64 " bytes",
+                           short_by, need, prio, could);
+        return NULL;
+    }
     if ((*st = gp_reserve_headers(p, 1)) != GP_OK) return NULL;
     uint64_t kept;
     if ((*st = gp_map_range(p, a, u->addr, need, &kept)) != GP_OK) {
@@ -459,23 +526,14 @@ static int gp_lower_live(const gp_pool *p, int prio)
     return 0;
 }
 
-/* Bytes cached at priorities above `prio`: what a request of `prio` may not
- * release (for its error message). */
-static uint64_t gp_cached_above(const gp_pool *p, int prio)
-{
-    uint64_t n = 0;
-    for (unsigned k = 0; k < p->n_arenas; k++)
-        for (const gp_block *b = p->arenas[k].first; b; b = b->next)
-            if (gp_cached(p, &p->arenas[k], b, prio + 1, GP_PRIO_MAX, 0)) n += b->size;
-    return n;
-}
-
 /* The limit or the device stands in the way of a request of `prio` that
- * found no cached block: release cached chunks of priorities up to its own,
- * the lowest first, as many as it needs, then all of them (the limit path
- * of gp_grow has done this already), retrying after each step.  Nothing of
- * a higher priority is touched.  The pressure callback, the next step, is
- * gp_alloc's: it needs the lock dropped. */
+ * found no cached block: take back the blocks pending record_stream events
+ * (a device sync), then, if the device's figures say a trim can make room,
+ * release cached chunks of priorities up to its own, the lowest first, as
+ * many as it needs, then all of them (gp_grow has done this already for the
+ * limit and for the device's figures), retrying after each step.  Nothing
+ * of a higher priority is touched.  The pressure callback, the next step,
+ * is gp_alloc's: it needs the lock dropped. */
 static gp_block *gp_displace(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t bsize, int prio,
                              gp_status *st)
 {
@@ -492,13 +550,14 @@ static gp_block *gp_displace(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t bs
         }
         if ((b = gp_fit(p, &a, -1, sidx, bsize)) || (b = gp_steal(p, a, sidx, bsize))) return b;
     }
-    if (*st == GP_ERR_OOM && !p->reserve_mode) {
-        gp_trim_in(p, NULL, gp_round_up(bsize, a->chunk), prio);
-        if (!(b = gp_grow(p, a, sidx, bsize, prio, st)) && *st == GP_ERR_OOM) {
-            gp_trim_in(p, NULL, UINT64_MAX, prio);
-            b = gp_grow(p, a, sidx, bsize, prio, st);
-        }
-    }
+    /* (gp_grow released what the device's figures asked for: this is for a
+     * mapping that failed all the same, when a trim may still help.) */
+    uint64_t need = gp_round_up(bsize, a->chunk), short_by = 0, could = 0;
+    if (*st == GP_ERR_OOM && !p->reserve_mode &&
+        (gp_device_fits(p, need, prio, &short_by, &could) || short_by <= could) &&
+        gp_trim_in(p, NULL, need, prio) &&
+        !(b = gp_grow(p, a, sidx, bsize, prio, st)) && *st == GP_ERR_OOM && gp_trim_in(p, NULL, UINT64_MAX, prio))
+        b = gp_grow(p, a, sidx, bsize, prio, st);
     return b;
 }
 
@@ -633,7 +692,7 @@ fail:
         gp_oom_report_locked(p, size, p->last_oom, sizeof p->last_oom);
         size_t n = strlen(p->last_oom);
         n += (size_t)snprintf(p->last_oom + n, sizeof p->last_oom - n, "\n  cause: %s", why);
-        uint64_t kept = gp_cached_above(p, priority);
+        uint64_t kept = gp_cached_bytes(p, priority + 1, GP_PRIO_MAX);
         if (kept && n < sizeof p->last_oom)
             snprintf(p->last_oom + n, sizeof p->last_oom - n,
                      "\n  %" PRIu64 " bytes cached at priorities above this request's (%d) stay theirs",
