@@ -158,10 +158,14 @@ __attribute__((visibility("default"))) void *gpupool_malloc(ssize_t size, int de
     if (r) return r;
     char msg[1200];
     if (st == GP_ERR_OOM || st == GP_ERR_LIMIT) {
-        gp_log_oom(gp_pool_last_oom(p));
+        /* This allocation's own report (the pool's last may be another
+         * thread's by now). */
+        char oom[GP_OOM_REPORT_MAX];
+        snprintf(oom, sizeof oom, "%s", gp_last_error());
+        gp_log_oom(oom);
         /* "CUDA out of memory." first: code that matches PyTorch's message
          * (accelerate's batch-size finder, for one) recognises it. */
-        snprintf(msg, sizeof msg, "CUDA out of memory. %s", gp_pool_last_oom(p));
+        snprintf(msg, sizeof msg, "CUDA out of memory. %s", oom);
     } else {
         snprintf(msg, sizeof msg, "gpupool: allocation of %zd bytes failed: %s", size, gp_last_error());
         fprintf(stderr, "%s\n", msg);

@@ -513,8 +513,13 @@ void gp_pool_reset_peaks(gp_pool *pool);
 size_t gp_pool_oom_report(gp_pool *pool, uint64_t requested, char *buf,
                           size_t len);
 
-/* The last OOM report this pool produced ("" if none). */
-const char *gp_pool_last_oom(gp_pool *pool);
+/* Copy the last OOM report this pool produced ("" if none) to `buf`: at
+ * most `len` bytes, NUL-terminated; returns its length (less than
+ * GP_OOM_REPORT_MAX).  A copy, taken under the pool's lock: another
+ * thread's failure may write a new one at any time.  (The thread whose
+ * allocation failed finds its own report in gp_last_error().) */
+#define GP_OOM_REPORT_MAX 1024
+size_t gp_pool_last_oom(gp_pool *pool, char *buf, size_t len);
 
 /* ----------------------------------------------------------------- history */
 

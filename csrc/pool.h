@@ -119,7 +119,7 @@ struct gp_pool {
 
     gp_pressure_fn pressure;
     void *pressure_arg;
-    char last_oom[1024];
+    char last_oom[GP_OOM_REPORT_MAX];
 
     /* The history (trace.c), NULL while off: every event site tests it,
      * under the lock.  history_stacks mirrors "on, with stacks" for

@@ -184,7 +184,14 @@ size_t gp_pool_oom_report(gp_pool *p, uint64_t requested, char *buf, size_t len)
     return strlen(tmp);
 }
 
-const char *gp_pool_last_oom(gp_pool *p) { return p->last_oom; }
+size_t gp_pool_last_oom(gp_pool *p, char *buf, size_t len)
+{
+    pthread_mutex_lock(&p->lock);
+    size_t n = strlen(p->last_oom);
+    if (len) snprintf(buf, len, "%s", p->last_oom);
+    pthread_mutex_unlock(&p->lock);
+    return n;
+}
 
 /* ---------------------------------------------------------------- history */
 

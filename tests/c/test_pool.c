@@ -135,7 +135,11 @@ static void test_oom_and_trim(void)
     void *too = gp_alloc(p, 4 * MiB, NULL, 0, 1, &st);
     CHECK(too == NULL && st == GP_ERR_OOM);
     CHECK(strstr(gp_last_error(), "out of memory") != NULL);
-    CHECK(strstr(gp_pool_last_oom(p), "largest free block") != NULL);
+    char report[GP_OOM_REPORT_MAX];
+    CHECK(gp_pool_last_oom(p, report, sizeof report) == strlen(report));
+    CHECK(strstr(report, "largest free block") != NULL && strcmp(report, gp_last_error()) == 0);
+    char part[8];
+    CHECK(gp_pool_last_oom(p, part, sizeof part) == strlen(report) && strlen(part) == 7);
     CHECK(pool_consistent(p, be) == 0);
     /* Small blocks fill a chunk of the small arena; once freed, that cached
      * chunk is what the next large request needs: the pool trims and retries. */
