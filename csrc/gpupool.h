@@ -27,6 +27,19 @@
  * its callers with one lock.  Tag interning and the error slot are
  * process-wide / thread-local respectively.
  *
+ * fork(): a pool's device memory belongs to the process that made it.
+ * Fork handlers (pthread_atfork) hold every pool's lock across a fork, so
+ * that the child never finds one held by a thread it does not have; in
+ * the child, a pool made before the fork refuses every call that changes it
+ * or reaches its device (GP_ERR_INVALID: "this pool belongs to process N;
+ * ... use the 'spawn' start method"), while what it says of itself (stats,
+ * walk, check) still reads; destroying it there frees host memory only.
+ * The rule is the same for every backend.  Pools made in the child work.
+ * The handlers are installed by the first gp_pool_create; a layer above
+ * that takes a lock of its own around pool calls installs its handlers
+ * after calling gp_pool_atfork_install(), so that its prepare handler runs
+ * first (they run in reverse order) and locks are taken in one order.
+ *
  * Errors: functions return a gp_status (or NULL) and leave a message that
  * names what was wrong in a thread-local slot, read with gp_last_error().
  * Nothing in this API aborts the process on bad input: a foreign pointer, a
@@ -204,6 +217,9 @@ gp_status gp_pool_create(gp_backend *backend, const gp_config *cfg,
 /* Unmap and release everything, then destroy the backend.  Live blocks are
  * released too: the caller promises nothing uses them any more. */
 void gp_pool_destroy(gp_pool *pool);
+
+/* Install the pool layer's fork handlers (see fork() above); idempotent. */
+void gp_pool_atfork_install(void);
 
 /* Allocate `size` bytes (> 0) for use on `stream`, under `tag` and
  * `priority` (0..255, or GP_PRIO_DEFAULT).  The address is aligned to 512

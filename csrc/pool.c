@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "pool.h"
 
@@ -354,6 +355,7 @@ static uint64_t gp_trim_locked(gp_pool *p, uint64_t want) { return gp_trim_in(p,
 
 uint64_t gp_pool_trim(gp_pool *p, uint64_t bytes)
 {
+    if (gp_pool_usable(p) != GP_OK) return 0;
     pthread_mutex_lock(&p->lock);
     uint64_t f = gp_trim_locked(p, bytes);
     pthread_mutex_unlock(&p->lock);
@@ -597,6 +599,7 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
                                (unsigned)tag, priority, gp_tag_count(), GP_PRIO_MAX);
         return NULL;
     }
+    if ((*status = gp_pool_usable(p)) != GP_OK) return NULL;
     uint64_t bsize = gp_block_size(p, size);
     pthread_mutex_lock(&p->lock);
     unsigned sidx;
@@ -748,10 +751,12 @@ gp_status gp_bad_pointer(gp_pool *p, const void *ptr, const char *what)
 gp_status gp_free(gp_pool *p, void *ptr)
 {
     if (!ptr) return GP_OK;
+    gp_status st = gp_pool_usable(p);
+    if (st != GP_OK) return st;
     pthread_mutex_lock(&p->lock);
     gp_block *b = gp_hash_remove(p, (uintptr_t)ptr);
     if (!b) {
-        gp_status st = gp_bad_pointer(p, ptr, "free");
+        st = gp_bad_pointer(p, ptr, "free");
         pthread_mutex_unlock(&p->lock);
         return st;
     }
@@ -778,6 +783,68 @@ gp_status gp_free(gp_pool *p, void *ptr)
     pthread_mutex_unlock(&p->lock);
     return GP_OK;
 }
+/* ------------------------------------------------------------------- fork */
+
+/* fork() copies a pool's lock as it is: if another thread held it, the
+ * child (which has only the forking thread) would wait for it forever.  So
+ * the handlers take every pool's lock before the fork and release them in
+ * both processes after; in the child the pools then refuse use, since their
+ * device memory belongs to the parent (CUDA does not survive a fork). */
+static pthread_mutex_t gp_all_lock = PTHREAD_MUTEX_INITIALIZER;
+static gp_pool *gp_all;
+static pthread_once_t gp_atfork_once = PTHREAD_ONCE_INIT;
+atomic_uint gp_fork_generation;
+
+static void gp_fork_prepare(void)
+{
+    pthread_mutex_lock(&gp_all_lock);
+    for (gp_pool *p = gp_all; p; p = p->all_next) pthread_mutex_lock(&p->lock);
+}
+
+static void gp_fork_parent(void)
+{
+    for (gp_pool *p = gp_all; p; p = p->all_next) pthread_mutex_unlock(&p->lock);
+    pthread_mutex_unlock(&gp_all_lock);
+}
+
+static void gp_fork_child(void)
+{
+    atomic_fetch_add_explicit(&gp_fork_generation, 1, memory_order_relaxed);
+    gp_fork_parent();
+}
+
+static void gp_atfork_register(void) { pthread_atfork(gp_fork_prepare, gp_fork_parent, gp_fork_child); }
+
+void gp_pool_atfork_install(void) { pthread_once(&gp_atfork_once, gp_atfork_register); }
+
+gp_status gp_forked_error(const gp_pool *p)
+{
+    return gp_error_set(GP_ERR_INVALID,
+                        "gpupool: this pool belongs to process %d; a forked child cannot use its parent's "
+                        "CUDA memory; use the 'spawn' start method (multiprocessing.set_start_method('spawn'), "
+                        "or DataLoader(..., multiprocessing_context='spawn')) or make a new pool in the child",
+                        p->pid);
+}
+
+static void gp_all_insert(gp_pool *p)
+{
+    gp_pool_atfork_install();
+    pthread_mutex_lock(&gp_all_lock);
+    p->all_next = gp_all;
+    if (gp_all) gp_all->all_prev = p;
+    gp_all = p;
+    pthread_mutex_unlock(&gp_all_lock);
+}
+
+static void gp_all_remove(gp_pool *p)
+{
+    pthread_mutex_lock(&gp_all_lock);
+    if (p->all_prev) p->all_prev->all_next = p->all_next;
+    else if (gp_all == p) gp_all = p->all_next;
+    if (p->all_next) p->all_next->all_prev = p->all_prev;
+    pthread_mutex_unlock(&gp_all_lock);
+}
+
 /* ---------------------------------------------------------- create, destroy */
 
 /* Reserve arena k: `size` bytes, and a long-lived region of `long_size`
@@ -837,6 +904,9 @@ gp_status gp_pool_create(gp_backend *be, const gp_config *cfg, gp_pool **out)
         return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the pool");
     }
     pthread_mutex_init(&p->lock, NULL);
+    p->fork_gen = atomic_load_explicit(&gp_fork_generation, memory_order_relaxed);
+    p->pid = (int)getpid();
+    gp_all_insert(p);
     p->be = be;
     p->cfg = *cfg;
     p->small_size = cfg->small_size ? cfg->small_size : (1u << 20);
@@ -900,8 +970,11 @@ gp_status gp_pool_create(gp_backend *be, const gp_config *cfg, gp_pool **out)
 void gp_pool_destroy(gp_pool *p)
 {
     if (!p) return;
-    if (p->st.reserved) p->be->synchronize(p->be);
-    for (unsigned i = 0; i < p->n_recs; i++)
+    gp_all_remove(p);
+    /* In a forked child the device is the parent's: host memory only. */
+    int device = p->fork_gen == atomic_load_explicit(&gp_fork_generation, memory_order_relaxed);
+    if (device && p->st.reserved) p->be->synchronize(p->be);
+    for (unsigned i = 0; device && i < p->n_recs; i++)
         for (unsigned j = 0; j < p->recs[i].n; j++)
             if (p->recs[i].events[j]) p->be->event_release(p->be, p->recs[i].events[j]);
     free(p->recs);
@@ -909,7 +982,7 @@ void gp_pool_destroy(gp_pool *p)
         gp_arena *a = &p->arenas[k];
         /* (A failed creation may leave an arena with a chunk table and no
          * reservation.) */
-        if (a->base) {
+        if (device && a->base) {
             /* The chunk table names every chunk the backend has mapped. */
             for (uint64_t i = 0; i < a->size / a->chunk; i++)
                 if (a->handles[i]) p->be->unmap(p->be, a->base + i * a->chunk, a->chunk, a->handles[i]);
@@ -922,7 +995,7 @@ void gp_pool_destroy(gp_pool *p)
     free(p->slabs);
     free(p->buckets);
     gp_trace_free(p->trace);
-    p->be->destroy(p->be);
+    if (device) p->be->destroy(p->be);
     pthread_mutex_destroy(&p->lock);
     free(p);
 }
@@ -966,10 +1039,10 @@ gp_status gp_pool_retag(gp_pool *p, void *const *ptrs, size_t n, gp_tag tag, int
                             "gpupool: cannot retag to tag id %u, priority %d: the tag must be interned "
                             "and the priority 0..%d (or %d to keep each block's)",
                             (unsigned)tag, priority, GP_PRIO_MAX, GP_PRIO_DEFAULT);
-    if (n == 0) return GP_OK;
+    gp_status st = gp_pool_usable(p);
+    if (st != GP_OK || n == 0) return st;
     gp_block **bl = malloc(n * sizeof *bl);
     if (!bl) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory to retag %zu blocks", n);
-    gp_status st = GP_OK;
     pthread_mutex_lock(&p->lock);
     /* Resolve every address first, so that a bad one changes nothing. */
     for (size_t i = 0; i < n; i++) {

@@ -126,6 +126,13 @@ struct gp_pool {
      * gp_pool_history_stacks, which reads it without the lock. */
     gp_trace *trace;
     _Atomic int history_stacks;
+
+    /* Every pool of the process, for the fork handlers (pool.c). */
+    gp_pool *all_prev, *all_next;
+    /* The process and fork generation it was made in: in the child of a
+     * fork it belongs to the parent (gp_pool_usable). */
+    unsigned fork_gen;
+    int pid;
 };
 
 /* Record an event in the history if it is on (the lock is held). */
@@ -135,6 +142,21 @@ struct gp_pool {
     } while (0)
 
 static inline uint64_t gp_round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+/* Incremented in the child of every fork(): a pool made before it is its
+ * parent's, whose device memory the child cannot use. */
+extern atomic_uint gp_fork_generation;
+gp_status gp_forked_error(const gp_pool *p);
+
+/* GP_OK, or the error of a pool used in a forked child: what every entry
+ * point that changes the pool or calls its backend asks first (a load and
+ * a compare, no syscall: the hot path runs it). */
+static inline gp_status gp_pool_usable(const gp_pool *p)
+{
+    if (__builtin_expect(p->fork_gen == atomic_load_explicit(&gp_fork_generation, memory_order_relaxed), 1))
+        return GP_OK;
+    return gp_forked_error(p);
+}
 
 static inline uint64_t gp_chunk_index(const gp_arena *a, uintptr_t addr)
 {

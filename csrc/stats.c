@@ -75,6 +75,7 @@ void gp_scan_locked(gp_pool *p, gp_stats *o)
 
 uint64_t gp_pool_headroom(gp_pool *p)
 {
+    if (gp_pool_usable(p) != GP_OK) return 0;
     gp_stats s;
     gp_pool_stats(p, &s, 1);
     uint64_t best = s.largest_free, dev_free = 0, dev_total = 0;

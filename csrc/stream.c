@@ -174,8 +174,9 @@ void gp_free_recorded(gp_pool *p, gp_block *b)
 
 gp_status gp_record_stream(gp_pool *p, void *ptr, gp_stream s)
 {
+    gp_status st = gp_pool_usable(p);
+    if (st != GP_OK) return st;
     pthread_mutex_lock(&p->lock);
-    gp_status st = GP_OK;
     gp_block *b = gp_hash_find(p, (uintptr_t)ptr);
     gp_rec *r = NULL;
     if (!b) {
@@ -281,9 +282,11 @@ gp_block *gp_capture_find(gp_pool *p, gp_arena **ap, unsigned slot, unsigned sid
 
 gp_status gp_pool_capture_prepare(gp_pool *p, gp_stream stream)
 {
+    gp_status st = gp_pool_usable(p);
+    if (st != GP_OK) return st;
     pthread_mutex_lock(&p->lock);
     unsigned sidx;
-    gp_status st = gp_stream_index(p, stream, &sidx);
+    st = gp_stream_index(p, stream, &sidx);
     /* With another capture underway the device cannot be synchronised: the
      * new capture then draws on its stream's own blocks and new mappings. */
     if (st != GP_OK || p->n_capturing) goto out;
@@ -334,8 +337,9 @@ out:
 
 gp_status gp_pool_capture_begin(gp_pool *p, uint64_t key, gp_stream stream)
 {
+    gp_status st = gp_pool_usable(p);
+    if (st != GP_OK) return st;
     pthread_mutex_lock(&p->lock);
-    gp_status st = GP_OK;
     gp_gpool *g = gp_gpool_find(p, key);
     if (!g) {
         unsigned i = 0, home, slot;
@@ -405,8 +409,10 @@ static gp_status gp_gpools_collect(gp_pool *p)
 
 gp_status gp_pool_capture_end(gp_pool *p, gp_stream stream)
 {
+    gp_status st = gp_pool_usable(p);
+    if (st != GP_OK) return st;
     pthread_mutex_lock(&p->lock);
-    gp_status st = gp_error_set(GP_ERR_INVALID, "gpupool: capture_end on stream %p, which is not capturing "
+    st = gp_error_set(GP_ERR_INVALID, "gpupool: capture_end on stream %p, which is not capturing "
                                 "into a graph pool", stream);
     for (unsigned i = 0; i < GP_MAX_GPOOLS && st != GP_OK; i++) {
         gp_gpool *g = &p->gpools[i];
@@ -427,8 +433,9 @@ gp_status gp_pool_capture_end(gp_pool *p, gp_stream stream)
 
 gp_status gp_pool_capture_release(gp_pool *p, uint64_t key)
 {
+    gp_status st = gp_pool_usable(p);
+    if (st != GP_OK) return st;
     pthread_mutex_lock(&p->lock);
-    gp_status st = GP_OK;
     gp_gpool *g = gp_gpool_find(p, key);
     if (!g || !g->refs)
         st = gp_error_set(GP_ERR_INVALID, "gpupool: release of graph pool %llu, which holds no graph",

@@ -3,8 +3,13 @@
  * merge, alignment, streams, limits, OOM, bad pointers, injected failures,
  * trimming and reserve mode.  Run under ASan and UBSan by the test suite.
  */
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "pool_check.h"
 
@@ -458,6 +463,79 @@ static void test_hopeless_request_fails_fast(void)
     done(p);
 }
 
+/* fork() while another thread holds the pool's lock (here: a walk, whose
+ * callback runs under it): the child must not find the lock held forever,
+ * and a pool made before the fork must refuse its use with a clear error
+ * (its device memory is the parent's); a pool made in the child works. */
+static atomic_int walker_inside;
+static int slow_visit(void *arg, const gp_block_info *b)
+{
+    (void)arg;
+    (void)b;
+    atomic_store(&walker_inside, 1);
+    struct timespec ts = {0, 200 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    return 1;
+}
+
+static void *walker(void *p)
+{
+    gp_pool_walk(p, slow_visit, NULL);
+    return NULL;
+}
+
+static int forked_error(gp_status st)
+{
+    return st == GP_ERR_INVALID && strstr(gp_last_error(), "forked child") != NULL &&
+           strstr(gp_last_error(), "spawn") != NULL;
+}
+
+static void test_fork(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    void *x = A(p, 4096);
+    pthread_t t;
+    atomic_store(&walker_inside, 0);
+    CHECK(pthread_create(&t, NULL, walker, p) == 0);
+    while (!atomic_load(&walker_inside)) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(5); /* a lock left held: the child dies of SIGALRM */
+        gp_status st;
+        int ok = 1;
+        ok &= gp_alloc(p, 4096, NULL, GP_TAG_UNTAGGED, GP_PRIO_NORMAL, &st) == NULL && forked_error(st);
+        ok &= forked_error(gp_free(p, x));
+        ok &= forked_error(gp_record_stream(p, x, (gp_stream)0x10));
+        ok &= forked_error(gp_pool_capture_prepare(p, NULL));
+        ok &= forked_error(gp_pool_retag(p, &x, 1, GP_TAG_UNTAGGED, GP_PRIO_DEFAULT, NULL));
+        ok &= gp_pool_trim(p, UINT64_MAX) == 0 && forked_error(GP_ERR_INVALID);
+        gp_stats s; /* what the pool says of itself is still there */
+        gp_pool_stats(p, &s, 1);
+        ok &= s.active_blocks == 1 && gp_pool_check(p, NULL, 0) == 0;
+        gp_pool *q = make_pool(16 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, NULL);
+        void *y = A(q, 4096);
+        ok &= y != NULL && gp_free(q, y) == GP_OK && gp_pool_check(q, NULL, 0) == 0;
+        gp_pool_destroy(q);
+        gp_pool_destroy(p); /* the parent's: host memory only, no device call */
+        if (!ok) fprintf(stderr, "forked child: %s\n", gp_last_error());
+        _exit(ok ? 0 : 1);
+    }
+    CHECK(pid > 0);
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (WIFSIGNALED(status)) fprintf(stderr, "forked child killed by signal %d\n", WTERMSIG(status));
+    pthread_join(t, NULL);
+    CHECK(gp_free(p, x) == GP_OK); /* the parent's pool is its own */
+    CHECK(pool_consistent(p, be) == 0);
+    done(p);
+}
+
 static uint64_t pressure_calls;
 static uint64_t pressure_fn(void *arg, gp_pool *pool, uint64_t needed, int prio)
 {
@@ -608,6 +686,7 @@ int main(void)
     test_create_failure_leaks_nothing();
     test_failed_unmap_keeps_the_chunk();
     test_hopeless_request_fails_fast();
+    test_fork();
     test_pressure();
     test_reserve_mode();
     test_tags();
