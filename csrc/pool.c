@@ -931,7 +931,13 @@ gp_status gp_pool_create(gp_backend *be, const gp_config *cfg, gp_pool **out)
             uint64_t big = chunk;
             while (big < (1ull << 30) && big * 64 < r) big *= 2;
             p->n_arenas = 1;
-            st = gp_arena_init(p, 0, r < big ? big : r, big, 0);
+            /* The reserve is whole chunks, at least one: never past the limit. */
+            if (p->st.limit && p->st.limit < big)
+                st = gp_error_set(GP_ERR_INVALID,
+                                  "gpupool: reserve mode maps whole chunks of %" PRIu64 " bytes, and the limit of %"
+                                  PRIu64 " bytes is below one: set a limit of at least %" PRIu64
+                                  " bytes (or a smaller GPUPOOL_CHUNK)", big, p->st.limit, big);
+            if (st == GP_OK) st = gp_arena_init(p, 0, r < big ? big : r, big, 0);
             p->st.arena_size[GP_ARENA_LARGE] = p->arenas[0].size;
             p->st.chunk = big;
             if (st == GP_OK) st = gp_stream_index(p, NULL, &(unsigned){0});

@@ -594,6 +594,32 @@ static void test_reserve_mode(void)
     done(p);
 }
 
+/* Reserve mode maps whole chunks: a limit below one is refused at creation
+ * (it used to map a chunk past it). */
+static void test_reserve_limit_below_a_chunk(void)
+{
+    gp_config cfg;
+    gp_config_default(&cfg);
+    cfg.mode = GP_MODE_RESERVE;
+    cfg.chunk = 2 * MiB;
+    cfg.limit = (gp_size_spec){.bytes = 1 * MiB};
+    gp_backend *be;
+    gp_pool *p = NULL;
+    CHECK(gp_backend_host_create(64 * MiB, &be) == GP_OK);
+    gp_status st = gp_pool_create(be, &cfg, &p);
+    CHECK(st == GP_ERR_INVALID && p == NULL);
+    CHECK(strstr(gp_last_error(), "limit of 1048576 bytes") != NULL && strstr(gp_last_error(), "2097152") != NULL);
+    if (p) gp_pool_destroy(p);
+    /* One chunk exactly is a pool of one chunk. */
+    cfg.limit = (gp_size_spec){.bytes = 2 * MiB};
+    CHECK(gp_backend_host_create(64 * MiB, &be) == GP_OK);
+    CHECK(gp_pool_create(be, &cfg, &p) == GP_OK);
+    gp_stats s;
+    gp_pool_stats(p, &s, 0);
+    CHECK(s.reserved == 2 * MiB);
+    done(p);
+}
+
 static void test_tags(void)
 {
     gp_tag a, b, c;
@@ -689,6 +715,7 @@ int main(void)
     test_fork();
     test_pressure();
     test_reserve_mode();
+    test_reserve_limit_below_a_chunk();
     test_tags();
     test_lean_growth();
     return check_done();
