@@ -126,6 +126,15 @@ static void test_bad_pointers(void)
     CHECK(gp_alloc(p, SIZE_MAX, NULL, 0, 1, &st) == NULL && st == GP_ERR_INVALID);
     CHECK(strstr(gp_last_error(), "256 TiB") != NULL);
     CHECK(gp_alloc(p, 10, NULL, 0, 999, &st) == NULL && st == GP_ERR_INVALID);
+    /* A tag id never interned would break every report of the pool (a
+     * block whose tag has no name): refused. */
+    gp_tag never[] = {(gp_tag)gp_tag_count(), GP_MAX_TAGS - 1, GP_MAX_TAGS, UINT16_MAX};
+    for (int i = 0; i < 4; i++) {
+        CHECK(gp_alloc(p, 10, NULL, never[i], GP_PRIO_NORMAL, &st) == NULL && st == GP_ERR_INVALID);
+        CHECK(strstr(gp_last_error(), "must be interned") != NULL);
+    }
+    gp_pool_stats(p, &s, 0);
+    CHECK(s.active_blocks == 1);
     gp_free(p, b);
     done(p);
 }
