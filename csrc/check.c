@@ -14,6 +14,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "pool.h"
@@ -329,6 +330,16 @@ static size_t gp_check_locked(gp_pool *p, char *msg, size_t n)
     VIOLATION_IF(&c, p->n_streams && p->last_sidx >= p->n_streams, "the last slot %u is not in use",
                  p->last_sidx);
     return c.violations;
+}
+
+void gp_debug_check(gp_pool *p)
+{
+    char msg[512];
+    size_t v = gp_check_locked(p, msg, sizeof msg);
+    if (!v) return;
+    fprintf(stderr, "gpupool: GPUPOOL_DEBUG: the pool of device %d is corrupt after %" PRIu64
+            " allocations and frees (%zu violations); the first: %s\n", p->be->device, p->debug_ops, v, msg);
+    abort();
 }
 
 size_t gp_pool_check(gp_pool *p, char *msg, size_t n)

@@ -118,6 +118,8 @@ typedef struct gp_config {
                                 a fraction of allocated; < 0: unbounded     */
     int torch_patch;         /* GPUPOOL_TORCH_PATCH patch torch.cuda APIs     */
     int placement;           /* GPUPOOL_PLACEMENT   GP_PLACE_* (lifetime|none) */
+    int debug;               /* GPUPOOL_DEBUG       gp_pool_check every
+                                GP_DEBUG_EVERY allocs+frees; abort if corrupt */
 } gp_config;
 
 /* Lifetime-aware placement: with GP_PLACE_LIFETIME, blocks of long-lived

@@ -683,6 +683,7 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
     ts->n_alloc++;
     gp_peak(&p->prio_alloc[priority], &p->prio_peak[priority], b->size);
     GP_TRACE(p, GP_EV_ALLOC, b->addr, b->size, stream, tag, priority);
+    gp_debug_tick(p);
     pthread_mutex_unlock(&p->lock);
     *status = GP_OK;
     return (void *)b->addr;
@@ -780,6 +781,7 @@ gp_status gp_free(gp_pool *p, void *ptr)
         b->state = GP_BLOCK_FREE;
         gp_insert_free(p, &p->arenas[b->arena], b);
     }
+    gp_debug_tick(p);
     pthread_mutex_unlock(&p->lock);
     return GP_OK;
 }

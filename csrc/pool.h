@@ -133,6 +133,8 @@ struct gp_pool {
      * fork it belongs to the parent (gp_pool_usable). */
     unsigned fork_gen;
     int pid;
+
+    uint64_t debug_ops; /* GPUPOOL_DEBUG: allocations and frees counted */
 };
 
 /* Record an event in the history if it is on (the lock is held). */
@@ -243,6 +245,19 @@ int gp_pending_upto(const gp_pool *p, int max_prio);
  * s goes to (*slot -1: none), and a free block for it. */
 gp_status gp_capture_route(gp_pool *p, gp_stream s, int *slot);
 gp_block *gp_capture_find(gp_pool *p, gp_arena **ap, unsigned slot, unsigned sidx, uint64_t size);
+
+/* ------------------------------------------------------- check.c: integrity */
+
+/* GPUPOOL_DEBUG: gp_pool_check under the held lock; if the pool is corrupt,
+ * print the first violation on stderr and abort. */
+void gp_debug_check(gp_pool *p);
+
+/* Count an allocation or free; every GP_DEBUG_EVERY, check (debug only: one
+ * branch otherwise). */
+static inline void gp_debug_tick(gp_pool *p)
+{
+    if (__builtin_expect(p->cfg.debug, 0) && ++p->debug_ops % GP_DEBUG_EVERY == 0) gp_debug_check(p);
+}
 
 /* ------------------------------------------------------- stats.c: reports */
 

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "pool.h" /* test_debug corrupts a pool on purpose */
 #include "pool_check.h"
 
 static void *A(gp_pool *p, size_t n) { return gp_alloc(p, n, NULL, GP_TAG_UNTAGGED, GP_PRIO_NORMAL, NULL); }
@@ -545,6 +546,66 @@ static void test_fork(void)
     done(p);
 }
 
+/* GPUPOOL_DEBUG: in a child process, a pool with `debug`, corrupted or not
+ * (a figure off by 512 bytes), makes `ops` allocations and frees; returns
+ * how the child ended, its stderr in `err` and how many it made in *made. */
+static int debug_child(int debug, int corrupt, int ops, char *err, size_t n, int *made)
+{
+    int pe[2], po[2];
+    if (pipe(pe) || pipe(po)) return -1;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(pe[1], 2);
+        close(pe[0]);
+        close(po[0]);
+        gp_config cfg;
+        gp_config_default(&cfg);
+        cfg.debug = debug;
+        gp_backend *be;
+        gp_pool *p;
+        if (gp_backend_host_create(16 * MiB, &be) != GP_OK || gp_pool_create(be, &cfg, &p) != GP_OK) _exit(2);
+        if (corrupt) p->st.requested += 512;
+        void *keep = A(p, 1000);
+        for (int i = 1; i < ops; i++) {
+            if (i % 2) keep = A(p, (size_t)i * 100);
+            else gp_free(p, keep);
+            if (write(po[1], &i, sizeof i) != sizeof i) _exit(3);
+        }
+        _exit(0);
+    }
+    close(pe[1]);
+    close(po[1]);
+    int i, status = 0;
+    *made = 0;
+    while (read(po[0], &i, sizeof i) == sizeof i) *made = i + 1;
+    ssize_t got = read(pe[0], err, n - 1);
+    err[got > 0 ? got : 0] = '\0';
+    close(pe[0]);
+    close(po[0]);
+    waitpid(pid, &status, 0);
+    return status;
+}
+
+static void test_debug(void)
+{
+    char err[1024];
+    int made;
+    /* Consistent: the checks pass, thousands of operations run. */
+    int st = debug_child(1, 0, 20 * GP_DEBUG_EVERY, err, sizeof err, &made);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && made == 20 * GP_DEBUG_EVERY && err[0] == '\0');
+    /* Corrupt: the check runs at the GP_DEBUG_EVERY-th operation, names
+     * the violation and aborts. */
+    st = debug_child(1, 1, 20 * GP_DEBUG_EVERY, err, sizeof err, &made);
+    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT && made == GP_DEBUG_EVERY - 1);
+    char after[64];
+    snprintf(after, sizeof after, "after %d allocations", GP_DEBUG_EVERY);
+    CHECK(strstr(err, "GPUPOOL_DEBUG") && strstr(err, "requested says") && strstr(err, after));
+    /* Without GPUPOOL_DEBUG nothing is checked. */
+    st = debug_child(0, 1, 20 * GP_DEBUG_EVERY, err, sizeof err, &made);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && made == 20 * GP_DEBUG_EVERY);
+}
+
 static uint64_t pressure_calls;
 static uint64_t pressure_fn(void *arg, gp_pool *pool, uint64_t needed, int prio)
 {
@@ -722,6 +783,7 @@ int main(void)
     test_failed_unmap_keeps_the_chunk();
     test_hopeless_request_fails_fast();
     test_fork();
+    test_debug();
     test_pressure();
     test_reserve_mode();
     test_reserve_limit_below_a_chunk();
