@@ -114,8 +114,12 @@ static void test_pending_blocks_are_never_stuck(void)
     /* Expandable mode, the only cache pending: empty_cache synchronises and
      * gives it back. */
     p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
-    x = AS(p, 3 * MiB, S_MAIN);
-    CHECK(x && gp_record_stream(p, x, S_SIDE) == GP_OK && gp_free(p, x) == GP_OK);
+    x = AS(p, 1 * MiB, S_MAIN);
+    y = AS(p, 2 * MiB, S_MAIN);
+    CHECK(x && y && y == x + 1 * MiB);
+    CHECK(gp_record_stream(p, x, S_SIDE) == GP_OK && gp_free(p, x) == GP_OK);
+    CHECK(gp_record_stream(p, y, S_SIDE) == GP_OK && gp_free(p, y) == GP_OK);
+    CHECK(pool_consistent(p, be) == 0); /* two pending neighbours: never merged, and rightly so */
     CHECK(gp_pool_empty_cache(p) == 3 * MiB);
     gp_pool_stats(p, &s, 0);
     CHECK(s.pending == 0 && s.reserved == 0 && counters(be).mapped == 0);
