@@ -380,25 +380,27 @@ size_t gp_pool_check(gp_pool *pool, char *msg, size_t n);
 /* ------------------------------------------------------- offload, pool side */
 
 /* The pool's part of offloading memory to the host (offload.c does the
- * copies and keeps the host copy).  Memory moves in *runs*: chunk-aligned
- * address ranges whose every byte is a live block of the tags being
- * offloaded or free cache, so that their physical chunks can be given back
- * while every other block stays where it is.  A live block is offloaded
- * only if all the chunks it touches are in runs; blocks that share a chunk
- * with other live memory (another tag, a pending record_stream block, a
- * CUDA graph's private memory) stay resident and are counted as `kept`.
+ * copies and keeps the host copy).  Physical memory is given back in whole
+ * chunks: a chunk is *released* when every block in it is a live block of
+ * the tags being offloaded or free cache of a stream; a chunk shared with
+ * other live memory (another tag, a pending record_stream block, a CUDA
+ * graph's private memory) stays mapped.  Released chunks form *runs*
+ * (maximal chunk-aligned ranges).
  *
- * The addresses never change: live blocks of a run become OFFLOADED (still
- * in the pointer hash: they can be freed, retagged and looked up), free
- * cache in it FREE_OFFLOADED (no allocation lands there).  Figures: the
- * bytes of OFFLOADED blocks leave `allocated` (and their tag's and
+ * The addresses never change: every live block of the tags that touches a
+ * released chunk becomes OFFLOADED (still in the pointer hash: it can be
+ * freed, retagged and looked up; no kernel may touch it until restored);
+ * its bytes inside runs are copied, its bytes in a shared chunk stay where
+ * they are.  A block touching no released chunk stays resident (`kept`).
+ * Free cache in runs becomes FREE_OFFLOADED (no allocation lands there).
+ * Figures: OFFLOADED blocks leave `allocated` (and their tag's and
  * priority's) for `offloaded`; `reserved` drops as chunks are unmapped;
  * `active_blocks` still counts them (they are live allocations).
  *
  * A plan covers one offload or one restore:
  *   gp_pool_offload_begin  plans and marks, under the lock; every run's
- *                          chunks are still mapped.  Returns an empty plan
- *                          (n_runs 0) when nothing can move.
+ *                          chunks are still mapped.  An empty plan (n_runs
+ *                          0) when nothing can move.
  *   gp_pool_restore_begin  a plan over runs offloaded earlier (their
  *                          chunks unmapped), to map them again.
  *   gp_pool_plan_unmap     give back the chunks of [addr, addr+size) (a
@@ -414,7 +416,8 @@ size_t gp_pool_check(gp_pool *pool, char *msg, size_t n);
  *                          free pieces go back to the bins), 0 when every
  *                          chunk is unmapped (the runs stay offloaded).
  *                          GP_ERR_INVALID, and nothing changes, when the
- *                          chunks are not all in that state.  Frees the plan.
+ *                          chunks are not all in that state; else the plan
+ *                          is freed.
  * The chunks of a run are touched by nobody else meanwhile (no allocation
  * lands in them, trim skips them), so the caller copies without the lock.
  * Refused while a CUDA graph captures (GP_ERR_INVALID): a capture may not
@@ -425,8 +428,9 @@ typedef struct gp_offload_run {
     uint64_t chunk;     /* the mapping unit of its arena                  */
 } gp_offload_run;
 
+/* Bytes to copy: the part of one live block inside one run. */
 typedef struct gp_offload_range {
-    uintptr_t addr;     /* a live block: the bytes to copy                */
+    uintptr_t addr;
     uint64_t size;
     gp_tag tag;
     uint8_t priority;
@@ -436,12 +440,13 @@ typedef struct gp_offload_plan {
     int restore;                /* a restore plan (else an offload)        */
     size_t n_runs;
     gp_offload_run *runs;       /* in address order                       */
-    size_t n_blocks;
-    gp_offload_range *blocks;   /* the live blocks inside the runs, in
-                                   address order: only these bytes are
+    size_t n_ranges;
+    gp_offload_range *ranges;   /* in address order; only these bytes are
                                    copied (free space is not)             */
-    uint64_t bytes;             /* sum of blocks[].size                    */
+    uint64_t bytes;             /* sum of ranges[].size                    */
     uint64_t released;          /* sum of runs[].size                      */
+    uint64_t offloaded;         /* offload: bytes of the blocks that became
+                                   OFFLOADED (whole blocks)                */
     uint64_t kept;              /* offload: bytes of the tags' live blocks
                                    that stay resident (see above)          */
 } gp_offload_plan;
@@ -452,8 +457,9 @@ typedef struct gp_offload_plan {
 gp_status gp_pool_offload_begin(gp_pool *pool, const gp_tag *tags, size_t n_tags,
                                 gp_offload_plan **out);
 /* Plan the restore of `runs` (as an offload plan listed them; each must
- * still be wholly offloaded: GP_ERR_INVALID otherwise).  The plan's blocks
- * are the live blocks in them now (some may have been freed since). */
+ * still be wholly offloaded: GP_ERR_INVALID otherwise).  The plan's ranges
+ * are those of the blocks still live in them (some may have been freed
+ * since): the same addresses and sizes the offload plan gave them. */
 gp_status gp_pool_restore_begin(gp_pool *pool, const gp_offload_run *runs, size_t n_runs,
                                 gp_offload_plan **out);
 gp_status gp_pool_plan_unmap(gp_pool *pool, gp_offload_plan *plan, uintptr_t addr,

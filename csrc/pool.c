@@ -121,8 +121,8 @@ static gp_block *gp_hash_remove(gp_pool *p, uintptr_t a)
 
 static int gp_mergeable(const gp_block *x, const gp_block *y)
 {
-    return x && y && x->state == y->state && x->state != GP_BLOCK_USED &&
-           x->state != GP_BLOCK_PENDING && x->life == y->life &&
+    return x && y && x->state == y->state &&
+           (x->state == GP_BLOCK_FREE || x->state == GP_BLOCK_FREE_UNMAPPED) && x->life == y->life &&
            (x->state == GP_BLOCK_FREE_UNMAPPED || x->sidx == y->sidx);
 }
 
@@ -184,7 +184,7 @@ gp_block *gp_split(gp_pool *p, gp_block *b, uint64_t size)
  * prefix of the range still mapped (and counted in reserved), which the
  * caller must turn into free memory.  Otherwise the range is either wholly
  * mapped or wholly not (*kept 0). */
-static gp_status gp_map_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len, uint64_t *kept)
+gp_status gp_map_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len, uint64_t *kept)
 {
     uint64_t done = 0;
     gp_status st = GP_OK;
@@ -236,7 +236,7 @@ static gp_block *gp_mapped_head(gp_pool *p, gp_arena *a, gp_block *u, uint64_t l
 
 /* Unmap chunks of [addr, addr+len) from the start; returns bytes unmapped
  * (less than len only if the backend failed). */
-static uint64_t gp_unmap_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len)
+uint64_t gp_unmap_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len)
 {
     uint64_t done = 0;
     while (done < len) {
@@ -317,7 +317,7 @@ static int gp_cache_level(const gp_pool *p, const gp_arena *only, int min, int w
  * so many), from arena `only` or, when it is NULL, from every arena: only
  * cache of priority <= max_prio, the lowest priority first (a pass over the
  * arenas per priority that holds cache; one pass when all is one priority). */
-static uint64_t gp_trim_in(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio)
+uint64_t gp_trim_in(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio)
 {
     /* No synchronisation (illegal) nor unmapping while a graph captures. */
     if (p->n_capturing || p->st.reserved == p->st.allocated) return 0;
@@ -739,7 +739,7 @@ gp_status gp_bad_pointer(gp_pool *p, const void *ptr, const char *what)
         return gp_error_set(GP_ERR_FOREIGN,
                             "gpupool: %s of %p, which gpupool did not allocate (device %d)",
                             what, ptr, p->be->device);
-    if (b->state != GP_BLOCK_USED)
+    if (b->state != GP_BLOCK_USED && b->state != GP_BLOCK_OFFLOADED)
         return gp_error_set(GP_ERR_DOUBLE_FREE,
                             "gpupool: %s of %p, which is not allocated: freed twice, or used after free",
                             what, ptr);
@@ -760,6 +760,12 @@ gp_status gp_free(gp_pool *p, void *ptr)
         st = gp_bad_pointer(p, ptr, "free");
         pthread_mutex_unlock(&p->lock);
         return st;
+    }
+    if (b->state == GP_BLOCK_OFFLOADED) {
+        gp_free_offloaded(p, b);
+        gp_debug_tick(p);
+        pthread_mutex_unlock(&p->lock);
+        return GP_OK;
     }
     gp_tag_stats *ts = &p->tags[b->tag];
     p->st.allocated -= b->size;
@@ -1059,7 +1065,7 @@ gp_status gp_pool_retag(gp_pool *p, void *const *ptrs, size_t n, gp_tag tag, int
         if (!b) { /* an address inside a block (a view): the slow walk */
             gp_arena *a = gp_arena_of(p, x);
             b = a ? gp_block_at(a, x) : NULL;
-            if (b && b->state != GP_BLOCK_USED) b = NULL;
+            if (b && b->state != GP_BLOCK_USED && b->state != GP_BLOCK_OFFLOADED) b = NULL;
         }
         if (!b) {
             st = gp_error_set(GP_ERR_FOREIGN, "gpupool: retag of %p, which lies in no live block of "
@@ -1074,7 +1080,7 @@ gp_status gp_pool_retag(gp_pool *p, void *const *ptrs, size_t n, gp_tag tag, int
     for (size_t i = 0; i < n; i++) {
         if (m && bl[m - 1] == bl[i]) continue;
         bl[m++] = bl[i];
-        if (bl[i]->tag != tag) add += bl[i]->size;
+        if (bl[i]->tag != tag && bl[i]->state == GP_BLOCK_USED) add += bl[i]->size;
     }
     gp_tag_stats *ts = &p->tags[tag];
     if (ts->limit && ts->allocated + add > ts->limit) {
@@ -1088,14 +1094,19 @@ gp_status gp_pool_retag(gp_pool *p, void *const *ptrs, size_t n, gp_tag tag, int
         int np = priority == GP_PRIO_DEFAULT ? b->prio : priority;
         if (b->tag == tag && b->prio == np) continue;
         gp_tag_stats *os = &p->tags[b->tag];
-        os->allocated -= b->size;
-        os->requested -= b->requested;
         os->active_blocks--;
-        gp_peak(&ts->allocated, &ts->allocated_peak, b->size);
-        ts->requested += b->requested;
         ts->active_blocks++;
-        p->prio_alloc[b->prio] -= b->size;
-        gp_peak(&p->prio_alloc[np], &p->prio_peak[np], b->size);
+        if (b->state == GP_BLOCK_OFFLOADED) { /* its bytes are on the host: they move as such */
+            os->offloaded -= b->size;
+            ts->offloaded += b->size;
+        } else {
+            os->allocated -= b->size;
+            os->requested -= b->requested;
+            gp_peak(&ts->allocated, &ts->allocated_peak, b->size);
+            ts->requested += b->requested;
+            p->prio_alloc[b->prio] -= b->size;
+            gp_peak(&p->prio_alloc[np], &p->prio_peak[np], b->size);
+        }
         b->tag = tag;
         b->prio = (uint8_t)np;
         moved += b->size;

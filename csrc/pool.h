@@ -203,6 +203,16 @@ gp_block *gp_new_block(gp_pool *p);
 gp_block *gp_insert_free(gp_pool *p, gp_arena *a, gp_block *b);
 /* Cut b (in no bin) after `size` bytes; returns the tail (in no bin). */
 gp_block *gp_split(gp_pool *p, gp_block *b, uint64_t size);
+/* Map [addr, addr+len) of arena a chunk by chunk (all or nothing, but for
+ * chunks whose unmap failed in the rollback: the mapped prefix they keep is
+ * *kept bytes long, and stays mapped and counted); unmap from addr,
+ * returning the bytes unmapped (less than len only if the backend failed).
+ * Both keep reserved, the chunk table and the history. */
+gp_status gp_map_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len, uint64_t *kept);
+uint64_t gp_unmap_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len);
+/* Give back at least `want` bytes of cached chunks of priority <= max_prio
+ * (arena `only`, or all when NULL); returns the bytes released. */
+uint64_t gp_trim_in(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio);
 /* Merge free neighbours of different streams (the device is idle). */
 void gp_coalesce_idle(gp_pool *p, gp_arena *a);
 /* Map so that a free block of `size` exists on slot sidx; returned removed
@@ -241,6 +251,9 @@ gp_status gp_sync_locked(gp_pool *p);
 /* Whether a pending block of priority <= max_prio exists (a sync would
  * turn it into cache that priority may release). */
 int gp_pending_upto(const gp_pool *p, int max_prio);
+/* The record_stream record of live block b goes (b is freed while
+ * offloaded: no stream can use memory that is not there). */
+void gp_rec_forget(gp_pool *p, gp_block *b);
 /* While a capture is underway: the graph pool slot an allocation on stream
  * s goes to (*slot -1: none), and a free block for it. */
 gp_status gp_capture_route(gp_pool *p, gp_stream s, int *slot);
@@ -258,6 +271,12 @@ static inline void gp_debug_tick(gp_pool *p)
 {
     if (__builtin_expect(p->cfg.debug, 0) && ++p->debug_ops % GP_DEBUG_EVERY == 0) gp_debug_check(p);
 }
+
+/* ------------------------------------------------ pool_offload.c: offload */
+
+/* gp_free of a live block whose memory is offloaded: it becomes a free
+ * piece of its run (FREE_OFFLOADED) until the run is restored. */
+void gp_free_offloaded(gp_pool *p, gp_block *b);
 
 /* ------------------------------------------------------- stats.c: reports */
 

@@ -34,7 +34,7 @@ gp_status gp_pool_lookup(gp_pool *p, const void *ptr, gp_block_info *out)
     if (!b) {
         gp_arena *a = gp_arena_of(p, (uintptr_t)ptr);
         b = a ? gp_block_at(a, (uintptr_t)ptr) : NULL;
-        if (b && b->state != GP_BLOCK_USED) b = NULL;
+        if (b && b->state != GP_BLOCK_USED && b->state != GP_BLOCK_OFFLOADED) b = NULL;
     }
     gp_status st = GP_OK;
     if (b) gp_info_of(p, b, out);

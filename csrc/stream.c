@@ -84,6 +84,17 @@ static gp_rec *gp_rec_of(gp_pool *p, const gp_block *b)
     return NULL;
 }
 
+void gp_rec_forget(gp_pool *p, gp_block *b)
+{
+    for (unsigned i = 0; i < p->n_recs; i++) {
+        if (p->recs[i].b == b) {
+            p->recs[i] = p->recs[--p->n_recs];
+            break;
+        }
+    }
+    b->rec = 0;
+}
+
 /* The events of pending record i have completed: its block goes back to the
  * bins and the record is dropped (the last one takes its place). */
 static void gp_rec_finish(gp_pool *p, unsigned i)

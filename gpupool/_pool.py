@@ -10,7 +10,9 @@ from ._report import format_bytes, format_report
 
 __all__ = ["Block", "PoolView", "HostPool", "format_bytes"]
 
-_STATES = ("unmapped", "free", "used", "pending")  # pending: waits for record_stream events
+# pending: waits for record_stream events; offloaded: live, its memory on the
+# host; free_offloaded: free space inside an offloaded run (indexed by GP_BLOCK_*)
+_STATES = ("unmapped", "free", "used", "pending", "offloaded", "free_offloaded")
 _ARENAS = ("small", "large")
 
 
@@ -23,7 +25,7 @@ class Block(NamedTuple):
     stream: int
     tag: str
     priority: int
-    state: str   # "used", "free" or "unmapped"
+    state: str   # "used", "free", "unmapped", "pending", "offloaded" or "free_offloaded"
     arena: str   # "small" or "large"
     lifetime: str  # region of the arena it lies in: "short" or "long" (placement)
 
