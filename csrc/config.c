@@ -475,6 +475,16 @@ static int gp_print_placement(const gp_config *c, char *buf, size_t len)
     return snprintf(buf, len, "%s", gp_placement_names[c->placement == GP_PLACE_LIFETIME]);
 }
 
+static int gp_parse_host_limit(gp_config *c, const char *v, char *why, size_t n)
+{
+    return gp_spec_parse(&c->host_limit, v, why, n);
+}
+
+static int gp_print_host_limit(const gp_config *c, char *buf, size_t len)
+{
+    return gp_spec_print(c->host_limit, buf, len);
+}
+
 /* The table: variable, keyword, default, accepted values, meaning, parser,
  * printer.  The variable is always GPUPOOL_ and the keyword in upper case. */
 #define GP_OPTIONS(X)                                                                     \
@@ -494,8 +504,9 @@ static int gp_print_placement(const gp_config *c, char *buf, size_t len)
     X("GPUPOOL_CODEC", "codec", "none",                                                   \
       "none, lz4, zstd, bytesplit, bytesplit+lz4 or bytesplit+zstd",                      \
       "compression of blocks offloaded to host memory", gp_parse_codec, gp_print_codec)   \
-    X("GPUPOOL_OFFLOAD_THREADS", "offload_threads", "4", "an integer 1..64",              \
-      "offload worker threads", gp_parse_threads, gp_print_threads)                       \
+    X("GPUPOOL_OFFLOAD_THREADS", "offload_threads", "8", "an integer 1..64",              \
+      "threads that map, unmap and checksum offloaded memory beside its copies",          \
+      gp_parse_threads, gp_print_threads)                                                 \
     X("GPUPOOL_TENANT", "tenant", "(empty)",                                              \
       "1 to 63 characters of A-Z, a-z, 0-9, '_', '.' and '-'",                            \
       "group of processes sharing a GPU through the arbiter", gp_parse_tenant,            \
@@ -528,6 +539,10 @@ static int gp_print_placement(const gp_config *c, char *buf, size_t len)
       "grow: beyond it, cached chunks are given back (one device sync) before new ones "  \
       "are mapped; none keeps every cached chunk",                                        \
       gp_parse_slack, gp_print_slack)                                                     \
+    X("GPUPOOL_HOST_LIMIT", "host_limit", "50%", GP_SIZE_TEXT "; none or 0 for no limit", \
+      "cap on the pinned host memory that offloaded memory may take; a percentage or "    \
+      "fraction is of the host's physical memory", gp_parse_host_limit,                  \
+      gp_print_host_limit)                                                                \
     X("GPUPOOL_DEBUG", "debug", "0", GP_BOOL_TEXT,                                        \
       "check the pool's integrity every " GP_XSTR(GP_DEBUG_EVERY) " allocations and frees " \
       "(slow); abort with the violation on stderr if it is corrupt",                      \
@@ -559,7 +574,7 @@ void gp_config_default(gp_config *cfg)
         .mode = GP_MODE_EXPANDABLE,
         .priority = GP_PRIO_NORMAL,
         .codec = "none",
-        .offload_threads = 4,
+        .offload_threads = 8,
         .log = GP_LOG_OOM,
         .chunk = 2 * MiB,
         .small_size = 1 * MiB,
@@ -567,6 +582,7 @@ void gp_config_default(gp_config *cfg)
         .cache_slack = 0.05,
         .torch_patch = 1,
         .placement = GP_PLACE_LIFETIME,
+        .host_limit = {.fraction = 0.5},
     };
 }
 

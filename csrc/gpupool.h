@@ -118,6 +118,8 @@ typedef struct gp_config {
                                 a fraction of allocated; < 0: unbounded     */
     int torch_patch;         /* GPUPOOL_TORCH_PATCH patch torch.cuda APIs     */
     int placement;           /* GPUPOOL_PLACEMENT   GP_PLACE_* (lifetime|none) */
+    gp_size_spec host_limit; /* GPUPOOL_HOST_LIMIT  pinned host memory for
+                                offload; a fraction is of the host's RAM   */
     int debug;               /* GPUPOOL_DEBUG       gp_pool_check every
                                 GP_DEBUG_EVERY allocs+frees; abort if corrupt */
 } gp_config;
@@ -467,6 +469,9 @@ gp_status gp_pool_plan_unmap(gp_pool *pool, gp_offload_plan *plan, uintptr_t add
 gp_status gp_pool_plan_map(gp_pool *pool, gp_offload_plan *plan, uintptr_t addr,
                            uint64_t size, int priority);
 gp_status gp_pool_plan_end(gp_pool *pool, gp_offload_plan *plan, int resident);
+
+/* The configuration the pool was made with (its limit as set now). */
+void gp_pool_config(gp_pool *pool, gp_config *out);
 
 /* Block the host until all work on the pool's device has completed (the
  * backend's synchronize; counted in n_sync). */

@@ -99,34 +99,38 @@ static double gp_now(void)
 
 /* ------------------------------------------------------------- checksum */
 
-static inline uint64_t gp_load64(const unsigned char *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
-
-static inline uint64_t gp_mix(uint64_t a, uint64_t b)
+static inline uint64_t gp_fold(uint64_t a, uint64_t b)
 {
     __uint128_t r = (__uint128_t)a * b;
     return (uint64_t)r ^ (uint64_t)(r >> 64);
 }
 
-/* Four independent lanes of 64-bit multiply-fold over 32-byte blocks (the
- * lanes keep the multiplier busy), then the tail and the length. */
+/* Fletcher-style over 8 lanes of 64-bit words: a[l] sums a lane's words,
+ * b[l] the running a[l], so both a word's value and its place count; the
+ * lanes are independent adds (vectorised, memory-bound), folded at the end
+ * with the length and the seed.  Made to catch corruption of stored bytes
+ * (a flipped bit, a misplaced or truncated piece), not an adversary. */
 uint64_t gp_checksum(const void *data, size_t n, uint64_t seed)
 {
-    static const uint64_t K[4] = {0xa0761d6478bd642full, 0xe7037ed1a0b428dbull, 0x8ebc6af09c88c6e3ull,
-                                  0x589965cc75374cc3ull};
     const unsigned char *p = data;
-    uint64_t h[4] = {seed ^ K[0], seed ^ K[1], seed ^ K[2], seed ^ K[3]};
+    uint64_t a[8] = {0}, b[8] = {0}, d[8];
     size_t i = 0;
-    for (; i + 32 <= n; i += 32)
-        for (int l = 0; l < 4; l++) h[l] = gp_mix(gp_load64(p + i + 8 * l) ^ K[l], h[l] ^ 0x1d8e4e27c47d124full);
-    unsigned char tail[32] = {0};
-    memcpy(tail, p + i, n - i);
-    for (int l = 0; l < 4; l++) h[l] = gp_mix(gp_load64(tail + 8 * l) ^ K[l], h[l] ^ (uint64_t)n);
-    return gp_mix(h[0] ^ h[2], h[1] ^ h[3] ^ K[0]);
+    for (; i + sizeof d <= n; i += sizeof d) {
+        memcpy(d, p + i, sizeof d);
+        for (int l = 0; l < 8; l++) {
+            a[l] += d[l];
+            b[l] += a[l];
+        }
+    }
+    memset(d, 0, sizeof d);
+    memcpy(d, p + i, n - i);
+    for (int l = 0; l < 8; l++) {
+        a[l] += d[l];
+        b[l] += a[l];
+    }
+    uint64_t h = seed ^ ((uint64_t)n * 0x9e3779b97f4a7c15ull);
+    for (int l = 0; l < 8; l++) h = gp_fold(h ^ a[l], (b[l] ^ 0xff51afd7ed558ccdull) | 1);
+    return gp_fold(h ^ (h >> 29), 0xc4ceb9fe1a85ec53ull);
 }
 
 /* --------------------------------------------------------------- records */
@@ -261,26 +265,34 @@ static const char *gp_tags_text(const gp_record *r, char *buf, size_t len)
     return buf;
 }
 
-/* Restore: map the chunk, then verify its pieces before anything is
- * copied back. */
+/* Restore: map the chunk (ahead of the copies into it). */
 static gp_status gp_job_map(void *arg)
 {
     gp_chunk *c = arg;
     /* Any cached (free) memory may go to make room: what comes back was
      * live when it was displaced, and a cache is nobody's data. */
     gp_status st = gp_pool_plan_map(c->o->pool, c->plan, c->addr, c->size, GP_PRIO_MAX);
-    if (st != GP_OK) return st;
-    c->mapped = 1;
-    for (size_t i = 0; i < c->np; i++) {
-        const gp_piece *p = &c->rec->pieces[c->p0 + i];
-        if (p->host.ptr && gp_checksum(p->host.ptr, p->stored, p->addr) != p->sum) {
-            char tags[256];
-            return gp_error_set(GP_ERR_BACKEND, "gpupool: the host copy of tag %s is corrupt: checksum mismatch in "
-                                "the %" PRIu64 " bytes of 0x%" PRIxPTR "; the memory stays offloaded",
-                                gp_tags_text(c->rec, tags, sizeof tags), p->size, p->addr);
-        }
-    }
-    return GP_OK;
+    if (st == GP_OK) c->mapped = 1;
+    return st;
+}
+
+typedef struct gp_verify {
+    const gp_record *rec;
+    const gp_piece *piece;
+} gp_verify;
+
+/* Restore: a piece's stored bytes against its checksum.  It runs beside
+ * the copy back: the blocks stay OFFLOADED (untouchable) until every piece
+ * was found whole, and on a mismatch the restore gives the chunks back. */
+static gp_status gp_job_verify(void *arg)
+{
+    const gp_verify *v = arg;
+    const gp_piece *p = v->piece;
+    if (gp_checksum(p->host.ptr, p->stored, p->addr) == p->sum) return GP_OK;
+    char tags[256];
+    return gp_error_set(GP_ERR_BACKEND, "gpupool: the host copy of tag %s is corrupt: checksum mismatch in the %"
+                        PRIu64 " bytes of 0x%" PRIxPTR "; the memory stays offloaded",
+                        gp_tags_text(v->rec, tags, sizeof tags), p->size, p->addr);
 }
 
 /* ----------------------------------------------------------- the streams */
@@ -507,9 +519,18 @@ static gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offl
             break;
         }
     }
-    /* Copy each chunk back as soon as it is mapped and verified.  A chunk
-     * the device had no room for: make room (lower-priority idle tags),
-     * then map it here. */
+    /* Verification runs beside the copies (queued behind the maps). */
+    gp_batch verified;
+    gp_batch_init(&verified);
+    gp_verify *vs = calloc(r->n_pieces ? r->n_pieces : 1, sizeof *vs);
+    if (!vs && st == GP_OK) st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a restore");
+    for (size_t i = 0; vs && i < r->n_pieces && st == GP_OK; i++) {
+        if (!r->pieces[i].host.ptr) continue;
+        vs[i] = (gp_verify){r, &r->pieces[i]};
+        st = gp_workq_push(o->q, &verified, gp_job_verify, &vs[i]);
+    }
+    /* Copy each chunk back as soon as it is mapped.  A chunk the device had
+     * no room for: make room (lower-priority idle tags), then map it here. */
     for (size_t k = 0; k < queued && st == GP_OK; k++) {
         if ((st = gp_batch_wait(&c[k].done)) != GP_OK && !c[k].mapped && (st == GP_ERR_OOM || st == GP_ERR_LIMIT)) {
             uint64_t got = 0;
@@ -525,6 +546,10 @@ static gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offl
                 st = o->be->copy(o->be, (void *)p->addr, p->host.ptr, p->size, GP_COPY_H2D, o->streams[k & 1]);
         }
     }
+    gp_status vst = gp_batch_wait(&verified);
+    if (st == GP_OK) st = vst;
+    gp_batch_destroy(&verified);
+    free(vs);
     char why[1024] = "";
     if (st != GP_OK) snprintf(why, sizeof why, "%s", gp_last_error());
     for (size_t k = 0; k < queued; k++) {

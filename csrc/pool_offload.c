@@ -477,3 +477,10 @@ gp_status gp_pool_synchronize(gp_pool *p)
 }
 
 gp_backend *gp_pool_backend(gp_pool *p) { return p->be; }
+
+void gp_pool_config(gp_pool *p, gp_config *out)
+{
+    pthread_mutex_lock(&p->lock);
+    *out = p->cfg;
+    pthread_mutex_unlock(&p->lock);
+}

@@ -62,7 +62,8 @@ void gp_scan_locked(gp_pool *p, gp_stats *o)
     for (unsigned k = 0; k < p->n_arenas; k++) {
         int in_run = 0;
         for (gp_block *b = p->arenas[k].first; b; b = b->next) {
-            int mapped = b->state != GP_BLOCK_FREE_UNMAPPED;
+            int mapped = b->state != GP_BLOCK_FREE_UNMAPPED && b->state != GP_BLOCK_OFFLOADED &&
+                         b->state != GP_BLOCK_FREE_OFFLOADED;
             if (mapped && !in_run) o->segments++;
             in_run = mapped;
             if (b->state == GP_BLOCK_FREE) {

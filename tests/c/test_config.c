@@ -110,7 +110,7 @@ static void test_table(void)
 {
     size_t n = 0;
     const gp_option_info *o = gp_config_options(&n);
-    CHECK(n == 16);
+    CHECK(n == 17);
     gp_config cfg;
     gp_config_default(&cfg);
     for (size_t i = 0; i < n; i++) {
@@ -130,8 +130,8 @@ static void test_table(void)
     CHECK(strstr(o[1].def, "80%") != NULL);
     const char *keys[] = {"mode", "reserve", "limit", "priority", "codec", "offload_threads",
                           "tenant", "log", "trace", "chunk", "small_size", "torch_patch",
-                          "placement", "large_chunk", "cache_slack", "debug"};
-    for (size_t i = 0; i < n && i < 16; i++) CHECK(strcmp(o[i].key, keys[i]) == 0);
+                          "placement", "large_chunk", "cache_slack", "host_limit", "debug"};
+    for (size_t i = 0; i < n && i < 17; i++) CHECK(strcmp(o[i].key, keys[i]) == 0);
 }
 
 static void test_defaults(void)
@@ -144,7 +144,7 @@ static void test_defaults(void)
     CHECK(c.limit.bytes == 0 && c.limit.fraction == 0);
     CHECK(c.priority == GP_PRIO_NORMAL);
     CHECK(strcmp(c.codec, "none") == 0);
-    CHECK(c.offload_threads == 4);
+    CHECK(c.offload_threads == 8);
     CHECK(c.tenant[0] == '\0');
     CHECK(c.log == GP_LOG_OOM);
     CHECK(c.trace == 0);

@@ -292,5 +292,13 @@ int main(void)
     CHECK(gp_checksum(buf, 100, 1) != h0);
     buf[99] ^= 1;
     CHECK(gp_checksum(buf, 99, 1) != h0 && gp_checksum(buf, 100, 2) != h0 && gp_checksum(buf, 100, 1) == h0);
+    /* ... and where each word is: two words swapped are seen. */
+    uint64_t words[32];
+    for (int i = 0; i < 32; i++) words[i] = 0x0101010101010101ull * (unsigned)i;
+    uint64_t w0 = gp_checksum(words, sizeof words, 0);
+    uint64_t t = words[3];
+    words[3] = words[19];
+    words[19] = t;
+    CHECK(gp_checksum(words, sizeof words, 0) != w0);
     return check_done();
 }
