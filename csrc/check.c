@@ -14,6 +14,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "pool.h"
@@ -158,6 +159,10 @@ static void gp_check_arena(gp_checker *c, gp_pool *p, unsigned k, gp_sums *s)
                          "free block 0x%" PRIxPTR " is in slot %u, which is not in use", b->addr,
                          (unsigned)b->sidx);
             if (b->sidx < GP_MAX_STREAMS) s->free_in_slot[k][b->sidx]++;
+            /* Placement: a slot's bins hold blocks of its region only. */
+            VIOLATION_IF(c, b->sidx < GP_MAX_STREAMS && b->life != p->slot_life[b->sidx],
+                         "free block 0x%" PRIxPTR " of region %u is in slot %u, of region %u", b->addr,
+                         (unsigned)b->life, (unsigned)b->sidx, (unsigned)p->slot_life[b->sidx]);
             VIOLATION_IF(c, b->rec, "free block 0x%" PRIxPTR " still has a record_stream record", b->addr);
             break;
         case GP_BLOCK_PENDING:
@@ -356,6 +361,16 @@ static size_t gp_check_locked(gp_pool *p, char *msg, size_t n)
     VIOLATION_IF(&c, p->n_streams && p->last_sidx >= p->n_streams, "the last slot %u is not in use",
                  p->last_sidx);
     return c.violations;
+}
+
+void gp_debug_check(gp_pool *p)
+{
+    char msg[512];
+    size_t v = gp_check_locked(p, msg, sizeof msg);
+    if (!v) return;
+    fprintf(stderr, "gpupool: GPUPOOL_DEBUG: the pool of device %d is corrupt after %" PRIu64
+            " allocations and frees (%zu violations); the first: %s\n", p->be->device, p->debug_ops, v, msg);
+    abort();
 }
 
 size_t gp_pool_check(gp_pool *p, char *msg, size_t n)

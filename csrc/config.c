@@ -33,6 +33,8 @@ extern char **environ;
 #define GP_SIZE_TEXT "a size such as 512MiB, 20GB, 4096, 80% or 0.8" GP_SIZE_UNITS
 #define GP_ABS_SIZE_TEXT "a size such as 512MiB, 20GB or 4096" GP_SIZE_UNITS
 #define GP_BOOL_TEXT "0, 1, true, false, yes, no, on or off"
+#define GP_STR(x) #x
+#define GP_XSTR(x) GP_STR(x)
 #define GP_PRIO_TEXT "low, normal, high, critical or an integer 0..255"
 
 /* A parser writes its option into `cfg` only when `v` is valid; otherwise it
@@ -386,6 +388,17 @@ static int gp_print_trace(const gp_config *c, char *buf, size_t len)
     return snprintf(buf, len, "%d", c->trace != 0);
 }
 
+static int gp_parse_debug(gp_config *c, const char *v, char *why, size_t n)
+{
+    (void)why, (void)n;
+    return gp_bool(&c->debug, v);
+}
+
+static int gp_print_debug(const gp_config *c, char *buf, size_t len)
+{
+    return snprintf(buf, len, "%d", c->debug != 0);
+}
+
 static int gp_parse_chunk(gp_config *c, const char *v, char *why, size_t n)
 {
     return gp_abs_parse(&c->chunk, v, 64 * KiB, GiB, 1, why, n);
@@ -529,7 +542,11 @@ static int gp_print_host_limit(const gp_config *c, char *buf, size_t len)
     X("GPUPOOL_HOST_LIMIT", "host_limit", "50%", GP_SIZE_TEXT "; none or 0 for no limit", \
       "cap on the pinned host memory that offloaded memory may take; a percentage or "    \
       "fraction is of the host's physical memory", gp_parse_host_limit,                  \
-      gp_print_host_limit)
+      gp_print_host_limit)                                                                \
+    X("GPUPOOL_DEBUG", "debug", "0", GP_BOOL_TEXT,                                        \
+      "check the pool's integrity every " GP_XSTR(GP_DEBUG_EVERY) " allocations and frees " \
+      "(slow); abort with the violation on stderr if it is corrupt",                      \
+      gp_parse_debug, gp_print_debug)
 
 #define GP_INFO(env, key, def, accepted, help, parse, print) {env, key, def, accepted, help},
 static const gp_option_info gp_options[] = {GP_OPTIONS(GP_INFO)};

@@ -27,6 +27,19 @@
  * its callers with one lock.  Tag interning and the error slot are
  * process-wide / thread-local respectively.
  *
+ * fork(): a pool's device memory belongs to the process that made it.
+ * Fork handlers (pthread_atfork) hold every pool's lock across a fork, so
+ * that the child never finds one held by a thread it does not have; in
+ * the child, a pool made before the fork refuses every call that changes it
+ * or reaches its device (GP_ERR_INVALID: "this pool belongs to process N;
+ * ... use the 'spawn' start method"), while what it says of itself (stats,
+ * walk, check) still reads; destroying it there frees host memory only.
+ * The rule is the same for every backend.  Pools made in the child work.
+ * The handlers are installed by the first gp_pool_create; a layer above
+ * that takes a lock of its own around pool calls installs its handlers
+ * after calling gp_pool_atfork_install(), so that its prepare handler runs
+ * first (they run in reverse order) and locks are taken in one order.
+ *
  * Errors: functions return a gp_status (or NULL) and leave a message that
  * names what was wrong in a thread-local slot, read with gp_last_error().
  * Nothing in this API aborts the process on bad input: a foreign pointer, a
@@ -107,6 +120,8 @@ typedef struct gp_config {
     int placement;           /* GPUPOOL_PLACEMENT   GP_PLACE_* (lifetime|none) */
     gp_size_spec host_limit; /* GPUPOOL_HOST_LIMIT  pinned host memory for
                                 offload; a fraction is of the host's RAM   */
+    int debug;               /* GPUPOOL_DEBUG       gp_pool_check every
+                                GP_DEBUG_EVERY allocs+frees; abort if corrupt */
 } gp_config;
 
 /* Lifetime-aware placement: with GP_PLACE_LIFETIME, blocks of long-lived
@@ -207,10 +222,16 @@ gp_status gp_pool_create(gp_backend *backend, const gp_config *cfg,
  * released too: the caller promises nothing uses them any more. */
 void gp_pool_destroy(gp_pool *pool);
 
+/* Install the pool layer's fork handlers (see fork() above); idempotent. */
+void gp_pool_atfork_install(void);
+
 /* Allocate `size` bytes (> 0) for use on `stream`, under `tag` and
  * `priority` (0..255, or GP_PRIO_DEFAULT).  The address is aligned to 512
- * bytes.  Never calls the backend when a cached block fits.  Returns NULL on
- * failure with gp_last_error() set: GP_ERR_OOM (device full) or GP_ERR_LIMIT
+ * bytes.  Never calls the backend when a cached block fits (nor asks about
+ * record_stream events then: see gp_record_stream).  Returns NULL on
+ * failure with gp_last_error() set: GP_ERR_OOM (device full; decided from
+ * the driver's free memory and the cache the request may release before
+ * anything is mapped, so a hopeless request costs no mapping) or GP_ERR_LIMIT
  * (pool or tag limit) once the pool released the cached memory of
  * priorities up to `priority` and the pressure callback had its chance (see
  * the priorities above), GP_ERR_INVALID for size 0 or a size that overflows;
@@ -262,8 +283,11 @@ void gp_pool_walk(gp_pool *pool, gp_block_fn fn, void *arg);
 /* Tensor.record_stream: the live block at `ptr` (its start) is also used on
  * `stream`.  When it is freed, an event is recorded on every such stream and
  * the block is not handed out again (state GP_BLOCK_PENDING) until those
- * events completed: later allocations query them, without a host wait; a
- * trim, which synchronises the device, releases all.  Recording the block's
+ * events completed: an allocation that finds no cached block (a miss)
+ * queries them, without a host wait -- a hit makes no driver call, so a
+ * completed block may wait for the next miss; an allocation that would
+ * fail, and a trim, synchronise the device, which releases all (also a
+ * block whose event could not be recorded).  Recording the block's
  * own stream does nothing.  GP_ERR_FOREIGN / GP_ERR_DOUBLE_FREE for a pointer
  * that is not a live block's start, GP_ERR_TOO_MANY past 8 streams. */
 gp_status gp_record_stream(gp_pool *pool, void *ptr, gp_stream stream);
@@ -300,8 +324,10 @@ gp_status gp_pool_capture_release(gp_pool *pool, uint64_t key);
 
 /* Unmap free chunks until at least `bytes` were released (UINT64_MAX: all),
  * whatever priority cached them, lowest first.  Synchronises the device
- * first (a chunk may still be read by a stream that freed it).  Returns the
- * bytes released. */
+ * first (a chunk may still be read by a stream that freed it) when there is
+ * cache to release or a block pending record_stream events, which the sync
+ * frees (in reserve mode too, which never unmaps).  Returns the bytes
+ * released. */
 uint64_t gp_pool_trim(gp_pool *pool, uint64_t bytes);
 
 /* gp_pool_trim(pool, UINT64_MAX): what torch.cuda.empty_cache() does. */
@@ -313,7 +339,10 @@ uint64_t gp_pool_empty_cache(gp_pool *pool);
  * (offload, the arbiter) may give up live memory of priority lower than
  * `priority` -- never of `priority` or above -- and returns the bytes it
  * freed.  Called without the pool's lock held, so it may call gp_*
- * functions (gp_free of the blocks it gives up). */
+ * functions (gp_free of the blocks it gives up, even gp_alloc); the request
+ * is then decided afresh (its tag's limit, its stream, a capture begun or
+ * ended meanwhile) as if it had just been made.  Asked at most once per
+ * request. */
 typedef uint64_t (*gp_pressure_fn)(void *arg, gp_pool *pool, uint64_t needed,
                                    int priority);
 void gp_pool_set_pressure(gp_pool *pool, gp_pressure_fn fn, void *arg);
@@ -513,8 +542,13 @@ void gp_pool_reset_peaks(gp_pool *pool);
 size_t gp_pool_oom_report(gp_pool *pool, uint64_t requested, char *buf,
                           size_t len);
 
-/* The last OOM report this pool produced ("" if none). */
-const char *gp_pool_last_oom(gp_pool *pool);
+/* Copy the last OOM report this pool produced ("" if none) to `buf`: at
+ * most `len` bytes, NUL-terminated; returns its length (less than
+ * GP_OOM_REPORT_MAX).  A copy, taken under the pool's lock: another
+ * thread's failure may write a new one at any time.  (The thread whose
+ * allocation failed finds its own report in gp_last_error().) */
+#define GP_OOM_REPORT_MAX 1024
+size_t gp_pool_last_oom(gp_pool *pool, char *buf, size_t len);
 
 /* ----------------------------------------------------------------- history */
 

@@ -386,10 +386,11 @@ gp_status gp_pool_plan_map(gp_pool *p, gp_offload_plan *pl, uintptr_t addr, uint
                               "%" PRIu64 " bytes (reserved %" PRIu64 ")", need, limit, p->st.reserved);
             break;
         }
-        st = gp_map_range(p, a, x, need);
-        if (st == GP_ERR_OOM && gp_trim_in(p, NULL, need, priority)) {
+        uint64_t kept; /* (a prefix a failed rollback left mapped: not mapped again) */
+        st = gp_map_range(p, a, x, need, &kept);
+        if (st == GP_ERR_OOM && gp_trim_in(p, NULL, need - kept, priority)) {
             gp_error_clear();
-            st = gp_map_range(p, a, x, need);
+            st = gp_map_range(p, a, x + kept, need - kept, &kept);
         }
         x = end;
     }

@@ -355,7 +355,9 @@ static PyObject *pool_reset_peaks(PoolObject *self, PyObject *noargs)
 static PyObject *pool_last_oom(PoolObject *self, PyObject *noargs)
 {
     (void)noargs;
-    return PyUnicode_FromString(gp_pool_last_oom(self->pool));
+    char buf[GP_OOM_REPORT_MAX];
+    gp_pool_last_oom(self->pool, buf, sizeof buf);
+    return PyUnicode_FromString(buf);
 }
 
 static PyObject *pool_lookup(PoolObject *self, PyObject *arg)

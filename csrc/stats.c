@@ -76,6 +76,7 @@ void gp_scan_locked(gp_pool *p, gp_stats *o)
 
 uint64_t gp_pool_headroom(gp_pool *p)
 {
+    if (gp_pool_usable(p) != GP_OK) return 0;
     gp_stats s;
     gp_pool_stats(p, &s, 1);
     uint64_t best = s.largest_free, dev_free = 0, dev_total = 0;
@@ -185,7 +186,14 @@ size_t gp_pool_oom_report(gp_pool *p, uint64_t requested, char *buf, size_t len)
     return strlen(tmp);
 }
 
-const char *gp_pool_last_oom(gp_pool *p) { return p->last_oom; }
+size_t gp_pool_last_oom(gp_pool *p, char *buf, size_t len)
+{
+    pthread_mutex_lock(&p->lock);
+    size_t n = strlen(p->last_oom);
+    if (len) snprintf(buf, len, "%s", p->last_oom);
+    pthread_mutex_unlock(&p->lock);
+    return n;
+}
 
 /* ---------------------------------------------------------------- history */
 
