@@ -478,6 +478,10 @@ void gp_pool_config(gp_pool *pool, gp_config *out);
 gp_status gp_pool_synchronize(gp_pool *pool);
 /* The pool's backend, for the layers above that copy (offload.c). */
 gp_backend *gp_pool_backend(gp_pool *pool);
+/* GP_OK when this process may use the pool; the error a pool made before
+ * a fork gives in the child otherwise (for layers above that must check
+ * before they take locks of their own). */
+gp_status gp_pool_in_process(gp_pool *pool);
 
 /* -------------------------------------------------------------- statistics */
 

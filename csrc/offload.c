@@ -679,8 +679,12 @@ void gp_offloader_destroy(gp_offloader *o)
     free(o);
 }
 
-static gp_status gp_check_tags(const gp_tag *tags, size_t n)
+/* The tags are valid, and the offloader is this process's (a child of a
+ * fork must not touch its locks or threads: they are the parent's). */
+static gp_status gp_check_tags(gp_offloader *o, const gp_tag *tags, size_t n)
 {
+    gp_status st = gp_pool_in_process(o->pool);
+    if (st != GP_OK) return st;
     if (!tags || !n) return gp_error_set(GP_ERR_INVALID, "gpupool: no tag given");
     for (size_t i = 0; i < n; i++)
         if (tags[i] >= gp_tag_count())
@@ -691,7 +695,7 @@ static gp_status gp_check_tags(const gp_tag *tags, size_t n)
 gp_status gp_offload_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, const gp_offload_opts *opts,
                           gp_offload_result *res)
 {
-    gp_status st = gp_check_tags(tags, n_tags);
+    gp_status st = gp_check_tags(o, tags, n_tags);
     if (st != GP_OK) return st;
     if (opts->codec != GP_CODEC_RAW)
         return gp_error_set(GP_ERR_INVALID, "gpupool: codec %d is not available", opts->codec);
@@ -716,7 +720,7 @@ gp_status gp_restore_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, gp
 {
     double t0 = gp_now();
     memset(res, 0, sizeof *res);
-    gp_status st = gp_check_tags(tags, n_tags);
+    gp_status st = gp_check_tags(o, tags, n_tags);
     if (st != GP_OK) return st;
     /* A prefetch of them first finishes. */
     pthread_mutex_lock(&o->lock);
@@ -761,7 +765,7 @@ static gp_status gp_job_prefetch_record(void *arg)
 
 gp_status gp_prefetch_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags)
 {
-    gp_status st = gp_check_tags(tags, n_tags);
+    gp_status st = gp_check_tags(o, tags, n_tags);
     if (st != GP_OK) return st;
     pthread_mutex_lock(&o->lock);
     for (gp_record *r = o->records; r && st == GP_OK; r = r->next) {

@@ -184,6 +184,7 @@ static int gp_chunk_free_of_others(const gp_want *w, const gp_arena *a, gp_block
 gp_status gp_pool_offload_begin(gp_pool *p, const gp_tag *tags, size_t n_tags, gp_offload_plan **out)
 {
     *out = NULL;
+    if (gp_pool_usable(p) != GP_OK) return gp_pool_usable(p);
     if (!tags || n_tags == 0) return gp_error_set(GP_ERR_INVALID, "gpupool: offload of no tag");
     static _Thread_local gp_want w; /* 1 KiB: off the stack */
     memset(&w, 0, sizeof w);
@@ -286,6 +287,7 @@ static gp_arena *gp_run_arena(gp_pool *p, const gp_offload_run *r)
 gp_status gp_pool_restore_begin(gp_pool *p, const gp_offload_run *runs, size_t n_runs, gp_offload_plan **out)
 {
     *out = NULL;
+    if (gp_pool_usable(p) != GP_OK) return gp_pool_usable(p);
     gp_plan_build pb = {.pl = gp_plan_new(1)};
     gp_offload_plan *pl = pb.pl;
     gp_status st = GP_OK;
@@ -470,6 +472,8 @@ void gp_free_offloaded(gp_pool *p, gp_block *b)
 
 gp_status gp_pool_synchronize(gp_pool *p)
 {
+    gp_status st = gp_pool_usable(p);
+    if (st != GP_OK) return st;
     pthread_mutex_lock(&p->lock);
     p->st.n_sync++;
     pthread_mutex_unlock(&p->lock);
@@ -477,6 +481,8 @@ gp_status gp_pool_synchronize(gp_pool *p)
 }
 
 gp_backend *gp_pool_backend(gp_pool *p) { return p->be; }
+
+gp_status gp_pool_in_process(gp_pool *p) { return gp_pool_usable(p); }
 
 void gp_pool_config(gp_pool *p, gp_config *out)
 {
