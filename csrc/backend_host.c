@@ -332,6 +332,13 @@ static gp_status host_event_wait(gp_backend *be, uint64_t event)
     return st;
 }
 
+/* The host has no contexts. */
+static gp_status host_in_context(gp_backend *be, gp_status (*fn)(void *arg), void *arg)
+{
+    (void)be;
+    return fn(arg);
+}
+
 static void host_destroy(gp_backend *be)
 {
     host_backend *h = HOST(be);
@@ -361,6 +368,7 @@ gp_status gp_backend_host_create(uint64_t capacity, gp_backend **out)
         .synchronize = host_synchronize, .mem_info = host_mem_info, .destroy = host_destroy,
         .host_alloc = host_host_alloc, .host_free = host_host_free, .stream_create = host_stream_create,
         .stream_destroy = host_stream_destroy, .copy = host_copy, .event_wait = host_event_wait,
+        .in_context = host_in_context,
     };
     *out = &h->be;
     return GP_OK;
