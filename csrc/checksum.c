@@ -79,15 +79,15 @@ static inline uint64_t gp_ck_fold(uint64_t a, uint64_t b)
     return (uint64_t)m ^ (uint64_t)(m >> 64);
 }
 
-uint64_t gp_checksum(const void *data, size_t n)
+uint64_t gp_checksum(const void *data, size_t n, uint64_t seed)
 {
     const unsigned char *p = data;
     /* The keys of the four vectors differ by fixed offsets. */
     static const gp_u64x2 gp_ck_off[GP_CK_LANES] = {
         {0, 0}, {0x6a09e667f3bcc909ull, 0xbb67ae8584caa73bull},
         {0x3c6ef372fe94f82bull, 0xa54ff53a5f1d36f1ull}, {0x510e527fade682d1ull, 0x9b05688c2b3e6c1full}};
-    gp_u64x2 a0 = {gp_ck_seed[0], gp_ck_seed[1]}, a1 = {gp_ck_seed[2], gp_ck_seed[3]},
-             a2 = {gp_ck_seed[4], gp_ck_seed[5]}, a3 = {gp_ck_seed[6], gp_ck_seed[7]};
+    gp_u64x2 a0 = {gp_ck_seed[0] ^ seed, gp_ck_seed[1] ^ seed}, a1 = {gp_ck_seed[2] ^ seed, gp_ck_seed[3] ^ seed},
+             a2 = {gp_ck_seed[4] ^ seed, gp_ck_seed[5] ^ seed}, a3 = {gp_ck_seed[6] ^ seed, gp_ck_seed[7] ^ seed};
     gp_u64x2 k0 = a0 * gp_ck_mul;
     size_t stripes = n / GP_CK_STRIPE, s = 0;
     for (; s + GP_CK_ROUND <= stripes; s += GP_CK_ROUND) {

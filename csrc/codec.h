@@ -53,8 +53,8 @@ typedef struct gp_codec_job gp_codec_job;
 
 /* The codecs, one list: id, name. */
 #define GP_CODECS(X)                                                                     \
+    X(GP_CODEC_RAW, "raw")         /* no compression (0: what zeroed options mean)    */ \
     X(GP_CODEC_AUTO, "auto")       /* by backend and element size, see gp_codec_open */ \
-    X(GP_CODEC_RAW, "raw")         /* no compression                                 */ \
     X(GP_CODEC_ZSTD, "zstd")       /* host backend: byte planes + zstd level 1       */ \
     X(GP_CODEC_ANS, "ans")         /* CUDA + nvCOMP: rANS with a data type            */ \
     X(GP_CODEC_BITCOMP, "bitcomp") /* CUDA + nvCOMP: Bitcomp, lossless               */
@@ -63,7 +63,7 @@ typedef struct gp_codec_job gp_codec_job;
 typedef enum gp_codec_id { GP_CODECS(GP_CODEC_ID) GP_CODEC_COUNT } gp_codec_id;
 #undef GP_CODEC_ID
 
-/* "one of: auto raw zstd ans bitcomp", from the list, for messages and
+/* "one of: raw auto zstd ans bitcomp", from the list, for messages and
  * option tables. */
 #define GP_CODEC_NAME_ITEM(id, name) " " name
 #define GP_CODEC_NAMES_TEXT ("one of:" GP_CODECS(GP_CODEC_NAME_ITEM))
@@ -182,11 +182,12 @@ gp_status gp_codec_decompress(gp_codec_job *j, gp_stream stream, void *dst, uint
  * first bad chunk and what the decompressor said.  The job is then idle. */
 gp_status gp_codec_decompress_check(gp_codec_job *j);
 
-/* A 64-bit hash of [data, data+n) (checksum.c): for the chunks while they
- * sit in host memory.  Fast (about memory speed on one core), not
- * cryptographic; any change of one aligned 8-byte word changes the state
- * before the final fold. */
-uint64_t gp_checksum(const void *data, size_t n);
+/* A 64-bit hash of [data, data+n) (checksum.c) for the chunks while they
+ * sit in host memory; `seed` (e.g. the chunk's device address) makes the
+ * same bytes meant for another place hash differently.  Fast (about
+ * memory speed on one core), not cryptographic; any change of one aligned
+ * 8-byte word changes the state before the final fold. */
+uint64_t gp_checksum(const void *data, size_t n, uint64_t seed);
 
 /* nvCOMP (codec_nvcomp.c), loaded once per process with dlopen, from the
  * first of: `path` (GPUPOOL_NVCOMP: the library or the folder holding it;
