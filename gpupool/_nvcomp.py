@@ -8,7 +8,7 @@ import importlib.util
 import os
 from typing import Optional
 
-__all__ = ["SONAME", "wheel_dir"]
+__all__ = ["SONAME", "wheel_dir", "register"]
 
 SONAME = "libnvcomp.so.6"
 
@@ -24,3 +24,16 @@ def wheel_dir() -> Optional[str]:
         if os.path.isfile(os.path.join(folder, SONAME)):
             return folder
     return None
+
+
+def register() -> Optional[str]:
+    """Tell the C loader about the installed wheel (once is enough; calling
+    again is harmless); returns its folder, or None when it is not installed.
+    Call before the first offload: nvCOMP is loaded when a codec first
+    needs it."""
+    folder = wheel_dir()
+    if folder is not None:
+        from gpupool import _C
+
+        _C.nvcomp_search_dir(folder)
+    return folder

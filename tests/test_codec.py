@@ -1,4 +1,4 @@
-"""The codec layer's own declarations of nvCOMP 6 (csrc/codec_nvcomp.c, written
+"""The codec layer's Python side (csrc/pycodec.c, gpupool/_nvcomp.py), and its own declarations of nvCOMP 6 (csrc/codec_nvcomp.c, written
 from the documentation because nvCOMP's license does not let us copy its
 headers) against the headers of the installed nvidia-libnvcomp-cu13 wheel:
 the option structs nvCOMP takes by value, the structs it fills and the enum
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpupool._nvcomp import wheel_dir
+from gpupool import _C
+from gpupool._nvcomp import register, wheel_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 CC = os.environ.get("CC", "cc")
@@ -66,3 +67,46 @@ def test_nvcomp_declarations_match_headers(tmp_path: Path) -> None:
                         "-Wno-unused-function", "-Wno-missing-field-initializers", f"-I{ROOT / 'csrc'}",
                         f"-I{include}", str(src)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+pycodec = pytest.mark.skipif(not hasattr(_C, "codec_names"),
+                             reason="csrc/module.c does not call gp_pycodec_register (pycodec.c) yet")
+
+
+@pycodec
+def test_codec_names_and_checksum() -> None:
+    assert _C.codec_names() == ("raw", "auto", "zstd", "ans", "bitcomp")
+    data = bytes(range(256)) * 1000 + b"tail"
+    h = _C.checksum(data, 1234)
+    assert h == _C.checksum(bytearray(data), 1234) and 0 <= h < 2 ** 64
+    assert h != _C.checksum(data, 1235)                     # the seed: a chunk's address
+    assert h != _C.checksum(data[:-1] + b"x", 1234)
+    assert _C.checksum(memoryview(data)[1:], 1234) == _C.checksum(data[1:], 1234)
+
+
+@pycodec
+def test_nvcomp_load_says_where_it_looked(tmp_path: Path) -> None:
+    # A path given (GPUPOOL_NVCOMP) is the only place tried, loaded or not;
+    # in a fresh process, since nvCOMP is loaded at most once per process.
+    code = f"""
+import gpupool._C as C
+try:
+    C.nvcomp_load({str(tmp_path)!r})
+except RuntimeError as e:
+    print("ERR", e)
+"""
+    r = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"ERR nvCOMP 6 could not be loaded (GPUPOOL_NVCOMP set); {tmp_path}: no libnvcomp.so.6" in r.stdout
+    assert 'pip install "gpupool[nvcomp]"' in r.stdout
+
+
+@pycodec
+def test_register_finds_the_wheel() -> None:
+    folder = register()
+    if folder is None:
+        pytest.skip("the nvidia-libnvcomp-cu13 wheel is not installed")
+    code = "from gpupool._nvcomp import register; import gpupool._C as C; register(); print(C.nvcomp_load())"
+    r = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"('{folder}/libnvcomp.so.6', 6" in r.stdout
