@@ -8,13 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "codec_impl.h"
-
-#define GP_CODEC_NAME(id, name) name,
-static const char *const gp_codec_names[] = {GP_CODECS(GP_CODEC_NAME)};
-#undef GP_CODEC_NAME
 
 /* Most chunks of one job's batch: bounds the arrays whatever the staging. */
 #define GP_CODEC_MAX_BATCH (1u << 20)
@@ -22,22 +17,6 @@ static const char *const gp_codec_names[] = {GP_CODECS(GP_CODEC_NAME)};
 #define GP_CODEC_DEV_ALIGN 256u
 
 static uint64_t gp_codec_round(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
-
-gp_status gp_codec_parse(const char *name, gp_codec_id *out)
-{
-    for (int i = 0; name && i < GP_CODEC_COUNT; i++)
-        if (strcasecmp(name, gp_codec_names[i]) == 0) {
-            *out = (gp_codec_id)i;
-            return GP_OK;
-        }
-    return gp_error_set(GP_ERR_INVALID, "codec \"%s\" is not known: expected %s", name ? name : "(null)",
-                        GP_CODEC_NAMES_TEXT);
-}
-
-const char *gp_codec_id_name(gp_codec_id id)
-{
-    return (unsigned)id < GP_CODEC_COUNT ? gp_codec_names[id] : "?";
-}
 
 /* ------------------------------------------------------------- the codec */
 

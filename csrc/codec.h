@@ -46,6 +46,8 @@
 #ifndef GP_CODEC_H
 #define GP_CODEC_H
 
+#include <strings.h>
+
 #include "backend.h"
 
 typedef struct gp_codec gp_codec;
@@ -68,10 +70,28 @@ typedef enum gp_codec_id { GP_CODECS(GP_CODEC_ID) GP_CODEC_COUNT } gp_codec_id;
 #define GP_CODEC_NAME_ITEM(id, name) " " name
 #define GP_CODEC_NAMES_TEXT ("one of:" GP_CODECS(GP_CODEC_NAME_ITEM))
 
+/* Here, not in codec.c, so that config.c needs nothing of the codecs. */
+#define GP_CODEC_NAME(id, name) name,
+static const char *const gp_codec_names[GP_CODEC_COUNT] = {GP_CODECS(GP_CODEC_NAME)};
+#undef GP_CODEC_NAME
+
+static inline const char *gp_codec_id_name(gp_codec_id id)
+{
+    return (unsigned)id < GP_CODEC_COUNT ? gp_codec_names[id] : "?";
+}
+
 /* The id of a codec name (case-insensitive); GP_ERR_INVALID with a message
  * listing the names otherwise. */
-gp_status gp_codec_parse(const char *name, gp_codec_id *out);
-const char *gp_codec_id_name(gp_codec_id id);
+static inline gp_status gp_codec_parse(const char *name, gp_codec_id *out)
+{
+    for (int i = 0; name && i < GP_CODEC_COUNT; i++)
+        if (strcasecmp(name, gp_codec_names[i]) == 0) {
+            *out = (gp_codec_id)i;
+            return GP_OK;
+        }
+    return gp_error_set(GP_ERR_INVALID, "codec \"%s\" is not known: expected %s", name ? name : "(null)",
+                        GP_CODEC_NAMES_TEXT);
+}
 
 #define GP_CODEC_CHUNK_DEFAULT (512u * 1024u)
 #define GP_CODEC_CHUNK_MIN (4u * 1024u)
