@@ -9,7 +9,7 @@
  * for planes and, for comparison, plain bytes.
  *
  * Build and run (from the repository root):
- *   cc -O2 -std=c11 -D_GNU_SOURCE -DGP_HAVE_ZSTD -Icsrc benchmarks/bench_codec.c \
+ *   cc -O2 -std=c11 -D_GNU_SOURCE -DGP_HAVE_ZSTD -Icsrc -Itests/c benchmarks/bench_codec.c \
  *      csrc/codec.c csrc/codec_host.c csrc/codec_nvcomp.c csrc/checksum.c csrc/error.c \
  *      csrc/backend_host.c -lzstd -lpthread -ldl -o /tmp/bench_codec && /tmp/bench_codec
  */
@@ -19,48 +19,18 @@
 #include <time.h>
 
 #include "codec.h"
+#include "testdata.h"
 
 #define MiB (1024ull * 1024ull)
 #define LEN (256 * MiB)
 #define STAGING (160 * MiB)
 #define REPS 3
 
-static uint64_t rng = 0x243F6A8885A308D3ull;
-static uint64_t rnd(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 static void must(gp_status st, const char *what)
 {
     if (st == GP_OK) return;
     fprintf(stderr, "%s: %s\n", what, gp_last_error());
     exit(1);
-}
-
-/* bf16 of N(0, 0.02): twelve uniforms make a normal, rounded to nearest even. */
-static void fill_bf16(unsigned char *b, uint64_t n)
-{
-    for (uint64_t i = 0; i + 1 < n; i += 2) {
-        double s = -6.0;
-        for (int k = 0; k < 12; k++) s += (double)(rnd() >> 11) / 9007199254740992.0;
-        float f = (float)(0.02 * s);
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        u += 0x7fff + ((u >> 16) & 1);
-        uint16_t h = (uint16_t)(u >> 16);
-        memcpy(b + i, &h, 2);
-    }
 }
 
 static void bench(gp_backend *be, unsigned char *src, unsigned char *dst, void *stage, unsigned elem)
@@ -84,16 +54,16 @@ static void bench(gp_backend *be, unsigned char *src, unsigned char *dst, void *
         stored = 0;
         for (uint64_t off = 0; off < LEN; off += max) {
             uint64_t len = LEN - off < max ? LEN - off : max, k = gp_codec_chunks(c, len), bytes;
-            double t = now();
+            double t = data_now();
             must(gp_codec_compress(j, NULL, src + off, len, 0), "compress");
             must(gp_codec_compress_result(j, chunks, k, &bytes), "result");
-            tc += now() - t;
+            tc += data_now() - t;
             for (uint64_t i = 0; i < k; i++) stored += chunks[i].stored;
             /* Decompress from where the chunks are (the staging): the codec alone. */
-            t = now();
+            t = data_now();
             must(gp_codec_decompress(j, NULL, dst + off, len, chunks, k), "decompress");
             must(gp_codec_decompress_check(j), "check");
-            td += now() - t;
+            td += data_now() - t;
         }
         best_c = tc < best_c ? tc : best_c;
         best_d = td < best_d ? td : best_d;
@@ -117,16 +87,16 @@ int main(void)
     must(be->reserve(be, size, be->granularity, &base), "reserve");
     must(be->map(be, base, size, &handle), "map");
     unsigned char *src = (unsigned char *)base, *dst = src + LEN, *stage = dst + LEN;
-    fill_bf16(src, LEN);
+    data_fill(src, LEN, DATA_BF16);
     printf("256 MiB of bf16 N(0, 0.02), 512 KiB chunks, 160 MiB staging\n");
     bench(be, src, dst, stage, 2);
     bench(be, src, dst, stage, 1);
     double best = 1e9;
     uint64_t h = 0;
     for (int rep = 0; rep < REPS; rep++) {
-        double t = now();
+        double t = data_now();
         h ^= gp_checksum(src, LEN, (uint64_t)rep);
-        t = now() - t;
+        t = data_now() - t;
         best = t < best ? t : best;
     }
     printf("gp_checksum over 256 MiB: %.2f GB/s (one thread; %016llx)\n", LEN / best / 1e9, (unsigned long long)h);

@@ -129,39 +129,44 @@ static int32_t gp_zstd_planes(ZSTD_CCtx *cctx, void *out, size_t cap, const unsi
     return 0;
 }
 
+static void gp_host_pack(gp_host_job *h, const gp_codec_arrays *a, uint32_t b, unsigned width)
+{
+    const unsigned char *planes = a->in[b];
+    if (width > 1) {
+        gp_planes_split(h->planes, a->in[b], a->in_len[b], width);
+        planes = h->planes;
+    }
+    a->out_len[b] = 0;
+    a->status[b] = gp_zstd_planes(h->cctx, a->out[b], a->out_cap[b], planes, a->in_len[b], width, &a->out_len[b]);
+}
+
+static void gp_host_unpack(gp_host_job *h, const gp_codec_arrays *a, uint32_t b, unsigned width)
+{
+    /* Planes are joined only when the frame gave exactly a chunk back. */
+    void *to = width > 1 ? h->planes : a->out[b];
+    size_t r = ZSTD_decompressDCtx(h->dctx, to, a->out_cap[b], a->in[b], a->in_len[b]);
+    a->status[b] = ZSTD_isError(r) ? gp_zstd_status(r) : 0;
+    a->out_len[b] = ZSTD_isError(r) ? 0 : r;
+    if (width > 1 && r == a->out_cap[b]) gp_planes_join(a->out[b], h->planes, r, width);
+}
+
+/* The batch, now: the host is the device. */
+static gp_status gp_host_run(gp_codec_job *j, uint32_t k, int decompress)
+{
+    for (uint32_t b = 0; b < k; b++) (decompress ? gp_host_unpack : gp_host_pack)(j->impl, &j->host, b, j->c->width);
+    return GP_OK;
+}
+
 static gp_status gp_host_compress(gp_codec_job *j, gp_stream stream, uint32_t k)
 {
     (void)stream;
-    gp_host_job *h = j->impl;
-    unsigned width = j->c->width;
-    const gp_codec_arrays *a = &j->host;
-    for (uint32_t b = 0; b < k; b++) {
-        const unsigned char *planes = a->in[b];
-        if (width > 1) {
-            gp_planes_split(h->planes, a->in[b], a->in_len[b], width);
-            planes = h->planes;
-        }
-        a->out_len[b] = 0;
-        a->status[b] = gp_zstd_planes(h->cctx, a->out[b], a->out_cap[b], planes, a->in_len[b], width, &a->out_len[b]);
-    }
-    return GP_OK;
+    return gp_host_run(j, k, 0);
 }
 
 static gp_status gp_host_decompress(gp_codec_job *j, gp_stream stream, uint32_t k)
 {
     (void)stream;
-    gp_host_job *h = j->impl;
-    unsigned width = j->c->width;
-    const gp_codec_arrays *a = &j->host;
-    for (uint32_t b = 0; b < k; b++) {
-        /* Planes are joined only when the frame gave exactly a chunk back. */
-        void *to = width > 1 ? h->planes : a->out[b];
-        size_t r = ZSTD_decompressDCtx(h->dctx, to, a->out_cap[b], a->in[b], a->in_len[b]);
-        a->status[b] = ZSTD_isError(r) ? gp_zstd_status(r) : 0;
-        a->out_len[b] = ZSTD_isError(r) ? 0 : r;
-        if (width > 1 && r == a->out_cap[b]) gp_planes_join(a->out[b], h->planes, r, width);
-    }
-    return GP_OK;
+    return gp_host_run(j, k, 1);
 }
 
 static const char *gp_host_status_text(const gp_codec *c, int32_t status)

@@ -308,7 +308,7 @@ static int gp_print_prio(const gp_config *c, char *buf, size_t len)
 static int gp_parse_codec(gp_config *c, const char *v, char *why, size_t n)
 {
     (void)why, (void)n;
-    gp_codec_id id;
+    gp_codec_id id = GP_CODEC_RAW;
     if (gp_codec_parse(v, &id) != GP_OK) return gp_error_clear(), -1; /* the caller's message says more */
     /* The canonical spelling, so that consumers compare with strcmp. */
     snprintf(c->codec, sizeof c->codec, "%s", gp_codec_id_name(id));

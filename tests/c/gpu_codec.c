@@ -12,7 +12,7 @@
  * pipelined offload reaches.
  *
  *   usage: gpu_codec CODEC ELEM_SIZE DATA MIB [NVCOMP]
- *          DATA: bf16 | random | fp32sq; NVCOMP: libnvcomp.so.6 or its folder
+ *          DATA: bf16 | fp32sq | random | zeros; NVCOMP: libnvcomp.so.6 or its folder
  * Built and run by tests/test_offload_codec_gpu.py.
  */
 #include <stdio.h>
@@ -20,60 +20,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "codec.h"
 #include "check.h"
+#include "codec.h"
+#include "testdata.h"
 
 #define MiB (1024ull * 1024ull)
 #define STAGING (160 * MiB)
 #define REPS 3
-
-static uint64_t rng = 0x2545f4914f6cdd1dull;
-static uint64_t rnd(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
-static double normal(void)
-{
-    double s = -6.0;
-    for (int i = 0; i < 12; i++) s += (double)(rnd() >> 11) / 9007199254740992.0;
-    return s;
-}
-
-static void fill(unsigned char *b, uint64_t n, const char *kind)
-{
-    if (strcmp(kind, "bf16") == 0) {
-        for (uint64_t i = 0; i + 1 < n; i += 2) {
-            float f = (float)(0.02 * normal());
-            uint32_t u;
-            memcpy(&u, &f, 4);
-            u += 0x7fff + ((u >> 16) & 1);
-            uint16_t h = (uint16_t)(u >> 16);
-            memcpy(b + i, &h, 2);
-        }
-    } else if (strcmp(kind, "fp32sq") == 0) {
-        for (uint64_t i = 0; i + 3 < n; i += 4) {
-            double g = 1e-3 * normal();
-            float f = (float)(g * g);
-            memcpy(b + i, &f, 4);
-        }
-    } else {
-        for (uint64_t i = 0; i < n; i += 8) {
-            uint64_t r = rnd();
-            memcpy(b + i, &r, n - i < 8 ? n - i : 8);
-        }
-    }
-}
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 static gp_backend *be;
 static gp_stream stream;
@@ -106,6 +59,11 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *codec_name = argv[1], *kind = argv[3];
+    int kind_id = data_kind(kind);
+    if (kind_id < 0) {
+        fprintf(stderr, "data %s: expected random, zeros, bf16 or fp32sq\n", kind);
+        return 2;
+    }
     unsigned elem = (unsigned)atoi(argv[2]);
     uint64_t len = (uint64_t)atoll(argv[4]) * MiB;
     const char *nvcomp = argc > 5 ? argv[5] : NULL;
@@ -132,21 +90,21 @@ int main(int argc, char **argv)
     must(be->host_alloc(be, len, (void **)&data), "pinned data");
     must(be->host_alloc(be, len, (void **)&back), "pinned readback");
     must(be->host_alloc(be, store_cap, (void **)&store), "pinned store");
-    fill(data, len, kind);
+    data_fill(data, len, kind_id);
     memset(back, 0xa5, len);
     must(be->copy(be, src, data, len, GP_COPY_H2D, stream), "upload");
     must(be->copy(be, dst, back, len, GP_COPY_H2D, stream), "clear dst");
     wait_stream();
 
     /* Raw pinned copies, the yardstick. */
-    double t = now();
+    double t = data_now();
     must(be->copy(be, store, src, len, GP_COPY_D2H, stream), "raw d2h");
     wait_stream();
-    double raw_d2h = (double)len / (now() - t) / 1e9;
-    t = now();
+    double raw_d2h = (double)len / (data_now() - t) / 1e9;
+    t = data_now();
     must(be->copy(be, dst, store, len, GP_COPY_H2D, stream), "raw h2d");
     wait_stream();
-    double raw_h2d = (double)len / (now() - t) / 1e9;
+    double raw_h2d = (double)len / (data_now() - t) / 1e9;
 
     uint32_t m;
     uint64_t dev_b, host_b;
@@ -168,7 +126,7 @@ int main(int argc, char **argv)
     double best_comp = 1e9, best_off = 1e9, best_res = 1e9, trial_ratio = 0;
     uint64_t stored = 0, raw_chunks = 0, chunks = 0;
     for (int rep = 0; rep <= REPS; rep++) { /* rep 0 warms up */
-        double comp = 0, t_off = now();
+        double comp = 0, t_off = data_now();
         uint64_t used = 0;
         stored = raw_chunks = chunks = 0;
         for (uint64_t s = 0; s < n_slices; s++) {
@@ -179,11 +137,11 @@ int main(int argc, char **argv)
             if (!r->chunks) r->chunks = calloc(r->n, sizeof *r->chunks), r->sums = calloc(r->n, 8);
             int worth;
             must(gp_codec_trial(j, stream, src + r->off, r->len, &trial_ratio, &worth), "trial");
-            double t0 = now();
+            double t0 = data_now();
             uint64_t need;
             must(gp_codec_compress(j, stream, src + r->off, r->len, !worth), "compress");
             wait_stream();
-            comp += now() - t0;
+            comp += data_now() - t0;
             must(gp_codec_compress_result(j, r->chunks, r->n, &need), "compress_result");
             if (used + need > store_cap) must(GP_ERR_NOMEM, "store too small");
             for (uint64_t i = 0; i < r->n; i++) {
@@ -199,10 +157,10 @@ int main(int argc, char **argv)
             for (uint64_t i = 0; i < r->n; i++)
                 r->sums[i] = gp_checksum(r->chunks[i].data, r->chunks[i].stored, (uintptr_t)src + r->off + i * cs);
         }
-        double off = now() - t_off;
+        double off = data_now() - t_off;
         must(be->copy(be, dst, back, len, GP_COPY_H2D, stream), "clear dst"); /* back is 0xa5 */
         wait_stream();
-        double t_res = now();
+        double t_res = data_now();
         for (uint64_t s = 0; s < n_slices; s++) {
             slice_rec *r = &sl[s];
             for (uint64_t i = 0; i < r->n; i++)
@@ -212,7 +170,7 @@ int main(int argc, char **argv)
             wait_stream();
             must(gp_codec_decompress_check(j), "decompress_check");
         }
-        double res = now() - t_res;
+        double res = data_now() - t_res;
         if (rep) {
             best_comp = comp < best_comp ? comp : best_comp;
             best_off = off < best_off ? off : best_off;

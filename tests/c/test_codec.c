@@ -18,44 +18,9 @@
 
 #include "codec.h"
 #include "pool_check.h"
+#include "testdata.h"
 
 #define CHUNK (4 * KiB) /* small, so that many chunks are cheap */
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-
-enum { DATA_RANDOM, DATA_ZEROS, DATA_BF16 };
-static const char *const data_names[] = {"random", "zeros", "bf16"};
-
-/* bf16 of N(0, 0.02): a normal from twelve uniforms (Irwin-Hall), rounded
- * to the nearest bf16 (the float's high half, ties to even). */
-static uint16_t bf16_normal(void)
-{
-    double s = -6.0;
-    for (int i = 0; i < 12; i++) s += (double)(rnd() >> 11) / 9007199254740992.0;
-    float f = (float)(0.02 * s);
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    u += 0x7fff + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
-
-static void fill(void *p, uint64_t n, int kind)
-{
-    unsigned char *b = p;
-    if (kind == DATA_ZEROS) memset(b, 0, n);
-    for (uint64_t i = 0; kind == DATA_RANDOM && i < n; i++) b[i] = (unsigned char)(rnd() >> 24);
-    for (uint64_t i = 0; kind == DATA_BF16 && i < n; i += 2) {
-        uint16_t v = bf16_normal();
-        memcpy(b + i, &v, n - i < 2 ? 1 : 2); /* an odd tail gets one byte */
-    }
-}
 
 static gp_codec *open_codec(gp_backend *be, const char *name, unsigned elem)
 {
@@ -178,7 +143,7 @@ static double roundtrip_case(gp_pool *p, const char *codec, unsigned elem, int k
     if (!c) return 0;
     unsigned char *src = A(p, len), *dst = A(p, len);
     CHECK(src && dst);
-    fill(src, len, kind);
+    data_fill(src, len, kind);
     memset(dst, 0xa5, len);
     roundtrip r;
     rt_open(&r, p, c, staging, 2 * len + 4096 * 64);
@@ -303,8 +268,8 @@ static void test_ratios(void)
     roundtrip rt;
     rt_open(&rt, p, c, 64 * CHUNK, 4 * len);
     unsigned char *src = A(p, len);
-    fill(src, len, DATA_RANDOM);
-    fill(src + CHUNK, len - CHUNK, DATA_ZEROS); /* only the first chunk is random */
+    data_fill(src, len, DATA_RANDOM);
+    data_fill(src + CHUNK, len - CHUNK, DATA_ZEROS); /* only the first chunk is random */
     double ratio = 0;
     int worth = 1;
     CHECK(gp_codec_trial(rt.j, NULL, src, len, &ratio, &worth) == GP_OK && ratio < 1.01 && !worth);
@@ -330,17 +295,17 @@ static void test_corruption(void)
     gp_codec *c = open_codec(be, "zstd", 2);
     uint64_t len = 16 * CHUNK;
     unsigned char *src = A(p, len), *dst = A(p, len);
-    fill(src, len, DATA_BF16);
+    data_fill(src, len, DATA_BF16);
     roundtrip r;
     rt_open(&r, p, c, 64 * CHUNK, 4 * len);
     CHECK(rt_offload(&r, src, len, 0) == 0 && r.n_slices == 1 && r.raw_chunks == 0);
     stored_slice *s = &r.slices[0];
     int errors = 0, wrong = 0, same = 0;
     for (int t = 0; t < 2000; t++) {
-        uint64_t i = rnd() % s->n;
+        uint64_t i = data_rnd() % s->n;
         unsigned char *b = (unsigned char *)s->chunks[i].data;
-        uint32_t at = (uint32_t)(rnd() % s->chunks[i].stored);
-        unsigned char flip = (unsigned char)(1u << (rnd() % 8)) | (unsigned char)(rnd() & 0xfe);
+        uint32_t at = (uint32_t)(data_rnd() % s->chunks[i].stored);
+        unsigned char flip = (unsigned char)(1u << (data_rnd() % 8)) | (unsigned char)(data_rnd() & 0xfe);
         b[at] ^= flip;
         CHECK(gp_checksum(b, s->chunks[i].stored, (uintptr_t)src + i * CHUNK) != s->sums[i]);
         CHECK(rt_restore(&r, dst) == -2); /* the data path stops here */
@@ -370,7 +335,7 @@ static void test_corruption(void)
     CHECK(gp_codec_decompress(r.j, NULL, dst, len, bad, 16) == GP_OK);
     CHECK(gp_codec_decompress_check(r.j) == GP_ERR_INVALID && strstr(gp_last_error(), "chunk 3 "));
     unsigned char *garbage = malloc(CHUNK);
-    fill(garbage, CHUNK, DATA_RANDOM);
+    data_fill(garbage, CHUNK, DATA_RANDOM);
     memcpy(bad, s->chunks, sizeof bad);
     bad[5].data = garbage;
     CHECK(gp_codec_decompress(r.j, NULL, dst, len, bad, 16) == GP_OK);
@@ -415,7 +380,7 @@ static void test_job_misuse(void)
     test_be = be;
     gp_codec *c = open_codec(be, host_codecs[1] ? host_codecs[1] : "raw", 2);
     unsigned char *src = A(p, 64 * CHUNK);
-    fill(src, 64 * CHUNK, DATA_BF16);
+    data_fill(src, 64 * CHUNK, DATA_BF16);
     roundtrip r;
     rt_open(&r, p, c, 8 * (CHUNK + 512), 64 * CHUNK);
     uint64_t max = gp_codec_job_max_slice(r.j), stored;
@@ -465,7 +430,7 @@ static void test_job_misuse(void)
 static void test_checksum(void)
 {
     unsigned char buf[300], copy[300];
-    fill(buf, sizeof buf, DATA_RANDOM);
+    data_fill(buf, sizeof buf, DATA_RANDOM);
     memcpy(copy, buf, sizeof buf);
     uint64_t h = gp_checksum(buf, sizeof buf, 0);
     CHECK(h == gp_checksum(copy, sizeof copy, 0));
@@ -480,7 +445,7 @@ static void test_checksum(void)
     unsigned char z[130] = {0};
     CHECK(gp_checksum(z, 129, 0) != gp_checksum(z, 130, 0) && gp_checksum(z, 0, 0) != gp_checksum(z, 1, 0));
     unsigned char swapped[256];
-    fill(swapped, sizeof swapped, DATA_RANDOM);
+    data_fill(swapped, sizeof swapped, DATA_RANDOM);
     uint64_t before = gp_checksum(swapped, sizeof swapped, 0);
     unsigned char tmp[64];
     memcpy(tmp, swapped, 64);
@@ -489,7 +454,7 @@ static void test_checksum(void)
     CHECK(gp_checksum(swapped, sizeof swapped, 0) != before);
     /* Unaligned starts hash the same bytes the same. */
     unsigned char *big = malloc(5000);
-    fill(big, 5000, DATA_RANDOM);
+    data_fill(big, 5000, DATA_RANDOM);
     memcpy(big + 1, big + 2003, 1500);
     CHECK(gp_checksum(big + 1, 1500, 7) == gp_checksum(big + 2003, 1500, 7));
     /* The seed (a chunk's address) matters: the right bytes in the wrong place differ. */
@@ -586,7 +551,7 @@ static void test_nvcomp_loaded(const char *lib)
     CHECK(gp_codec_job_need(c, 4, &dev, &host) == GP_OK);
     void *stage = aligned_alloc(256, (dev + 255) / 256 * 256), *scratch = aligned_alloc(256, (host + 255) / 256 * 256);
     unsigned char *src = aligned_alloc(256, 128 * KiB), *from_host = aligned_alloc(256, 64 * KiB);
-    fill(src, 128 * KiB, DATA_BF16);
+    data_fill(src, 128 * KiB, DATA_BF16);
     gp_codec_job *j = NULL;
     CHECK(gp_codec_job_create(c, 4, stage, dev, scratch, host, &j) == GP_OK);
     if (j) {
