@@ -402,7 +402,7 @@ gp_status gp_codec_decompress_check(gp_codec_job *j)
         if (s == 0 && j->host.out_len[b] == j->host.out_cap[b]) continue;
         char got[64] = "";
         if (s == 0) snprintf(got, sizeof got, "%zu bytes came out", j->host.out_len[b]);
-        return gp_error_set(GP_ERR_INVALID, "codec %s: chunk %u of the slice at %p (%zu bytes stored, %zu "
+        return gp_error_set(GP_ERR_BACKEND, "codec %s: chunk %u of the slice at %p (%zu bytes stored, %zu "
                             "expected back) did not decompress: %s", c->desc, j->idx[b], (void *)j->base,
                             j->host.in_len[b], j->host.out_cap[b], s ? c->ops->status_text(c, s) : got);
     }

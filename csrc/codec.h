@@ -198,8 +198,10 @@ gp_status gp_codec_compress_result(gp_codec_job *j, gp_codec_chunk *chunks, uint
 gp_status gp_codec_decompress(gp_codec_job *j, gp_stream stream, void *dst, uint64_t len,
                               const gp_codec_chunk *chunks, uint64_t n);
 /* After the stream has run the decompression: GP_OK when every chunk
- * decompressed to exactly its length; otherwise GP_ERR_INVALID naming the
- * first bad chunk and what the decompressor said.  The job is then idle. */
+ * decompressed to exactly its length; otherwise GP_ERR_BACKEND (as for a
+ * checksum mismatch: the stored data is bad) naming the first bad chunk and
+ * what the decompressor said; GP_ERR_INVALID without a decompression under
+ * way.  The job is then idle. */
 gp_status gp_codec_decompress_check(gp_codec_job *j);
 
 /* A 64-bit hash of [data, data+n) (checksum.c) for the chunks while they
