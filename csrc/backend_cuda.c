@@ -627,6 +627,16 @@ static gp_status cu_copy(gp_backend *be, void *dst, const void *src, uint64_t si
     return GP_OK;
 }
 
+static gp_status cu_in_context(gp_backend *be, gp_status (*fn)(void *arg), void *arg)
+{
+    cu_backend *cb = CU(be);
+    int pushed;
+    CU_ENTER_OR_FAIL(cb, pushed, "in_context");
+    gp_status st = fn(arg);
+    cu_leave(pushed);
+    return st;
+}
+
 static gp_status cu_event_wait(gp_backend *be, uint64_t event)
 {
     cu_backend *cb = CU(be);
@@ -789,6 +799,7 @@ gp_status gp_backend_cuda_create(int device, gp_backend **out)
     be->copy = cu_copy;
     be->event_wait = cu_event_wait;
     be->checksum = cu_checksum;
+    be->in_context = cu_in_context;
 
     int pushed;
     size_t gran = 0;

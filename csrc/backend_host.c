@@ -334,7 +334,7 @@ static gp_status host_checksum(gp_backend *be, const void *ptr, uint64_t size, u
                           (unsigned long long)size, ptr, out);
     pthread_mutex_unlock(&h->lock);
     if (st == GP_OK) {
-        uint64_t sum = gp_checksum_words(ptr, size, seed);
+        uint64_t sum = gp_checksum(ptr, size, seed);
         memcpy(out, &sum, 8);
     }
     return st;
@@ -351,6 +351,13 @@ static gp_status host_event_wait(gp_backend *be, uint64_t event)
         h->events[event - 1].done = 1; /* the host ran everything queued before it */
     pthread_mutex_unlock(&h->lock);
     return st;
+}
+
+/* The host has no contexts. */
+static gp_status host_in_context(gp_backend *be, gp_status (*fn)(void *arg), void *arg)
+{
+    (void)be;
+    return fn(arg);
 }
 
 static void host_destroy(gp_backend *be)
@@ -383,6 +390,7 @@ gp_status gp_backend_host_create(uint64_t capacity, gp_backend **out)
         .host_alloc = host_host_alloc, .host_free = host_host_free, .stream_create = host_stream_create,
         .stream_destroy = host_stream_destroy, .copy = host_copy, .event_wait = host_event_wait,
         .checksum = host_checksum,
+        .in_context = host_in_context,
     };
     *out = &h->be;
     return GP_OK;

@@ -11,10 +11,13 @@
  * should be.  A malformed value is always an error that names the option,
  * the value and what is accepted -- never a silent default.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "codec.h"
 #include "error.h"
 
 /* POSIX leaves this declaration to the program. */
@@ -255,8 +258,6 @@ const char *gp_priority_name(int prio)
 
 static const char *const gp_mode_names[] = {"expandable", "reserve", NULL};
 static const char *const gp_log_names[] = {"off", "oom", "all", NULL};
-static const char *const gp_codec_names[] = {"none", "lz4", "zstd", "bytesplit",
-                                             "bytesplit+lz4", "bytesplit+zstd", NULL};
 /* Even entries are false, odd entries true. */
 static const char *const gp_bool_names[] = {"0", "1", "false", "true", "no", "yes", "off", "on", NULL};
 
@@ -309,16 +310,33 @@ static int gp_print_prio(const gp_config *c, char *buf, size_t len)
 static int gp_parse_codec(gp_config *c, const char *v, char *why, size_t n)
 {
     (void)why, (void)n;
-    int w = gp_word(v, gp_codec_names);
-    if (w < 0) return -1;
+    gp_codec_id id = GP_CODEC_RAW;
+    if (gp_codec_parse(v, &id) != GP_OK) return gp_error_clear(), -1; /* the caller's message says more */
     /* The canonical spelling, so that consumers compare with strcmp. */
-    snprintf(c->codec, sizeof c->codec, "%s", gp_codec_names[w]);
+    snprintf(c->codec, sizeof c->codec, "%s", gp_codec_id_name(id));
     return 0;
 }
 
 static int gp_print_codec(const gp_config *c, char *buf, size_t len)
 {
     return snprintf(buf, len, "%s", c->codec);
+}
+
+/* A path that must exist: a typo is caught at start-up, not at the first
+ * offload (codec_nvcomp.c loads it). */
+static int gp_parse_nvcomp(gp_config *c, const char *v, char *why, size_t n)
+{
+    size_t k = strlen(v);
+    struct stat sb;
+    if (k >= sizeof c->nvcomp) return snprintf(why, n, "it has %zu characters, at most %zu", k, sizeof c->nvcomp - 1), -1;
+    if (stat(v, &sb) != 0) return snprintf(why, n, "%s", strerror(errno)), -1;
+    memcpy(c->nvcomp, v, k + 1);
+    return 0;
+}
+
+static int gp_print_nvcomp(const gp_config *c, char *buf, size_t len)
+{
+    return snprintf(buf, len, "%s", c->nvcomp);
 }
 
 static int gp_parse_threads(gp_config *c, const char *v, char *why, size_t n)
@@ -501,9 +519,14 @@ static int gp_print_host_limit(const gp_config *c, char *buf, size_t len)
     X("GPUPOOL_PRIORITY", "priority", "normal", GP_PRIO_TEXT,                             \
       "default priority of allocations; higher is more important", gp_parse_prio,        \
       gp_print_prio)                                                                      \
-    X("GPUPOOL_CODEC", "codec", "none",                                                   \
-      "none, lz4, zstd, bytesplit, bytesplit+lz4 or bytesplit+zstd",                      \
-      "compression of blocks offloaded to host memory", gp_parse_codec, gp_print_codec)   \
+    X("GPUPOOL_CODEC", "codec", "auto", GP_CODEC_NAMES_TEXT,                              \
+      "compression of memory offloaded to the host: auto is nvCOMP's ANS on a GPU (raw "  \
+      "without nvCOMP) and zstd on byte planes on the host backend",                      \
+      gp_parse_codec, gp_print_codec)                                                     \
+    X("GPUPOOL_NVCOMP", "nvcomp", "(empty)",                                              \
+      "the path of an existing libnvcomp.so.6 or of its folder",                          \
+      "where to load nvCOMP 6 from; unset: the nvidia-libnvcomp-cu13 wheel, then the "    \
+      "system's libnvcomp.so.6", gp_parse_nvcomp, gp_print_nvcomp)                        \
     X("GPUPOOL_OFFLOAD_THREADS", "offload_threads", "8", "an integer 1..64",              \
       "threads that map, unmap and checksum offloaded memory beside its copies",          \
       gp_parse_threads, gp_print_threads)                                                 \
@@ -573,7 +596,7 @@ void gp_config_default(gp_config *cfg)
     *cfg = (gp_config){
         .mode = GP_MODE_EXPANDABLE,
         .priority = GP_PRIO_NORMAL,
-        .codec = "none",
+        .codec = "auto",
         .offload_threads = 8,
         .log = GP_LOG_OOM,
         .chunk = 2 * MiB,

@@ -97,6 +97,7 @@ uint64_t gp_size_resolve(gp_size_spec s, uint64_t total);
 
 #define GP_TENANT_MAX 64
 #define GP_CODEC_MAX 16
+#define GP_PATH_MAX 1024
 
 /* Every tunable of gpupool.  gp_config_default() fills the defaults;
  * gp_config_from_env() applies the GPUPOOL_* variables; gp_config_set()
@@ -106,7 +107,8 @@ typedef struct gp_config {
     gp_size_spec reserve;    /* GPUPOOL_RESERVE     reserve-mode pool size    */
     gp_size_spec limit;      /* GPUPOOL_LIMIT       cap on reserved bytes     */
     int priority;            /* GPUPOOL_PRIORITY    default priority          */
-    char codec[GP_CODEC_MAX];/* GPUPOOL_CODEC       none|lz4|zstd|bytesplit   */
+    char codec[GP_CODEC_MAX];/* GPUPOOL_CODEC       a codec.h name (auto)     */
+    char nvcomp[GP_PATH_MAX];/* GPUPOOL_NVCOMP      libnvcomp.so.6 or folder  */
     int offload_threads;     /* GPUPOOL_OFFLOAD_THREADS                       */
     char tenant[GP_TENANT_MAX]; /* GPUPOOL_TENANT   arbiter group             */
     gp_log log;              /* GPUPOOL_LOG         off|oom|all               */

@@ -98,4 +98,10 @@ PyObject *gp_py_offload_corrupt(gp_pool_object *self, PyObject *arg);
     {"_offload_corrupt_for_test", (PyCFunction)gp_py_offload_corrupt, METH_O,                        \
      "flip one stored byte of tag_id's offloaded copy (tests: a restore must catch it)"},
 
+/* ------------------------------------------- pycodec.c: codecs, nvCOMP */
+
+/* Add the codec functions (nvcomp_search_dir, nvcomp_load, codec_names,
+ * checksum) to module m; -1 with an exception set. */
+int gp_pycodec_register(PyObject *m);
+
 #endif /* GP_MODULE_H */
