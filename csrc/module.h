@@ -84,13 +84,14 @@ PyObject *gp_py_offload_corrupt(gp_pool_object *self, PyObject *arg);
 /* Entries of the Pool type's method table. */
 #define GP_OFFLOAD_METHODS                                                                           \
     {"offload", (PyCFunction)(void (*)(void))gp_py_offload, METH_VARARGS | METH_KEYWORDS,            \
-     "offload(tag_ids, keep=True, codec='raw') -> dict: move the tags' memory to the host"},        \
+     "offload(tag_ids, keep=True, codec=None, elem_size=0) -> dict: move the tags' memory to the host; "  \
+     "codec None: the pool's (GPUPOOL_CODEC)"},        \
     {"restore", (PyCFunction)gp_py_restore, METH_VARARGS,                                            \
      "restore(tag_ids) -> dict: bring their memory back at the same addresses"},                    \
     {"prefetch", (PyCFunction)gp_py_prefetch, METH_VARARGS,                                          \
      "prefetch(tag_ids): start restoring them on a worker thread"},                                 \
     {"offload_register", (PyCFunction)gp_py_offload_register, METH_VARARGS,                          \
-     "offload_register(tag_id, priority): offloadable under pressure (-1: no longer)"},             \
+     "offload_register(tag_id, priority, elem_size=0): offloadable under pressure (-1: no longer)"},             \
     {"offload_use", (PyCFunction)gp_py_offload_use, METH_VARARGS,                                    \
      "offload_use(tag_id, busy): in use (never offloaded under pressure) or idle"},                 \
     {"offload_stats", (PyCFunction)gp_py_offload_stats, METH_VARARGS,                                \

@@ -40,20 +40,23 @@
 typedef struct gp_offloader gp_offloader;
 
 /* An offloader for `pool` (which must outlive it): host memory capped at
- * `host_limit` bytes (0: none), `threads` worker threads (1..64).  It takes
- * 1 MiB of the pool (tag "gpupool") for its checksums and installs itself
- * as the pool's pressure callback. */
-gp_status gp_offloader_create(gp_pool *pool, uint64_t host_limit, unsigned threads, gp_offloader **out);
+ * `host_limit` bytes (0: none), `threads` worker threads (1..64), nvCOMP
+ * looked for at `nvcomp` first (GPUPOOL_NVCOMP; NULL or "": search).  It
+ * takes 1 MiB of the pool (tag "gpupool") for its checksums, and on the
+ * first compressed offload up to 160 MiB more for the codecs' staging,
+ * kept until it goes; it installs itself as the pool's pressure callback. */
+gp_status gp_offloader_create(gp_pool *pool, uint64_t host_limit, unsigned threads, const char *nvcomp,
+                              gp_offloader **out);
 /* Restores nothing: memory still offloaded is lost (its addresses stay
  * reserved in the pool until the pool goes).  Removes the callback. */
 void gp_offloader_destroy(gp_offloader *o);
 
-enum { GP_CODEC_RAW = 0 };
-
 typedef struct gp_offload_opts {
     int keep;           /* 0: drop the contents (restored memory is
                            uninitialised: a cache to recompute)          */
-    int codec;          /* GP_CODEC_*                                      */
+    int codec;          /* a gp_codec_id (codec.h); GP_CODEC_RAW is 0      */
+    unsigned elem_size; /* the data's element size, for the codec (2 for
+                           bf16/fp16, 4 for fp32; 0: unknown)           */
 } gp_offload_opts;
 
 /* What one offload or restore did. */
@@ -68,7 +71,8 @@ typedef struct gp_offload_result {
                             stay on the device (chunks shared with other
                             live memory)                                   */
     double seconds;      /* wall time of the call                          */
-    int codec;           /* GP_CODEC_* used                                */
+    int codec;           /* the gp_codec_id used (raw when compressing did
+                            not pay, or the staging found no room)          */
 } gp_offload_result;
 
 /* Offload the live blocks of `tags`.  GP_ERR_LIMIT when the host limit
@@ -96,8 +100,9 @@ gp_status gp_restore_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, gp
 gp_status gp_prefetch_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags);
 
 /* Make `tag` offloadable under pressure, at `priority` (its memory's:
- * lower goes first); 0 <= priority <= GP_PRIO_MAX, or -1 to unregister. */
-gp_status gp_offload_register(gp_offloader *o, gp_tag tag, int priority);
+ * lower goes first); 0 <= priority <= GP_PRIO_MAX, or -1 to unregister.
+ * `elem_size` is the dtype hint its offloads under pressure compress with. */
+gp_status gp_offload_register(gp_offloader *o, gp_tag tag, int priority, unsigned elem_size);
 /* Mark `tag` in use (busy != 0: never offloaded under pressure) or idle
  * (its last use is now). */
 gp_status gp_offload_use(gp_offloader *o, gp_tag tag, int busy);

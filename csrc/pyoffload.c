@@ -8,6 +8,7 @@
  */
 #include <unistd.h>
 
+#include "codec.h"
 #include "module.h"
 #include "offload.h"
 
@@ -40,7 +41,7 @@ gp_offloader *gp_pool_offloader(gp_pool *p, int create)
         if (free_slot < 0) {
             gp_error_set(GP_ERR_TOO_MANY, "gpupool: more than %d pools offload at once", GP_MAX_OFFLOADERS);
         } else if (gp_offloader_create(p, gp_size_resolve(cfg.host_limit, gp_host_ram()),
-                                       (unsigned)cfg.offload_threads, &o) == GP_OK) {
+                                       (unsigned)cfg.offload_threads, cfg.nvcomp, &o) == GP_OK) {
             g_off[free_slot].pool = p;
             g_off[free_slot].o = o;
         }
@@ -92,14 +93,12 @@ static int gp_tags_from(PyObject *seq_o, gp_tag *tags, size_t max, size_t *n)
     return 0;
 }
 
-static const char *const gp_codec_names[] = {"raw"};
-
 static PyObject *gp_result(const gp_offload_result *r)
 {
     return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:d,s:s}", "bytes", (unsigned long long)r->bytes, "copied",
                          (unsigned long long)r->copied, "host_bytes", (unsigned long long)r->host_bytes,
                          "released", (unsigned long long)r->released, "kept", (unsigned long long)r->kept,
-                         "seconds", r->seconds, "codec", gp_codec_names[r->codec]);
+                         "seconds", r->seconds, "codec", gp_codec_id_name((gp_codec_id)r->codec));
 }
 
 static gp_offloader *gp_off_of(gp_pool_object *self)
@@ -111,21 +110,22 @@ static gp_offloader *gp_off_of(gp_pool_object *self)
 
 PyObject *gp_py_offload(gp_pool_object *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"tags", "keep", "codec", NULL};
+    static char *kwlist[] = {"tags", "keep", "codec", "elem_size", NULL};
     PyObject *tags_o;
     int keep = 1;
-    const char *codec = "raw";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ps", kwlist, &tags_o, &keep, &codec)) return NULL;
+    const char *codec = NULL;
+    unsigned elem = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pzI", kwlist, &tags_o, &keep, &codec, &elem)) return NULL;
     gp_tag tags[16];
     size_t n;
     if (gp_tags_from(tags_o, tags, 16, &n) < 0) return NULL;
-    if (strcmp(codec, "raw") != 0) {
-        PyErr_Format(PyExc_ValueError, "offload codec '%s' is not available: 'raw' is accepted", codec);
-        return NULL;
-    }
+    gp_config cfg;
+    gp_pool_config(self->pool, &cfg);
+    gp_codec_id id;
+    if (gp_codec_parse(codec ? codec : cfg.codec, &id) != GP_OK) return gp_raise(GP_ERR_INVALID);
     gp_offloader *o = gp_off_of(self);
     if (!o) return NULL;
-    gp_offload_opts opts = {.keep = keep, .codec = GP_CODEC_RAW};
+    gp_offload_opts opts = {.keep = keep, .codec = id, .elem_size = elem};
     gp_offload_result r;
     gp_status st;
     Py_BEGIN_ALLOW_THREADS
@@ -170,14 +170,15 @@ PyObject *gp_py_prefetch(gp_pool_object *self, PyObject *args)
 PyObject *gp_py_offload_register(gp_pool_object *self, PyObject *args)
 {
     int tag, prio;
-    if (!PyArg_ParseTuple(args, "ii", &tag, &prio)) return NULL;
+    unsigned elem = 0;
+    if (!PyArg_ParseTuple(args, "ii|I", &tag, &prio, &elem)) return NULL;
     if (tag < 0 || tag >= (int)gp_tag_count()) {
         PyErr_Format(PyExc_ValueError, "tag id %d was never interned", tag);
         return NULL;
     }
     gp_offloader *o = gp_off_of(self);
     if (!o) return NULL;
-    gp_status st = gp_offload_register(o, (gp_tag)tag, prio);
+    gp_status st = gp_offload_register(o, (gp_tag)tag, prio, elem);
     if (st != GP_OK) return gp_raise(st);
     Py_RETURN_NONE;
 }

@@ -27,9 +27,9 @@ __all__ = ["offload", "restore", "prefetch", "offloaded", "offloadable", "Offloa
 
 Tags = Union[str, Sequence[str]]
 
-# Codecs offload accepts; "auto" picks the best one available (raw until a
-# compressing codec is).
-CODECS = ("auto", "raw")
+# Codecs offload accepts (the C side's list): "auto" is nvCOMP's ANS on a GPU
+# (raw without nvCOMP) and zstd on byte planes on the host backend.
+CODECS = tuple(_C.codec_names())
 
 
 def _tag_ids(tags: Tags) -> List[int]:
@@ -47,26 +47,45 @@ def _pool(device: Optional[int], pool: Optional["PoolView"]) -> "PoolView":
     return device_pool(device)
 
 
-def _codec(codec: str) -> str:
-    if codec not in CODECS:
-        raise ValueError(f"offload codec {codec!r} is not one of {', '.join(CODECS)}")
-    return "raw"
+def _codec(codec: Optional[str]) -> Optional[str]:
+    if codec is not None and codec not in CODECS:
+        raise ValueError(f"offload codec {codec!r} is not one of {', '.join(CODECS)} (or None: GPUPOOL_CODEC)")
+    return codec
 
 
-def offload(tag: Tags, *, codec: str = "auto", keep: bool = True, device: Optional[int] = None,
-            pool: Optional["PoolView"] = None) -> Dict[str, Any]:
+def _elem_size(dtype: Any) -> int:
+    """A dtype hint as the codecs take it: bytes per element (0: unknown)."""
+    if dtype is None:
+        return 0
+    if isinstance(dtype, int) and not isinstance(dtype, bool):
+        if dtype not in (1, 2, 4, 8):
+            raise ValueError(f"dtype as an element size must be 1, 2, 4 or 8 bytes, got {dtype}")
+        return dtype
+    size = getattr(dtype, "itemsize", None)
+    if not isinstance(size, int):
+        raise TypeError(f"dtype must be a torch.dtype or an element size in bytes, got {dtype!r}")
+    return size
+
+
+def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype: Any = None,
+            device: Optional[int] = None, pool: Optional["PoolView"] = None) -> Dict[str, Any]:
     """Move the memory of `tag` (a name or a list of names) to host RAM.
 
     Waits for the streams that used the memory, copies its live blocks to
     pinned host memory and gives their physical memory back to the device.
+    `codec` (None: GPUPOOL_CODEC, "auto" by default) compresses on the way:
+    on a GPU with nvCOMP (``pip install "gpupool[nvcomp]"``) "auto" is ANS,
+    which `dtype` (a torch.dtype or an element size: bf16 weights, fp32
+    optimizer state) tunes; data that does not compress goes raw.
     keep=False drops the contents instead (a cache to recompute: restored
     memory is then uninitialised).  Returns ``{"bytes", "copied",
     "host_bytes", "released", "kept", "seconds", "codec"}``: bytes of the
     blocks offloaded, bytes copied, host bytes holding them, device bytes
     released, bytes of the tag's blocks that had to stay (they share a
-    mapping unit with other live memory).  MemoryError when the host limit
-    (GPUPOOL_HOST_LIMIT) cannot hold them; the memory is then as it was."""
-    return dict(_pool(device, pool)._pool.offload(_tag_ids(tag), bool(keep), _codec(codec)))
+    mapping unit with other live memory), the codec used.  MemoryError when
+    the host limit (GPUPOOL_HOST_LIMIT) cannot hold them; the memory is then
+    as it was."""
+    return dict(_pool(device, pool)._pool.offload(_tag_ids(tag), bool(keep), _codec(codec), _elem_size(dtype)))
 
 
 def restore(tag: Tags, *, device: Optional[int] = None, pool: Optional["PoolView"] = None) -> Dict[str, Any]:
@@ -85,11 +104,11 @@ def prefetch(tag: Tags, *, device: Optional[int] = None, pool: Optional["PoolVie
 
 
 @contextlib.contextmanager
-def offloaded(tag: Tags, *, codec: str = "auto", keep: bool = True, device: Optional[int] = None,
-              pool: Optional["PoolView"] = None) -> Iterator[Dict[str, Any]]:
+def offloaded(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype: Any = None,
+              device: Optional[int] = None, pool: Optional["PoolView"] = None) -> Iterator[Dict[str, Any]]:
     """Offload `tag` for the duration of a ``with`` block (restored on exit,
     also on an exception); yields what :func:`offload` returned."""
-    info = offload(tag, codec=codec, keep=keep, device=device, pool=pool)
+    info = offload(tag, codec=codec, keep=keep, dtype=dtype, device=device, pool=pool)
     try:
         yield info
     finally:
@@ -109,13 +128,16 @@ class OffloadHandle:
         self.priority = priority
         self._pool = pool
         self._tag_pool = tag_pool  # tagged()'s pool: None for CUDA tensors
+        self.elem_size = 0  # the dtype hint: the element size of most of its bytes
         self._tid = tag_id(tag)
         self._hooks: List[Any] = []
         self._state_count = -1
 
     # -- what a user may call ------------------------------------------------
     def offload(self, **kw: Any) -> Dict[str, Any]:
-        """Offload the object's memory now (see :func:`offload`)."""
+        """Offload the object's memory now (see :func:`offload`; the dtype
+        hint is the object's own unless given)."""
+        kw.setdefault("dtype", self.elem_size or None)
         return offload(self.tag, pool=self._pool, **kw)
 
     def restore(self) -> Dict[str, Any]:
@@ -162,6 +184,17 @@ class OffloadHandle:
         if len(tensors) != self._state_count:
             tagged(tensors, self.tag, self.priority, pool=self._tag_pool)
             self._state_count = len(tensors)
+            self._hint(tensors)
+
+    def _hint(self, tensors: List[Any]) -> None:
+        """The dtype hint: the element size holding most of the bytes."""
+        by: Dict[int, int] = {}
+        for t in tensors:
+            size = t.element_size()
+            by[size] = by.get(size, 0) + t.numel() * size
+        if by:
+            self.elem_size = max(by, key=by.__getitem__)
+        self._pool._pool.offload_register(self._tid, self.priority, self.elem_size)
 
     def __repr__(self) -> str:
         return f"OffloadHandle(tag={self.tag!r}, priority={self.priority})"
@@ -198,6 +231,7 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
         _optimizer_hooks(h, obj, offload_after_step)
     elif hasattr(obj, "register_forward_pre_hook"):
         tagged(obj, tag, prio, pool=pool)
+        h._hint([*obj.parameters(), *obj.buffers()])
         _module_hooks(h, obj, prefetch_next)
         with OffloadHandle._chain_lock:
             OffloadHandle._chain.append(weakref.ref(h))

@@ -9,8 +9,10 @@
 #include <string.h>
 
 #include "checksum.h"
+#include "codec.h"
 #include "offload.h"
 #include "pool_check.h"
+#include "testdata.h"
 
 static gp_tag T_W, T_O, T_H;
 
@@ -55,7 +57,7 @@ static void test_round_trip(void)
     gp_backend *be;
     gp_pool *p = pool_with(256 * MiB, &be);
     gp_offloader *o;
-    CHECK(gp_offloader_create(p, 0, 3, &o) == GP_OK);
+    CHECK(gp_offloader_create(p, 0, 3, NULL, &o) == GP_OK);
     void *w[N];
     size_t sz[N];
     for (int i = 0; i < N; i++) {
@@ -132,7 +134,7 @@ static void test_drop_limit_corrupt(void)
     gp_pool *p = pool_with(256 * MiB, &be);
     gp_offloader *o;
     /* A host limit of 64 MiB: 32 MiB slabs, two of them. */
-    CHECK(gp_offloader_create(p, 64 * MiB, 2, &o) == GP_OK);
+    CHECK(gp_offloader_create(p, 64 * MiB, 2, NULL, &o) == GP_OK);
     void *big = gp_alloc(p, 80 * MiB, NULL, T_W, GP_PRIO_NORMAL, NULL);
     fill(big, 80 * MiB, 3);
     gp_stats s0, s1;
@@ -180,7 +182,7 @@ static void test_prefetch_multi(void)
     gp_backend *be;
     gp_pool *p = pool_with(256 * MiB, &be);
     gp_offloader *o;
-    CHECK(gp_offloader_create(p, 0, 4, &o) == GP_OK);
+    CHECK(gp_offloader_create(p, 0, 4, NULL, &o) == GP_OK);
     void *a = gp_alloc(p, 9 * MiB + 3, NULL, T_W, GP_PRIO_NORMAL, NULL);
     void *b = gp_alloc(p, 5 * MiB + 5, NULL, T_O, GP_PRIO_NORMAL, NULL);
     fill(a, 9 * MiB + 3, 8);
@@ -206,7 +208,7 @@ static void test_prefetch_multi(void)
     gp_tag bad = (gp_tag)(GP_MAX_TAGS - 1);
     CHECK(gp_offload_tags(o, &bad, 1, &opts, &r) == GP_ERR_INVALID);
     CHECK(gp_restore_tags(o, NULL, 0, &rr) == GP_ERR_INVALID);
-    CHECK(gp_offload_register(o, T_W, 300) == GP_ERR_INVALID);
+    CHECK(gp_offload_register(o, T_W, 300, 0) == GP_ERR_INVALID);
     gp_free(p, a);
     gp_free(p, b);
     gp_offloader_destroy(o);
@@ -220,12 +222,12 @@ static void test_pressure(void)
     gp_backend *be;
     gp_pool *p = pool_with(64 * MiB, &be);
     gp_offloader *o;
-    CHECK(gp_offloader_create(p, 0, 2, &o) == GP_OK);
+    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
     void *lo = gp_alloc(p, 20 * MiB, NULL, T_W, GP_PRIO_LOW, NULL);
     void *mid = gp_alloc(p, 20 * MiB, NULL, T_O, GP_PRIO_NORMAL, NULL);
     fill(lo, 20 * MiB, 1);
     fill(mid, 20 * MiB, 2);
-    CHECK(gp_offload_register(o, T_W, GP_PRIO_LOW) == GP_OK && gp_offload_register(o, T_O, GP_PRIO_NORMAL) == GP_OK);
+    CHECK(gp_offload_register(o, T_W, GP_PRIO_LOW, 0) == GP_OK && gp_offload_register(o, T_O, GP_PRIO_NORMAL, 0) == GP_OK);
     /* T_W busy: a normal request fails rather than take it. */
     CHECK(gp_offload_use(o, T_W, 1) == GP_OK);
     gp_status st;
@@ -266,12 +268,80 @@ static void test_destroy_while_offloaded(void)
     gp_backend *be;
     gp_pool *p = pool_with(64 * MiB, &be);
     gp_offloader *o;
-    CHECK(gp_offloader_create(p, 0, 1, &o) == GP_OK);
+    CHECK(gp_offloader_create(p, 0, 1, NULL, &o) == GP_OK);
     gp_alloc(p, 6 * MiB, NULL, T_W, GP_PRIO_NORMAL, NULL);
     gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
     gp_offload_result r;
     CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK);
     CHECK(gp_prefetch_tags(o, &T_W, 1) == GP_OK);
+    gp_offloader_destroy(o);
+    done(p);
+}
+
+/* Compressed offload (the host codec: zstd on byte planes): bf16-like
+ * weights take fewer host bytes and come back bit for bit; data that does
+ * not compress goes raw (the trial says so); a corrupted compressed copy
+ * is caught by the device checksums; dropped contents need no codec. */
+static void test_compressed(void)
+{
+    gp_backend *be;
+    gp_pool *p = pool_with(512 * MiB, &be);
+    gp_offloader *o;
+    CHECK(gp_offloader_create(p, 0, 3, NULL, &o) == GP_OK);
+    enum { NW = 5 };
+    void *w[NW];
+    unsigned char *copy[NW];
+    size_t sz[NW];
+    for (int i = 0; i < NW; i++) {
+        sz[i] = (size_t)(i + 1) * 3 * MiB + 4096 * (size_t)i;
+        w[i] = gp_alloc(p, sz[i], NULL, T_W, GP_PRIO_NORMAL, NULL);
+        data_fill(w[i], sz[i], DATA_BF16);
+        copy[i] = malloc(sz[i]);
+        memcpy(copy[i], w[i], sz[i]);
+    }
+    void *rnd = gp_alloc(p, 9 * MiB, NULL, T_O, GP_PRIO_NORMAL, NULL);
+    data_fill(rnd, 9 * MiB, DATA_RANDOM);
+    unsigned char *rcopy = malloc(9 * MiB);
+    memcpy(rcopy, rnd, 9 * MiB);
+    gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_AUTO, .elem_size = 2};
+    gp_offload_result r, rr;
+    CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK);
+#ifdef GP_HAVE_ZSTD
+    CHECK(r.codec == GP_CODEC_ZSTD);
+    CHECK(r.host_bytes < r.copied * 0.75); /* bf16 N(0, 0.02) on byte planes: about 1.46 */
+    printf("compressed offload: %llu bytes into %llu (ratio %.3f)\n", (unsigned long long)r.copied,
+           (unsigned long long)r.host_bytes, (double)r.copied / (double)r.host_bytes);
+#else
+    CHECK(r.codec == GP_CODEC_RAW && r.host_bytes >= r.copied);
+#endif
+    CHECK(pool_consistent(p, be) == 0);
+    CHECK(gp_restore_tags(o, &T_W, 1, &rr) == GP_OK);
+    for (int i = 0; i < NW; i++) CHECK(memcmp(w[i], copy[i], sz[i]) == 0);
+    /* Incompressible: raw, whatever was asked. */
+    CHECK(gp_offload_tags(o, &T_O, 1, &opts, &r) == GP_OK && r.codec == GP_CODEC_RAW && r.host_bytes >= r.copied);
+    CHECK(gp_restore_tags(o, &T_O, 1, &rr) == GP_OK && memcmp(rnd, rcopy, 9 * MiB) == 0);
+    /* A corrupted compressed copy: caught, the memory stays offloaded. */
+    CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK);
+    CHECK(gp_offload_corrupt_for_test(o, T_W) == GP_OK);
+    CHECK(gp_restore_tags(o, &T_W, 1, &rr) == GP_ERR_BACKEND);
+    CHECK(state_of(p, w[0]) == GP_BLOCK_OFFLOADED);
+    CHECK(pool_consistent(p, be) == 0);
+    CHECK(gp_offload_corrupt_for_test(o, T_W) == GP_OK);
+    CHECK(gp_restore_tags(o, &T_W, 1, &rr) == GP_OK);
+    for (int i = 0; i < NW; i++) CHECK(memcmp(w[i], copy[i], sz[i]) == 0);
+    /* Dropped contents. */
+    opts.keep = 0;
+    CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK && r.copied == 0 && gp_restore_tags(o, &T_W, 1, &rr) == GP_OK);
+    /* A codec that cannot run here is a clear error, nothing moved. */
+    opts = (gp_offload_opts){.keep = 1, .codec = GP_CODEC_ANS, .elem_size = 2};
+    CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_ERR_INVALID && strstr(gp_last_error(), "ans"));
+    CHECK(state_of(p, w[0]) == GP_BLOCK_USED && pool_consistent(p, be) == 0);
+    for (int i = 0; i < NW; i++) {
+        gp_free(p, w[i]);
+        free(copy[i]);
+    }
+    gp_free(p, rnd);
+    free(rcopy);
     gp_offloader_destroy(o);
     done(p);
 }
@@ -286,6 +356,7 @@ int main(void)
     test_prefetch_multi();
     test_pressure();
     test_destroy_while_offloaded();
+    test_compressed();
     /* The checksum sees every word, and where it is. */
     uint64_t words[32];
     for (int i = 0; i < 32; i++) words[i] = 0x0101010101010101ull * (unsigned)i;

@@ -1,0 +1,624 @@
+/*
+ * offload_copy.c -- the data path of offload: plans from the pool
+ * (gp_pool_offload_*), bytes through pinned host slabs (host_store.c),
+ * compression (codec.h), checksums on the device (checksum.h), the VMM
+ * calls on worker threads (workq.c).
+ *
+ * A record's bytes are pieces: a live block's part inside one chunk, at
+ * most GP_PIECE_MAX.  The chunks go to two lanes in turn; a lane is a copy
+ * stream of the backend's own and, when compressing, a codec job with half
+ * of the staging.
+ *
+ * Offload: the pool marks the tags' blocks and names the runs of chunks to
+ * release; the device is synchronised (the streams that used the memory,
+ * record_stream events included, have finished).  Each piece is summed on
+ * the device, then copied out raw, or compressed into the lane's staging
+ * and its compressed chunks copied out -- each lane's next piece is
+ * compressed while the other lane's copies run.  When a chunk's copies are
+ * queued an event follows them, and a worker waits for it and unmaps the
+ * chunk: device memory is given back while later chunks are still copied.
+ *
+ * Restore: the pool checks the runs are still offloaded; workers map each
+ * chunk ahead of the copies; each chunk's pieces are copied back (and
+ * decompressed) as soon as it is mapped, and summed on the device again;
+ * only when every sum matches the one taken before the offload does the
+ * pool make the blocks live -- the round trip through host memory, both
+ * copies and the codec are checked.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checksum.h"
+#include "offload_impl.h"
+
+/* ------------------------------------------------------- pieces, chunks */
+
+/* The chunks of a record's runs with the pieces in each (pieces never
+ * cross a chunk boundary and are in address order). */
+typedef struct gp_chunk {
+    uintptr_t addr;
+    uint64_t size;
+    size_t p0, np;
+    uint64_t event;     /* offload: completes when its copies have     */
+    gp_batch done;      /* restore: mapped                             */
+    gp_offloader *o;
+    gp_offload_plan *plan;
+    int mapped;         /* restore: mapped by its job                  */
+    int unmapped;       /* offload: given back by its job              */
+} gp_chunk;
+
+static gp_chunk *gp_chunks_of(const gp_record *r, size_t *n_out)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->n_runs; i++) n += r->runs[i].size / r->runs[i].chunk;
+    gp_chunk *c = calloc(n ? n : 1, sizeof *c);
+    if (!c) return NULL;
+    size_t k = 0, p = 0;
+    for (size_t i = 0; i < r->n_runs; i++) {
+        const gp_offload_run *run = &r->runs[i];
+        for (uintptr_t x = run->addr; x < run->addr + run->size; x += run->chunk, k++) {
+            c[k].addr = x;
+            c[k].size = run->chunk;
+            while (p < r->n_pieces && r->pieces[p].addr < x) p++;
+            c[k].p0 = p;
+            while (p < r->n_pieces && r->pieces[p].addr < x + run->chunk) p++;
+            c[k].np = p - c[k].p0;
+        }
+    }
+    *n_out = n;
+    return c;
+}
+
+/* Pieces of the plan's ranges: cut at chunk boundaries and GP_PIECE_MAX. */
+static gp_status gp_pieces_of(const gp_offload_plan *pl, gp_record *r)
+{
+    size_t n = 0, ri = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        n = 0;
+        ri = 0;
+        for (size_t i = 0; i < pl->n_ranges; i++) {
+            const gp_offload_range *g = &pl->ranges[i];
+            while (g->addr >= pl->runs[ri].addr + pl->runs[ri].size) ri++;
+            uint64_t chunk = pl->runs[ri].chunk;
+            for (uintptr_t x = g->addr; x < g->addr + g->size;) {
+                uintptr_t cend = pl->runs[ri].addr + (x - pl->runs[ri].addr) / chunk * chunk + chunk;
+                uintptr_t e = g->addr + g->size < cend ? g->addr + g->size : cend;
+                if (e - x > GP_PIECE_MAX) e = x + GP_PIECE_MAX;
+                if (pass) r->pieces[n] = (gp_piece){.addr = x, .size = e - x, .tag = g->tag};
+                n++;
+                x = e;
+            }
+        }
+        if (!pass && n && !(r->pieces = calloc(n, sizeof *r->pieces)))
+            return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for an offload record");
+    }
+    r->n_pieces = n;
+    return GP_OK;
+}
+
+static gp_record *gp_record_new(const gp_tag *tags, size_t n_tags, const gp_offload_plan *pl)
+{
+    gp_record *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    memcpy(r->tags, tags, n_tags * sizeof *tags);
+    r->n_tags = (unsigned)n_tags;
+    r->offloaded = pl->offloaded;
+    r->released = pl->released;
+    for (size_t i = 0; i < pl->n_ranges; i++)
+        if (pl->ranges[i].priority > r->priority) r->priority = pl->ranges[i].priority;
+    if (!(r->runs = malloc(pl->n_runs * sizeof *r->runs)) || gp_pieces_of(pl, r) != GP_OK) {
+        free(r->runs);
+        free(r->pieces);
+        free(r);
+        return NULL;
+    }
+    memcpy(r->runs, pl->runs, pl->n_runs * sizeof *r->runs);
+    r->n_runs = pl->n_runs;
+    return r;
+}
+
+/* ---------------------------------------------------------------- jobs */
+
+/* Offload: the chunk's sums and copies have been queued; once they ran,
+ * give the chunk back. */
+static gp_status gp_job_unmap(void *arg)
+{
+    gp_chunk *c = arg;
+    gp_backend *be = c->o->be;
+    gp_status st = GP_OK;
+    if (c->event) {
+        st = be->event_wait(be, c->event);
+        be->event_release(be, c->event);
+        c->event = 0;
+        if (st != GP_OK) return st;
+    }
+    if ((st = gp_pool_plan_unmap(c->o->pool, c->plan, c->addr, c->size)) != GP_OK) return st;
+    c->unmapped = 1;
+    return GP_OK;
+}
+
+/* Restore: map the chunk (ahead of the copies into it). */
+static gp_status gp_job_map(void *arg)
+{
+    gp_chunk *c = arg;
+    /* Any cached (free) memory may go to make room: what comes back was
+     * live when it was displaced, and a cache is nobody's data. */
+    gp_status st = gp_pool_plan_map(c->o->pool, c->plan, c->addr, c->size, GP_PRIO_MAX);
+    if (st == GP_OK) c->mapped = 1;
+    return st;
+}
+
+/* ----------------------------------------------------------- the streams */
+
+static gp_status gp_streams(gp_offloader *o)
+{
+    while (o->n_streams < 2) {
+        gp_status st = o->be->stream_create(o->be, &o->streams[o->n_streams]);
+        if (st != GP_OK) return st;
+        o->n_streams++;
+    }
+    return GP_OK;
+}
+
+/* Block until everything queued on stream s has run. */
+static gp_status gp_stream_wait(gp_offloader *o, gp_stream s)
+{
+    uint64_t ev = 0;
+    gp_status st = o->be->event_record(o->be, s, &ev);
+    if (st == GP_OK) {
+        st = o->be->event_wait(o->be, ev);
+        o->be->event_release(o->be, ev);
+    }
+    return st;
+}
+
+static gp_status gp_streams_drain(gp_offloader *o)
+{
+    gp_status st = GP_OK;
+    for (int i = 0; i < o->n_streams; i++) {
+        gp_status s = gp_stream_wait(o, o->streams[i]);
+        if (s != GP_OK && st == GP_OK) st = s;
+    }
+    return st;
+}
+
+/* Read the first n checksums back (the work that wrote them has run). */
+static gp_status gp_sums_read(gp_offloader *o, size_t n)
+{
+    if (!n) return GP_OK;
+    gp_status st = o->be->copy(o->be, o->sums_host, o->sums_dev, n * sizeof *o->sums_dev, GP_COPY_D2H, o->streams[0]);
+    return st == GP_OK ? gp_streams_drain(o) : st;
+}
+
+/* --------------------------------------------------------------- codecs */
+
+/* The codec for an offload (an open one is kept: records point at it). */
+static gp_status gp_codec_for(gp_offloader *o, int id, unsigned elem_size, gp_codec **out)
+{
+    *out = NULL;
+    for (unsigned i = 0; i < o->n_codecs; i++)
+        if (o->codecs[i].id == id && o->codecs[i].elem_size == elem_size) {
+            *out = o->codecs[i].c;
+            return GP_OK;
+        }
+    if (o->n_codecs == GP_CODECS_OPEN)
+        return gp_error_set(GP_ERR_TOO_MANY, "gpupool: more than %d codec settings in one process", GP_CODECS_OPEN);
+    gp_codec_params prm = {.name = gp_codec_id_name((gp_codec_id)id), .elem_size = elem_size,
+                           .nvcomp = o->nvcomp[0] ? o->nvcomp : NULL};
+    gp_codec *c;
+    gp_status st = gp_codec_open(o->be, &prm, &c);
+    if (st != GP_OK) return st;
+    o->codecs[o->n_codecs].id = id;
+    o->codecs[o->n_codecs].elem_size = elem_size;
+    o->codecs[o->n_codecs++].c = c;
+    *out = c;
+    return GP_OK;
+}
+
+/* A lane: one of the two copy streams, with a codec job when compressing.
+ * Its job holds one piece at a time (`piece`); the chunk whose last piece
+ * that is (`chunk`) is closed -- its event queued, its unmap job pushed --
+ * once the piece's copies are queued. */
+typedef struct gp_lane {
+    gp_stream s;
+    gp_codec_job *job;
+    long piece, chunk;
+} gp_lane;
+
+/* Two codec jobs over the staging (taken from the pool on first use) and
+ * the scratch; *ok = 0 (no error) when the pool has no room for the
+ * staging: the offload then goes raw. */
+static gp_status gp_lanes_open(gp_offloader *o, gp_codec *c, gp_lane *lane, int *ok)
+{
+    *ok = 0;
+    uint32_t m;
+    uint64_t dev, host;
+    gp_status st = gp_codec_job_fit(c, GP_STAGING_HALF, &m);
+    if (st == GP_OK) st = gp_codec_job_need(c, m, &dev, &host);
+    if (st != GP_OK) return st;
+    if (!o->staging) {
+        gp_tag own;
+        if ((st = gp_tag_intern("gpupool", &own)) != GP_OK) return st;
+        o->staging = gp_alloc(o->pool, 2 * GP_STAGING_HALF, NULL, own, GP_PRIO_CRITICAL, &st);
+        if (!o->staging) {
+            gp_error_clear(); /* no room now: raw is the answer */
+            return GP_OK;
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        if (host > o->scratch_bytes[i]) {
+            if (o->scratch[i]) o->be->host_free(o->be, o->scratch[i], o->scratch_bytes[i]);
+            o->scratch[i] = NULL;
+            o->scratch_bytes[i] = 0;
+            if (host && (st = o->be->host_alloc(o->be, host, &o->scratch[i])) != GP_OK) return st;
+            o->scratch_bytes[i] = host;
+        }
+        st = gp_codec_job_create(c, m, (char *)o->staging + i * GP_STAGING_HALF, dev, o->scratch[i], host,
+                                 &lane[i].job);
+        if (st != GP_OK) {
+            if (i) gp_codec_job_destroy(lane[0].job);
+            lane[0].job = NULL;
+            return st;
+        }
+    }
+    *ok = 1;
+    return GP_OK;
+}
+
+static void gp_lanes_close(gp_lane *lane)
+{
+    for (int i = 0; i < 2; i++) {
+        if (lane[i].job) gp_codec_job_destroy(lane[i].job);
+        lane[i].job = NULL;
+    }
+}
+
+void gp_offload_copy_free(gp_offloader *o)
+{
+    for (unsigned i = 0; i < o->n_codecs; i++) gp_codec_close(o->codecs[i].c);
+    for (int i = 0; i < 2; i++)
+        if (o->scratch[i]) o->be->host_free(o->be, o->scratch[i], o->scratch_bytes[i]);
+    if (o->staging) gp_free(o->pool, o->staging);
+}
+
+/* -------------------------------------------------------------- offload */
+
+/* Undo a failed offload: map back the chunks that were given up and copy
+ * their pieces back (their copies had run before each unmap). */
+static gp_status gp_undo_offload(gp_offloader *o, gp_offload_plan *pl, gp_record *r, gp_chunk *c, size_t n,
+                                 gp_lane *lane)
+{
+    gp_status st = GP_OK;
+    for (size_t k = 0; k < n && st == GP_OK; k++) {
+        if (!c[k].unmapped) continue;
+        st = gp_pool_plan_map(o->pool, pl, c[k].addr, c[k].size, GP_PRIO_MAX);
+        for (size_t i = 0; i < c[k].np && st == GP_OK; i++) {
+            gp_piece *p = &r->pieces[c[k].p0 + i];
+            if (!p->host.ptr) continue;
+            if (!p->chunks) {
+                st = o->be->copy(o->be, (void *)p->addr, p->host.ptr, p->size, GP_COPY_H2D, o->streams[0]);
+                continue;
+            }
+            uint64_t off = 0;
+            for (uint64_t j = 0; j < p->n_chunks; j++) {
+                p->chunks[j].data = (char *)p->host.ptr + off;
+                off += gp_codec_pad(p->chunks[j].stored);
+            }
+            st = gp_codec_decompress(lane[0].job, o->streams[0], (void *)p->addr, p->size, p->chunks, p->n_chunks);
+            if (st == GP_OK) st = gp_stream_wait(o, o->streams[0]);
+            if (st == GP_OK) st = gp_codec_decompress_check(lane[0].job);
+        }
+    }
+    if (st == GP_OK) st = gp_streams_drain(o);
+    return st;
+}
+
+/* The compressed piece a lane holds: wait for its compression, store its
+ * chunks on the host (each padded to GP_CODEC_ALIGN) and queue their
+ * copies out. */
+static gp_status gp_lane_store(gp_offloader *o, gp_record *r, gp_lane *l)
+{
+    gp_piece *p = &r->pieces[l->piece];
+    l->piece = -1;
+    gp_status st = gp_stream_wait(o, l->s);
+    uint64_t n = gp_codec_chunks(r->codec, p->size), stored = 0;
+    if (st == GP_OK && !(p->chunks = calloc(n, sizeof *p->chunks)))
+        st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a chunk table");
+    if (st == GP_OK) st = gp_codec_compress_result(l->job, p->chunks, n, &stored);
+    if (st == GP_OK) st = gp_host_store_alloc(o->hs, stored, &p->host);
+    p->n_chunks = n;
+    p->stored = stored;
+    uint64_t off = 0;
+    for (uint64_t j = 0; j < n && st == GP_OK; j++) {
+        st = o->be->copy(o->be, (char *)p->host.ptr + off, p->chunks[j].data, p->chunks[j].stored, GP_COPY_D2H, l->s);
+        p->chunks[j].data = NULL; /* (a staging slot: restore points it at the host copy) */
+        off += gp_codec_pad(p->chunks[j].stored);
+    }
+    if (st == GP_OK) p->copied = 1;
+    return st;
+}
+
+/* Finish what lane l holds: its piece's copies, then the chunk they closed
+ * (an event behind them, and the worker that unmaps it). */
+static gp_status gp_lane_finish(gp_offloader *o, gp_record *r, gp_chunk *c, gp_lane *l, gp_batch *unmaps)
+{
+    gp_status st = l->piece >= 0 ? gp_lane_store(o, r, l) : GP_OK;
+    if (st == GP_OK && l->chunk >= 0) {
+        gp_chunk *k = &c[l->chunk];
+        if (k->np && r->pieces[k->p0].host.ptr) st = o->be->event_record(o->be, l->s, &k->event);
+        if (st == GP_OK) st = gp_workq_push(o->q, unmaps, gp_job_unmap, k);
+    }
+    l->chunk = -1;
+    return st;
+}
+
+/* The codec an offload uses: raw unless asked otherwise, compressing the
+ * first piece pays (a trial) and the pool has room for the staging. */
+static gp_status gp_choose_codec(gp_offloader *o, const gp_offload_opts *opts, gp_record *r, gp_lane *lane)
+{
+    if (opts->codec == GP_CODEC_RAW || !opts->keep || !r->n_pieces) return GP_OK;
+    gp_codec *c;
+    gp_status st = gp_codec_for(o, opts->codec, opts->elem_size, &c);
+    if (st != GP_OK || gp_codec_kind(c) == GP_CODEC_RAW) return st;
+    int ok;
+    if ((st = gp_lanes_open(o, c, lane, &ok)) != GP_OK || !ok) return st;
+    double ratio;
+    int worth;
+    const gp_piece *p0 = &r->pieces[0];
+    st = gp_codec_trial(lane[0].job, lane[0].s, (const void *)p0->addr, p0->size, &ratio, &worth);
+    if (st == GP_OK && worth) r->codec = c;
+    else gp_lanes_close(lane);
+    return st;
+}
+
+gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, const gp_offload_opts *opts,
+                            gp_offload_result *res)
+{
+    double t0 = gp_now();
+    memset(res, 0, sizeof *res);
+    if (n_tags > GP_RECORD_TAGS)
+        return gp_error_set(GP_ERR_INVALID, "gpupool: offload of %zu tags at once (at most %d)", n_tags,
+                            GP_RECORD_TAGS);
+    gp_status st = gp_streams(o);
+    if (st != GP_OK) return st;
+    gp_offload_plan *pl;
+    if ((st = gp_pool_offload_begin(o->pool, tags, n_tags, &pl)) != GP_OK) return st;
+    res->kept = pl->kept;
+    if (!pl->n_runs) {
+        res->seconds = gp_now() - t0;
+        return gp_pool_plan_end(o->pool, pl, 1);
+    }
+    /* Before anything moves: the record, host room for every piece (raw
+     * size: compressed pieces take less), the codec. */
+    size_t n = 0;
+    gp_lane lane[2] = {{.s = o->streams[0], .piece = -1, .chunk = -1}, {.s = o->streams[1], .piece = -1, .chunk = -1}};
+    gp_record *r = gp_record_new(tags, n_tags, pl);
+    gp_chunk *c = r ? gp_chunks_of(r, &n) : NULL;
+    if (!c) st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for an offload record");
+    else if (r->n_pieces > GP_SUMS_MAX)
+        st = gp_error_set(GP_ERR_INVALID, "gpupool: offload of %zu pieces at once (at most %u: offload fewer "
+                          "tags at a time)", r->n_pieces, GP_SUMS_MAX);
+    int reserved = 0;
+    if (st == GP_OK && opts->keep) {
+        reserved = (st = gp_host_store_reserve(o->hs, pl->bytes + 2 * GP_CODEC_ALIGN * (pl->bytes / 4096 + r->n_pieces))) ==
+                   GP_OK;
+    }
+    /* The streams that used the memory (record_stream ones too) finish. */
+    if (st == GP_OK) st = gp_pool_synchronize(o->pool);
+    if (st == GP_OK) st = gp_choose_codec(o, opts, r, lane);
+    for (size_t i = 0; st == GP_OK && opts->keep && !r->codec && i < r->n_pieces; i++) {
+        st = gp_host_store_alloc(o->hs, r->pieces[i].size, &r->pieces[i].host);
+        r->pieces[i].stored = r->pieces[i].size;
+    }
+    if (st != GP_OK) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", gp_last_error());
+        gp_lanes_close(lane);
+        if (reserved) gp_host_store_settle(o->hs, UINT64_MAX);
+        if (gp_pool_plan_end(o->pool, pl, 1) != GP_OK) gp_error_clear();
+        gp_record_free(o, r);
+        free(c);
+        return gp_error_set(st, "%s", why);
+    }
+    /* Chunk by chunk, the lanes in turn: sums, then copies out (raw) or
+     * compression (each lane's previous piece is stored first). */
+    gp_batch unmaps;
+    gp_batch_init(&unmaps);
+    for (size_t k = 0; k < n && st == GP_OK; k++) {
+        gp_lane *l = &lane[k & 1];
+        c[k].o = o;
+        c[k].plan = pl;
+        if ((st = gp_lane_finish(o, r, c, l, &unmaps)) != GP_OK) break;
+        for (size_t i = 0; i < c[k].np && st == GP_OK && opts->keep; i++) {
+            size_t j = c[k].p0 + i;
+            gp_piece *p = &r->pieces[j];
+            if (l->piece >= 0 && (st = gp_lane_store(o, r, l)) != GP_OK) break;
+            st = o->be->checksum(o->be, (const void *)p->addr, p->size, p->addr, &o->sums_dev[j], l->s);
+            if (st != GP_OK) break;
+            if (r->codec) {
+                if ((st = gp_codec_compress(l->job, l->s, (const void *)p->addr, p->size, 0)) == GP_OK) l->piece = (long)j;
+            } else if ((st = o->be->copy(o->be, p->host.ptr, (const void *)p->addr, p->size, GP_COPY_D2H, l->s)) ==
+                       GP_OK) {
+                p->copied = 1;
+            }
+        }
+        l->chunk = (long)k;
+        if (st == GP_OK && !r->codec) st = gp_lane_finish(o, r, c, l, &unmaps);
+    }
+    for (int i = 0; i < 2 && st == GP_OK; i++) st = gp_lane_finish(o, r, c, &lane[i], &unmaps);
+    gp_status jst = gp_batch_wait(&unmaps);
+    gp_batch_destroy(&unmaps);
+    if (st == GP_OK) st = jst;
+    if (reserved) gp_host_store_settle(o->hs, UINT64_MAX);
+    /* The sums ran before the copies, which have run: read them. */
+    if (st == GP_OK && opts->keep) st = gp_sums_read(o, r->n_pieces);
+    for (size_t i = 0; st == GP_OK && i < r->n_pieces; i++) r->pieces[i].sum = o->sums_host[i];
+    if (st == GP_OK && (st = gp_pool_plan_end(o->pool, pl, 0)) == GP_OK) {
+        gp_lanes_close(lane);
+        gp_record_keep(o, r);
+        *res = (gp_offload_result){.bytes = r->offloaded, .copied = r->copied, .host_bytes = r->host_bytes,
+                                   .released = r->released, .kept = res->kept,
+                                   .codec = r->codec ? gp_codec_kind(r->codec) : GP_CODEC_RAW,
+                                   .seconds = gp_now() - t0};
+        free(c);
+        return GP_OK;
+    }
+    /* Failed half way: what was given up is on the host; bring it back. */
+    char why[1024];
+    snprintf(why, sizeof why, "%s", gp_last_error());
+    for (size_t k = 0; k < n; k++)
+        if (c[k].event) o->be->event_release(o->be, c[k].event);
+    gp_error_clear();
+    gp_status dst = gp_streams_drain(o);
+    if (dst == GP_OK && gp_undo_offload(o, pl, r, c, n, lane) == GP_OK && gp_pool_plan_end(o->pool, pl, 1) == GP_OK) {
+        gp_lanes_close(lane);
+        gp_record_free(o, r);
+        free(c);
+        return gp_error_set(st, "%s (the offload was undone: the memory is on the device as before)", why);
+    }
+    /* The device refuses even that: give the rest up too and keep what the
+     * host has, so that the pool stays whole and a restore brings back
+     * every address; pieces whose copy never ran are lost. */
+    gp_lanes_close(lane);
+    uint64_t lost = 0;
+    for (size_t k = 0; k < n; k++) gp_pool_plan_unmap(o->pool, pl, c[k].addr, c[k].size);
+    for (size_t i = 0; i < r->n_pieces; i++)
+        if (!r->pieces[i].copied || dst != GP_OK) {
+            lost += r->pieces[i].size;
+            gp_host_store_free(o->hs, &r->pieces[i].host);
+        }
+    char tags_txt[256], undo_why[512];
+    gp_tags_text(r, tags_txt, sizeof tags_txt);
+    snprintf(undo_why, sizeof undo_why, "%s", gp_last_error());
+    gp_status est = gp_pool_plan_end(o->pool, pl, 0);
+    free(c);
+    if (est == GP_OK) gp_record_keep(o, r);
+    else gp_record_free(o, r);
+    return gp_error_set(st, "%s; undoing the offload of tag %s failed too (%s): it stays offloaded and %" PRIu64
+                        " bytes of its contents are lost", why, tags_txt, undo_why, lost);
+}
+
+/* -------------------------------------------------------------- restore */
+
+/* The piece a lane's job holds has been decompressed: check it. */
+static gp_status gp_lane_check(gp_offloader *o, gp_lane *l)
+{
+    if (l->piece < 0) return GP_OK;
+    l->piece = -1;
+    gp_status st = gp_stream_wait(o, l->s);
+    return st == GP_OK ? gp_codec_decompress_check(l->job) : st;
+}
+
+gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offload_result *res)
+{
+    gp_status st = gp_streams(o);
+    if (st != GP_OK) return st;
+    gp_offload_plan *pl;
+    if ((st = gp_pool_restore_begin(o->pool, r->runs, r->n_runs, &pl)) != GP_OK) return st;
+    gp_lane lane[2] = {{.s = o->streams[0], .piece = -1, .chunk = -1}, {.s = o->streams[1], .piece = -1, .chunk = -1}};
+    int ok = 1;
+    if (r->codec && (st = gp_lanes_open(o, r->codec, lane, &ok)) == GP_OK && !ok)
+        st = gp_error_set(GP_ERR_OOM, "gpupool: no room on the device for the %llu bytes of staging that "
+                          "decompressing needs", 2 * GP_STAGING_HALF);
+    size_t n = 0;
+    gp_chunk *c = st == GP_OK ? gp_chunks_of(r, &n) : NULL;
+    if (st == GP_OK && !c) st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a restore");
+    if (st != GP_OK) {
+        gp_lanes_close(lane);
+        gp_pool_plan_end(o->pool, pl, 0);
+        free(c);
+        return st;
+    }
+    size_t queued = 0;
+    for (; queued < n; queued++) {
+        gp_chunk *k = &c[queued];
+        k->o = o;
+        k->plan = pl;
+        gp_batch_init(&k->done);
+        if ((st = gp_workq_push(o->q, &k->done, gp_job_map, k)) != GP_OK) {
+            gp_batch_destroy(&k->done);
+            break;
+        }
+    }
+    /* Copy each chunk back as soon as it is mapped, and sum what came back.
+     * A chunk the device had no room for: make room (lower-priority idle
+     * tags), then map it here. */
+    for (size_t k = 0; k < queued && st == GP_OK; k++) {
+        if ((st = gp_batch_wait(&c[k].done)) != GP_OK && !c[k].mapped && (st == GP_ERR_OOM || st == GP_ERR_LIMIT)) {
+            uint64_t got = 0;
+            gp_status rst = gp_reclaim_locked(o, c[k].size, r->priority, r, &got);
+            if (rst == GP_OK && got) {
+                gp_error_clear();
+                st = gp_job_map(&c[k]);
+            }
+        }
+        gp_lane *l = &lane[k & 1];
+        for (size_t i = 0; i < c[k].np && st == GP_OK; i++) {
+            size_t j = c[k].p0 + i;
+            gp_piece *p = &r->pieces[j];
+            if (!p->host.ptr) continue;
+            if (p->chunks) {
+                if ((st = gp_lane_check(o, l)) != GP_OK) break;
+                uint64_t off = 0;
+                for (uint64_t q = 0; q < p->n_chunks; q++) {
+                    p->chunks[q].data = (char *)p->host.ptr + off;
+                    off += gp_codec_pad(p->chunks[q].stored);
+                }
+                st = gp_codec_decompress(l->job, l->s, (void *)p->addr, p->size, p->chunks, p->n_chunks);
+                if (st == GP_OK) l->piece = (long)j;
+            } else {
+                st = o->be->copy(o->be, (void *)p->addr, p->host.ptr, p->size, GP_COPY_H2D, l->s);
+            }
+            if (st == GP_OK) st = o->be->checksum(o->be, (const void *)p->addr, p->size, p->addr, &o->sums_dev[j], l->s);
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        gp_status cst = gp_lane_check(o, &lane[i]);
+        if (st == GP_OK) st = cst;
+    }
+    /* The blocks stay OFFLOADED (untouchable) until every piece came back
+     * whole; a mismatch gives the chunks back below. */
+    for (size_t k = 0; k < queued; k++) gp_batch_wait(&c[k].done);
+    if (st == GP_OK) st = gp_streams_drain(o);
+    if (st == GP_OK) st = gp_sums_read(o, r->n_pieces);
+    for (size_t i = 0; st == GP_OK && i < r->n_pieces; i++) {
+        const gp_piece *p = &r->pieces[i];
+        if (p->host.ptr && o->sums_host[i] != p->sum) {
+            char tags[256];
+            st = gp_error_set(GP_ERR_BACKEND, "gpupool: the host copy of tag %s is corrupt: checksum mismatch in "
+                              "the %" PRIu64 " bytes of 0x%" PRIxPTR, gp_tags_text(r, tags, sizeof tags), p->size,
+                              p->addr);
+        }
+    }
+    char why[1024] = "";
+    if (st != GP_OK) snprintf(why, sizeof why, "%s", gp_last_error());
+    for (size_t k = 0; k < queued; k++) gp_batch_destroy(&c[k].done);
+    gp_lanes_close(lane);
+    gp_error_clear();
+    gp_status dst = gp_streams_drain(o);
+    if (st == GP_OK) st = dst;
+    if (st != GP_OK) {
+        if (!why[0]) snprintf(why, sizeof why, "%s", gp_last_error());
+        /* Give back what was mapped: the tags stay offloaded, their bytes
+         * on the host. */
+        for (size_t k = 0; k < n; k++) gp_pool_plan_unmap(o->pool, pl, c[k].addr, c[k].size);
+        gp_status est = gp_pool_plan_end(o->pool, pl, 0);
+        free(c);
+        if (est != GP_OK) return est;
+        char tags[256];
+        return gp_error_set(st, "gpupool: restoring tag %s failed, the memory stays offloaded: %s",
+                            gp_tags_text(r, tags, sizeof tags), why);
+    }
+    uint64_t offloaded = pl->offloaded;
+    st = gp_pool_plan_end(o->pool, pl, 1);
+    free(c);
+    if (st != GP_OK) return st;
+    res->bytes += offloaded;
+    res->copied += r->copied;
+    res->host_bytes += r->host_bytes;
+    res->released += r->released;
+    res->codec = r->codec ? gp_codec_kind(r->codec) : GP_CODEC_RAW;
+    return GP_OK;
+}

@@ -1,0 +1,121 @@
+/*
+ * offload_impl.h -- the insides of offload, shared by its two files:
+ *   offload.c       the offloader: records of what is offloaded, the API,
+ *                   prefetches, the registry of offloadable tags and the
+ *                   pressure callback
+ *   offload_copy.c  the data path: pieces, the two copy lanes, codecs,
+ *                   checksums, the offload and restore pipelines
+ */
+#ifndef GP_OFFLOAD_IMPL_H
+#define GP_OFFLOAD_IMPL_H
+
+#include <pthread.h>
+
+#include "codec.h"
+#include "host_store.h"
+#include "offload.h"
+#include "workq.h"
+
+/* Largest piece copied (or compressed) as one: big enough that a copy's
+ * fixed cost (a few us) is lost in its transfer time at PCIe speed, small
+ * enough to pipeline. */
+#define GP_PIECE_MAX (16ull << 20)
+/* Slab of pinned host memory: a few per GiB (pinning cost is per byte),
+ * small enough that the store holds little more than it must. */
+#define GP_HOST_SLAB (32ull << 20)
+/* Checksums one offload or restore may compute (a device array of this
+ * many words, taken from the pool once): 2 TiB in GP_PIECE_MAX pieces,
+ * 256 GiB of 2 MiB chunks. */
+#define GP_SUMS_MAX (128u << 10)
+/* Device staging of each of the two lanes' codec jobs, taken from the pool
+ * on the first compressed offload and kept: 2 x 80 MiB at most. */
+#define GP_STAGING_HALF (80ull << 20)
+#define GP_RECORD_TAGS 16
+#define GP_CODECS_OPEN 16
+
+typedef struct gp_piece {
+    uintptr_t addr;     /* device bytes [addr, addr+size)              */
+    uint64_t size;
+    gp_extent host;     /* where they are (ptr NULL: contents dropped) */
+    uint64_t stored;    /* bytes stored in host                        */
+    uint64_t sum;       /* checksum of its device bytes (checksum.h)   */
+    gp_tag tag;
+    int copied;         /* its copy out was queued                     */
+    gp_codec_chunk *chunks; /* compressed: the codec's table (NULL: raw) */
+    uint64_t n_chunks;
+} gp_piece;
+
+/* One offload: what it released and where its bytes are. */
+typedef struct gp_record {
+    struct gp_record *next;
+    gp_tag tags[GP_RECORD_TAGS];
+    unsigned n_tags;
+    gp_offload_run *runs;
+    size_t n_runs;
+    gp_piece *pieces;
+    size_t n_pieces;
+    uint64_t offloaded, copied, host_bytes, released;
+    int priority;       /* the highest of its blocks': what restoring may displace */
+    gp_codec *codec;    /* the codec of its pieces (NULL: raw)        */
+    int prefetching;    /* a prefetch is restoring it                 */
+} gp_record;
+
+typedef struct gp_reg {
+    int prio;           /* -1: not offloadable under pressure         */
+    int busy;
+    uint64_t last_use;
+    unsigned elem_size; /* the dtype hint for codecs (0: unknown)     */
+} gp_reg;
+
+struct gp_offloader {
+    gp_pool *pool;
+    gp_backend *be;
+    pthread_mutex_t op;    /* one offload or restore at a time          */
+    pthread_mutex_t lock;  /* records, registry, figures                */
+    pthread_cond_t cond;   /* a prefetch finished                        */
+    gp_workq *q;           /* unmaps, maps                              */
+    gp_workq *pq;          /* prefetches (one thread: they take `op`)   */
+    gp_host_store *hs;
+    gp_stream streams[2];
+    int n_streams;
+    gp_record *records;
+    gp_reg reg[GP_MAX_TAGS];
+    uint64_t clock;
+    gp_batch prefetches;   /* (waited for through the records' flags) */
+    uint64_t *sums_dev;    /* GP_SUMS_MAX checksums, device memory       */
+    uint64_t *sums_host;   /* where they are read back                   */
+    gp_status prefetch_status; /* the last prefetch's failure, reported by the next restore */
+    char prefetch_error[512];
+    gp_offload_stats st;
+    /* Compression (under `op`): codecs opened so far (they must outlive
+     * the records that used them), the two jobs' device staging (from the
+     * pool) and pinned host scratch. */
+    struct {
+        int id;
+        unsigned elem_size;
+        gp_codec *c;
+    } codecs[GP_CODECS_OPEN];
+    unsigned n_codecs;
+    char nvcomp[GP_PATH_MAX];
+    void *staging;
+    void *scratch[2];
+    uint64_t scratch_bytes[2];
+};
+
+/* offload_copy.c */
+gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, const gp_offload_opts *opts,
+                            gp_offload_result *res);
+gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offload_result *res);
+void gp_offload_copy_free(gp_offloader *o);
+
+/* offload.c */
+/* Offload idle registered tags of priority below `below` (not those of
+ * record `keep`), until `needed` bytes were released; `op` is held. */
+gp_status gp_reclaim_locked(gp_offloader *o, uint64_t needed, int below, const gp_record *keep,
+                            uint64_t *released);
+void gp_record_keep(gp_offloader *o, gp_record *r);
+void gp_record_free(gp_offloader *o, gp_record *r);
+const char *gp_tags_text(const gp_record *r, char *buf, size_t len);
+double gp_now(void);
+
+#endif /* GP_OFFLOAD_IMPL_H */
