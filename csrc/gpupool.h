@@ -257,6 +257,15 @@ gp_status gp_pool_lookup(gp_pool *pool, const void *ptr, gp_block_info *out);
 typedef int (*gp_block_fn)(void *arg, const gp_block_info *block);
 void gp_pool_walk(gp_pool *pool, gp_block_fn fn, void *arg);
 
+/* Copy every block of every arena, in address order (what gp_pool_walk
+ * visits), into out[0..max); returns how many blocks the pool holds, which
+ * may exceed max: then only the first max were copied (copy again into a
+ * larger array).  The lock is held for the copy only, so that the caller
+ * may do anything with the result -- build Python objects, whose allocation
+ * may run a garbage collector that frees pool memory.  out may be NULL when
+ * max is 0. */
+size_t gp_pool_blocks_read(gp_pool *pool, gp_block_info *out, size_t max);
+
 /* Tensor.record_stream: the live block at `ptr` (its start) is also used on
  * `stream`.  When it is freed, an event is recorded on every such stream and
  * the block is not handed out again (state GP_BLOCK_PENDING) until those

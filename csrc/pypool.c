@@ -262,25 +262,37 @@ static PyObject *pool_prio_stats(PoolObject *self, PyObject *noargs)
     return out;
 }
 
-static int walk_to_list(void *arg, const gp_block_info *b)
+static PyObject *block_tuple(const gp_block_info *b)
 {
-    PyObject *t = Py_BuildValue("(KKKKiiiii)", (unsigned long long)b->addr, (unsigned long long)b->size,
-                                (unsigned long long)b->requested, (unsigned long long)(uintptr_t)b->stream,
-                                (int)b->tag, (int)b->priority, (int)b->state, (int)b->arena,
-                                (int)b->lifetime);
-    if (!t) return 1;
-    int rc = PyList_Append((PyObject *)arg, t);
-    Py_DECREF(t);
-    return rc < 0;
+    return Py_BuildValue("(KKKKiiiii)", (unsigned long long)b->addr, (unsigned long long)b->size,
+                         (unsigned long long)b->requested, (unsigned long long)(uintptr_t)b->stream,
+                         (int)b->tag, (int)b->priority, (int)b->state, (int)b->arena, (int)b->lifetime);
 }
 
+/* The blocks are copied out under the pool's lock and the tuples built
+ * after: building them may run the garbage collector, whose finalizers may
+ * free pool memory (gp_free takes the lock). */
 static PyObject *pool_blocks(PoolObject *self, PyObject *noargs)
 {
     (void)noargs;
-    PyObject *l = PyList_New(0);
-    if (!l) return NULL;
-    gp_pool_walk(self->pool, walk_to_list, l);
-    if (PyErr_Occurred()) { Py_DECREF(l); return NULL; }
+    size_t cap = 256, n;
+    gp_block_info *info;
+    for (;;) {
+        if (!(info = PyMem_RawMalloc(cap * sizeof *info))) return PyErr_NoMemory();
+        Py_BEGIN_ALLOW_THREADS
+        n = gp_pool_blocks_read(self->pool, info, cap);
+        Py_END_ALLOW_THREADS
+        if (n <= cap) break;
+        PyMem_RawFree(info);
+        cap = n + n / 4; /* room for blocks made meanwhile */
+    }
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; l && i < n; i++) {
+        PyObject *t = block_tuple(&info[i]);
+        if (!t) Py_CLEAR(l);
+        else PyList_SET_ITEM(l, (Py_ssize_t)i, t);
+    }
+    PyMem_RawFree(info);
     return l;
 }
 
@@ -366,13 +378,7 @@ static PyObject *pool_lookup(PoolObject *self, PyObject *arg)
     gp_block_info b;
     gp_status st = gp_pool_lookup(self->pool, ptr, &b);
     if (st != GP_OK) return gp_raise(st);
-    PyObject *l = PyList_New(0);
-    if (!l) return NULL;
-    if (walk_to_list(l, &b)) { Py_DECREF(l); return NULL; }
-    PyObject *t = PyList_GetItem(l, 0);
-    Py_INCREF(t);
-    Py_DECREF(l);
-    return t;
+    return block_tuple(&b);
 }
 
 static PyObject *pool_mem_info(PoolObject *self, PyObject *noargs)

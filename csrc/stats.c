@@ -57,6 +57,17 @@ out:
     pthread_mutex_unlock(&p->lock);
 }
 
+size_t gp_pool_blocks_read(gp_pool *p, gp_block_info *out, size_t max)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&p->lock);
+    for (unsigned k = 0; k < p->n_arenas; k++)
+        for (gp_block *b = p->arenas[k].first; b; b = b->next, n++)
+            if (n < max) gp_info_of(p, b, &out[n]);
+    pthread_mutex_unlock(&p->lock);
+    return n;
+}
+
 void gp_scan_locked(gp_pool *p, gp_stats *o)
 {
     for (unsigned k = 0; k < p->n_arenas; k++) {

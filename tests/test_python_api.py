@@ -211,3 +211,34 @@ def test_enable_without_torch_is_a_clear_error() -> None:
     code = "import sys; sys.modules['torch'] = None; import gpupool; gpupool.enable()"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env())
     assert r.returncode != 0 and "needs PyTorch" in r.stderr
+
+
+def test_blocks_survive_a_collector_that_frees_pool_memory() -> None:
+    # blocks() builds a tuple per block; on CPython <= 3.11 the cyclic
+    # collector may run inside any of those allocations.  A finalizer that
+    # frees pool memory then calls gp_free: if blocks() still held the
+    # pool's lock, the process froze there.
+    code = """
+import gc, gpupool
+p = gpupool.HostPool(64 << 20, chunk="256KiB")
+live = [p.alloc(4096) for _ in range(200)]
+freed = []
+class Holder:
+    def __init__(self, addr):
+        self.addr, self.me = addr, self   # a reference cycle: only the collector frees it
+    def __del__(self):
+        p.free(self.addr)
+        freed.append(self.addr)
+gc.set_threshold(50)
+for _ in range(5):
+    gc.collect()              # counts at 0: the next collection comes ~50 tuples into blocks()
+    Holder(live.pop())
+    p._pool.blocks()
+assert len(freed) == 5, freed
+used = {b.addr for b in p.blocks() if b.state == "used"}
+assert used == set(live), (len(used), len(live))
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(),
+                       timeout=30)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
