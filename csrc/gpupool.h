@@ -450,41 +450,72 @@ gp_backend *gp_pool_backend(gp_pool *pool);
 
 /* -------------------------------------------------------------- statistics */
 
+/* The figures, one list each, from which gp_stats / gp_tag_stats, the
+ * dicts of Pool.stats() and the keys of gpupool's torch.cuda.memory_stats()
+ * are all made: X(field, kind, PyTorch key).  The kind says how a figure
+ * behaves: GP_STAT_CURRENT a level now (or a setting), GP_STAT_PEAK the
+ * highest level since gp_pool_reset_peaks, GP_STAT_TOTAL a counter that only
+ * grows (reset_accumulated_memory_stats restarts PyTorch's from a
+ * baseline).  The key is that of torch.cuda.memory_stats() which reports the
+ * figure as it is, NULL if none does (figures PyTorch derives from several
+ * of ours are worked out in gpupool/_torch_patch.py). */
+enum { GP_STAT_CURRENT = 0, GP_STAT_PEAK = 1, GP_STAT_TOTAL = 2 };
+
+#define GP_STATS_FIELDS(X)                                                                      \
+    X(allocated, GP_STAT_CURRENT, "allocated_bytes.all.current")   /* bytes in live blocks (rounded) */ \
+    X(allocated_peak, GP_STAT_PEAK, "allocated_bytes.all.peak")                                 \
+    X(requested, GP_STAT_CURRENT, "requested_bytes.all.current")   /* bytes the callers asked for */ \
+    X(requested_peak, GP_STAT_PEAK, "requested_bytes.all.peak")                                 \
+    X(reserved, GP_STAT_CURRENT, "reserved_bytes.all.current")     /* bytes of mapped physical memory */ \
+    X(reserved_peak, GP_STAT_PEAK, "reserved_bytes.all.peak")                                   \
+    X(active_blocks, GP_STAT_CURRENT, "allocation.all.current")    /* live blocks */            \
+    X(active_blocks_peak, GP_STAT_PEAK, "allocation.all.peak")                                  \
+    X(n_alloc, GP_STAT_TOTAL, "allocation.all.allocated")          /* successful calls */       \
+    X(n_free, GP_STAT_TOTAL, "allocation.all.freed")                                            \
+    X(cache_hits, GP_STAT_TOTAL, NULL)             /* allocs served with no backend call */     \
+    X(n_map, GP_STAT_TOTAL, "num_device_alloc")    /* backend mapping calls */                  \
+    X(n_unmap, GP_STAT_TOTAL, "num_device_free")                                                \
+    X(n_map_fail, GP_STAT_TOTAL, NULL)             /* mapping calls that failed */              \
+    X(n_stream_waits, GP_STAT_TOTAL, NULL)         /* cross-stream reuses */                    \
+    X(n_sync, GP_STAT_TOTAL, "num_sync_all_streams") /* device synchronisations */              \
+    X(n_trim, GP_STAT_TOTAL, NULL)                 /* trims that released something */          \
+    X(n_oom, GP_STAT_TOTAL, "num_ooms")            /* allocations that failed for OOM / limit */ \
+    X(n_alloc_retries, GP_STAT_TOTAL, "num_alloc_retries") /* allocs that trimmed and retried */ \
+    X(segments, GP_STAT_CURRENT, "segment.all.current") /* maximal mapped address runs (full) */ \
+    X(free_blocks, GP_STAT_CURRENT, "inactive_split.all.current") /* free mapped blocks (full) */ \
+    X(free_bytes, GP_STAT_CURRENT, NULL)           /* reserved - allocated */                   \
+    X(largest_free, GP_STAT_CURRENT, NULL)         /* largest free mapped block (full) */       \
+    X(limit, GP_STAT_CURRENT, NULL)                /* pool limit, 0 = none */                   \
+    X(device_total, GP_STAT_CURRENT, NULL)         /* the backend's memory size */              \
+    X(chunk, GP_STAT_CURRENT, NULL)                /* physical mapping unit */                  \
+    X(offloaded, GP_STAT_CURRENT, NULL)            /* bytes of live blocks offloaded now */     \
+    X(allocated_total, GP_STAT_TOTAL, "allocated_bytes.all.allocated") /* bytes handed out, rounded */ \
+    X(requested_total, GP_STAT_TOTAL, "requested_bytes.all.allocated") /* bytes asked for */    \
+    X(mapped_total, GP_STAT_TOTAL, "reserved_bytes.all.allocated")    /* bytes mapped */        \
+    X(unmapped_total, GP_STAT_TOTAL, "reserved_bytes.all.freed")      /* bytes unmapped */      \
+    X(pending, GP_STAT_CURRENT, NULL)      /* freed bytes waiting for record_stream events */   \
+    X(n_capture_maps, GP_STAT_TOTAL, NULL) /* chunks mapped while a graph captured */
+
+/* Per tag. */
+#define GP_TAG_STATS_FIELDS(X)                                                  \
+    X(allocated, GP_STAT_CURRENT, NULL)                                         \
+    X(allocated_peak, GP_STAT_PEAK, NULL)                                       \
+    X(requested, GP_STAT_CURRENT, NULL)                                         \
+    X(active_blocks, GP_STAT_CURRENT, NULL)                                     \
+    X(n_alloc, GP_STAT_TOTAL, NULL)       /* stays with the tag that allocated */ \
+    X(limit, GP_STAT_CURRENT, NULL)       /* 0 = none */                        \
+    X(offloaded, GP_STAT_CURRENT, NULL)   /* bytes of its live blocks offloaded now */
+
+#define GP_STAT_MEMBER(field, kind, torch_key) uint64_t field;
+
 typedef struct gp_stats {
-    uint64_t allocated, allocated_peak; /* bytes in live blocks (rounded)   */
-    uint64_t requested, requested_peak; /* bytes the callers asked for      */
-    uint64_t reserved, reserved_peak;   /* bytes of mapped physical memory  */
-    uint64_t active_blocks, active_blocks_peak;
-    uint64_t n_alloc, n_free;           /* successful calls                 */
-    uint64_t cache_hits;                /* allocs served with no backend call */
-    uint64_t n_map, n_unmap;            /* backend mapping calls            */
-    uint64_t n_map_fail;                /* mapping calls that failed        */
-    uint64_t n_stream_waits;            /* cross-stream reuses               */
-    uint64_t n_sync;                    /* device synchronisations           */
-    uint64_t n_trim;                    /* trims that released something    */
-    uint64_t n_oom;                     /* allocations that failed for OOM / limit */
-    uint64_t n_alloc_retries;           /* allocs that trimmed and retried   */
-    uint64_t segments;                  /* maximal mapped address runs      */
-    uint64_t free_blocks;               /* free mapped blocks               */
-    uint64_t free_bytes;                /* reserved - allocated             */
-    uint64_t largest_free;              /* largest free mapped block        */
-    uint64_t limit;                     /* pool limit, 0 = none             */
-    uint64_t device_total;              /* the backend's memory size        */
-    uint64_t chunk;                     /* physical mapping unit            */
-    uint64_t arena_size[GP_ARENA_COUNT];/* virtual bytes reserved per arena */
-    uint64_t offloaded;                 /* bytes of live blocks offloaded now */
-    uint64_t allocated_total;           /* bytes handed out, ever (rounded) */
-    uint64_t requested_total;           /* bytes asked for, ever            */
-    uint64_t mapped_total, unmapped_total; /* bytes mapped / unmapped, ever */
-    uint64_t pending;                   /* freed bytes waiting for record_stream events */
-    uint64_t n_capture_maps;            /* chunks mapped while a graph captured */
+    GP_STATS_FIELDS(GP_STAT_MEMBER)
+    /* Not a figure (the layout): virtual bytes reserved per arena. */
+    uint64_t arena_size[GP_ARENA_COUNT];
 } gp_stats;
 
 typedef struct gp_tag_stats {
-    uint64_t allocated, allocated_peak, requested;
-    uint64_t active_blocks, n_alloc;
-    uint64_t limit;
-    uint64_t offloaded;                 /* bytes of its live blocks offloaded now */
+    GP_TAG_STATS_FIELDS(GP_STAT_MEMBER)
 } gp_tag_stats;
 
 /* A consistent copy of the pool's figures (taken under its lock; O(1) but

@@ -58,5 +58,8 @@ PyObject *gp_raise(gp_status st);
 /* A config from the defaults, GPUPOOL_* (when use_env) and a dict of
  * options; -1 with an exception set. */
 int gp_config_from_py(PyObject *opts, int use_env, gp_config *cfg);
+/* Add STATS_FIELDS and TAG_STATS_FIELDS (gpupool.h's lists as tuples of
+ * (name, kind, PyTorch key or None)) to the module; -1 with an exception. */
+int gp_stats_fields_add(PyObject *module);
 
 #endif /* GP_MODULE_H */

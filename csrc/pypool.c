@@ -3,7 +3,9 @@
  * pool (not owned) or a HostPool over the host backend (owned), with the
  * same methods, so that the whole Python API is tested without a GPU.
  */
+#include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "module.h"
 #include "pystack.h"
@@ -148,57 +150,81 @@ static PyObject *pool_free(PoolObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-#define SET(d, k, v)                                                       \
-    do {                                                                   \
-        PyObject *_v = PyLong_FromUnsignedLongLong((unsigned long long)(v)); \
-        if (!_v || PyDict_SetItemString(d, k, _v) < 0) {                   \
-            Py_XDECREF(_v);                                                \
-            Py_DECREF(d);                                                  \
-            return NULL;                                                   \
-        }                                                                  \
-        Py_DECREF(_v);                                                     \
-    } while (0)
+/* ------------------------------------------------------------ statistics */
+
+/* The figures as rows (gpupool.h's lists): the dicts of stats() and the
+ * tuples _C.STATS_FIELDS / _C.TAG_STATS_FIELDS are made from these. */
+typedef struct gp_field {
+    const char *name;
+    int kind;          /* GP_STAT_* */
+    const char *torch; /* torch.cuda.memory_stats() key, or NULL */
+    size_t offset;
+} gp_field;
+
+#define GP_POOL_ROW(f, kind, key) {#f, kind, key, offsetof(gp_stats, f)},
+#define GP_TAG_ROW(f, kind, key) {#f, kind, key, offsetof(gp_tag_stats, f)},
+static const gp_field gp_pool_fields[] = {GP_STATS_FIELDS(GP_POOL_ROW)};
+static const gp_field gp_tag_fields[] = {GP_TAG_STATS_FIELDS(GP_TAG_ROW)};
+#undef GP_POOL_ROW
+#undef GP_TAG_ROW
+#define GP_N_POOL_FIELDS (sizeof gp_pool_fields / sizeof gp_pool_fields[0])
+#define GP_N_TAG_FIELDS (sizeof gp_tag_fields / sizeof gp_tag_fields[0])
+
+/* The dict keys, interned once: stats() is meant to be called every step,
+ * and making the key strings anew for every tag was most of its cost. */
+static PyObject *g_pool_keys[GP_N_POOL_FIELDS], *g_tag_keys[GP_N_TAG_FIELDS];
+
+/* {name: value} of the n rows of `fields` read from the struct at src. */
+static PyObject *fields_dict(const gp_field *fields, size_t n, PyObject **keys, const void *src)
+{
+    PyObject *d = PyDict_New();
+    for (size_t i = 0; d && i < n; i++) {
+        if (!keys[i] && !(keys[i] = PyUnicode_InternFromString(fields[i].name))) break;
+        uint64_t v;
+        memcpy(&v, (const char *)src + fields[i].offset, sizeof v);
+        PyObject *x = PyLong_FromUnsignedLongLong((unsigned long long)v);
+        int rc = x ? PyDict_SetItem(d, keys[i], x) : -1;
+        Py_XDECREF(x);
+        if (rc < 0) Py_CLEAR(d);
+    }
+    if (d && PyErr_Occurred()) Py_CLEAR(d);
+    return d;
+}
+
+/* ((name, kind, torch key or None), ...) */
+static PyObject *fields_tuple(const gp_field *fields, size_t n)
+{
+    static const char *const kinds[] = {"current", "peak", "total"};
+    PyObject *t = PyTuple_New((Py_ssize_t)n);
+    for (size_t i = 0; t && i < n; i++) {
+        PyObject *row = Py_BuildValue("(ssz)", fields[i].name, kinds[fields[i].kind], fields[i].torch);
+        if (!row) Py_CLEAR(t);
+        else PyTuple_SET_ITEM(t, (Py_ssize_t)i, row);
+    }
+    return t;
+}
+
+/* PyModule_AddObject steals the reference only when it succeeds. */
+static int add_fields(PyObject *module, const char *name, const gp_field *fields, size_t n)
+{
+    PyObject *t = fields_tuple(fields, n);
+    if (t && PyModule_AddObject(module, name, t) == 0) return 0;
+    Py_XDECREF(t);
+    return -1;
+}
+
+int gp_stats_fields_add(PyObject *module)
+{
+    return add_fields(module, "STATS_FIELDS", gp_pool_fields, GP_N_POOL_FIELDS) < 0 ||
+                   add_fields(module, "TAG_STATS_FIELDS", gp_tag_fields, GP_N_TAG_FIELDS) < 0
+               ? -1 : 0;
+}
 
 static PyObject *stats_dict(gp_pool *p, int full)
 {
     gp_stats s;
     gp_pool_stats(p, &s, full);
-    PyObject *d = PyDict_New();
-    if (!d) return NULL;
-    SET(d, "allocated", s.allocated);
-    SET(d, "allocated_peak", s.allocated_peak);
-    SET(d, "requested", s.requested);
-    SET(d, "requested_peak", s.requested_peak);
-    SET(d, "reserved", s.reserved);
-    SET(d, "reserved_peak", s.reserved_peak);
-    SET(d, "active_blocks", s.active_blocks);
-    SET(d, "active_blocks_peak", s.active_blocks_peak);
-    SET(d, "n_alloc", s.n_alloc);
-    SET(d, "n_free", s.n_free);
-    SET(d, "cache_hits", s.cache_hits);
-    SET(d, "n_map", s.n_map);
-    SET(d, "n_unmap", s.n_unmap);
-    SET(d, "n_map_fail", s.n_map_fail);
-    SET(d, "n_stream_waits", s.n_stream_waits);
-    SET(d, "n_sync", s.n_sync);
-    SET(d, "n_trim", s.n_trim);
-    SET(d, "n_oom", s.n_oom);
-    SET(d, "n_alloc_retries", s.n_alloc_retries);
-    SET(d, "segments", s.segments);
-    SET(d, "free_blocks", s.free_blocks);
-    SET(d, "free_bytes", s.free_bytes);
-    SET(d, "largest_free", s.largest_free);
-    SET(d, "limit", s.limit);
-    SET(d, "device_total", s.device_total);
-    SET(d, "chunk", s.chunk);
-    SET(d, "offloaded", s.offloaded);
-    SET(d, "allocated_total", s.allocated_total);
-    SET(d, "requested_total", s.requested_total);
-    SET(d, "mapped_total", s.mapped_total);
-    SET(d, "unmapped_total", s.unmapped_total);
-    SET(d, "pending", s.pending);
-    SET(d, "n_capture_maps", s.n_capture_maps);
-    return d;
+    return fields_dict(gp_pool_fields, GP_N_POOL_FIELDS, g_pool_keys, &s);
 }
 
 static PyObject *pool_stats(PoolObject *self, PyObject *args)
@@ -208,18 +234,9 @@ static PyObject *pool_stats(PoolObject *self, PyObject *args)
     return stats_dict(self->pool, full);
 }
 
-/* The keys of the per-tag dicts, made once: stats() is meant to be called
- * every step, and making these strings anew for every tag was most of it. */
-#define GP_TAG_KEYS 6
-static PyObject *g_tag_keys[GP_TAG_KEYS];
-
 static PyObject *pool_tag_stats(PoolObject *self, PyObject *noargs)
 {
     (void)noargs;
-    static const char *const names[GP_TAG_KEYS] = {"allocated", "allocated_peak", "requested",
-                                                   "active_blocks", "n_alloc", "limit"};
-    for (int i = 0; i < GP_TAG_KEYS; i++)
-        if (!g_tag_keys[i] && !(g_tag_keys[i] = PyUnicode_InternFromString(names[i]))) return NULL;
     PyObject *out = PyDict_New();
     if (!out) return NULL;
     unsigned n = gp_tag_count();
@@ -227,16 +244,8 @@ static PyObject *pool_tag_stats(PoolObject *self, PyObject *noargs)
         gp_tag_stats ts;
         gp_pool_tag_stats(self->pool, (gp_tag)t, &ts);
         if (!ts.n_alloc && !ts.limit && !ts.allocated_peak) continue; /* (retagged blocks) */
-        const uint64_t v[GP_TAG_KEYS] = {ts.allocated, ts.allocated_peak, ts.requested,
-                                         ts.active_blocks, ts.n_alloc, ts.limit};
-        PyObject *d = PyDict_New();
-        int rc = d ? 0 : -1;
-        for (int i = 0; rc == 0 && i < GP_TAG_KEYS; i++) {
-            PyObject *x = PyLong_FromUnsignedLongLong((unsigned long long)v[i]);
-            rc = x ? PyDict_SetItem(d, g_tag_keys[i], x) : -1;
-            Py_XDECREF(x);
-        }
-        if (rc == 0) rc = PyDict_SetItemString(out, gp_tag_name((gp_tag)t), d);
+        PyObject *d = fields_dict(gp_tag_fields, GP_N_TAG_FIELDS, g_tag_keys, &ts);
+        int rc = d ? PyDict_SetItemString(out, gp_tag_name((gp_tag)t), d) : -1;
         Py_XDECREF(d);
         if (rc < 0) { Py_DECREF(out); return NULL; }
     }

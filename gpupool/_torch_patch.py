@@ -44,11 +44,12 @@ _baseline: Dict[int, Dict[str, int]] = {}
 # PyTorch graph pool ids -> gpupool graph pool keys.
 _graph_keys: Dict[Tuple[Any, ...], int] = {}
 
-# gpupool's figures when a device has no pool yet.
-_ZERO_KEYS = ("allocated", "allocated_peak", "allocated_total", "requested", "requested_peak",
-              "requested_total", "reserved", "reserved_peak", "mapped_total", "unmapped_total",
-              "active_blocks", "active_blocks_peak", "n_alloc", "n_free", "pending", "free_bytes",
-              "free_blocks", "segments", "n_alloc_retries", "n_oom", "n_sync", "n_map", "n_unmap")
+# gpupool's figures (gpupool.h's GP_STATS_FIELDS): (name, kind, PyTorch key).
+_FIELDS: Tuple[Tuple[str, str, Optional[str]], ...] = _C.STATS_FIELDS
+# What a device without a pool yet reports.
+_ZERO: Dict[str, int] = {name: 0 for name, _, _ in _FIELDS}
+# The counters reset_accumulated_memory_stats restarts.
+_TOTALS = tuple(name for name, kind, _ in _FIELDS if kind == "total")
 
 
 def torch_memory_stats(s: Dict[str, int], base: Optional[Dict[str, int]] = None) -> "OrderedDict[str, int]":
@@ -58,50 +59,27 @@ def torch_memory_stats(s: Dict[str, int], base: Optional[Dict[str, int]] = None)
     it does not keep).  ``base`` holds the cumulative counters at the last
     reset_accumulated_memory_stats (subtracted)."""
     b = base or {}
-    alloc_total = s["allocated_total"] - b.get("allocated_total", 0)
-    freed_total = s["allocated_total"] - s["allocated"] - b.get("allocated_freed", 0)
-    req_total = s["requested_total"] - b.get("requested_total", 0)
-    req_freed = s["requested_total"] - s["requested"] - b.get("requested_freed", 0)
-    out = {
-        "allocated_bytes.all.current": s["allocated"],
-        "allocated_bytes.all.peak": s["allocated_peak"],
-        "allocated_bytes.all.allocated": alloc_total,
-        "allocated_bytes.all.freed": freed_total,
-        "requested_bytes.all.current": s["requested"],
-        "requested_bytes.all.peak": s["requested_peak"],
-        "requested_bytes.all.allocated": req_total,
-        "requested_bytes.all.freed": req_freed,
-        "reserved_bytes.all.current": s["reserved"],
-        "reserved_bytes.all.peak": s["reserved_peak"],
-        "reserved_bytes.all.allocated": s["mapped_total"] - b.get("mapped_total", 0),
-        "reserved_bytes.all.freed": s["unmapped_total"] - b.get("unmapped_total", 0),
+    out = {key: s[name] - (b.get(name, 0) if kind == "total" else 0)
+           for name, kind, key in _FIELDS if key is not None}
+    # The figures PyTorch derives from several of ours.
+    freed = s["allocated_total"] - s["allocated"] - b.get("allocated_freed", 0)
+    out.update({
+        "allocated_bytes.all.freed": freed,
+        "requested_bytes.all.freed": s["requested_total"] - s["requested"] - b.get("requested_freed", 0),
         # Active = allocated + freed blocks still waiting for record_stream
         # events, as PyTorch counts it.
         "active_bytes.all.current": s["allocated"] + s["pending"],
-        "active_bytes.all.allocated": alloc_total,
-        "active_bytes.all.freed": freed_total - s["pending"],
-        "allocation.all.current": s["active_blocks"],
-        "allocation.all.peak": s["active_blocks_peak"],
-        "allocation.all.allocated": s["n_alloc"] - b.get("n_alloc", 0),
-        "allocation.all.freed": s["n_free"] - b.get("n_free", 0),
+        "active_bytes.all.allocated": out["allocated_bytes.all.allocated"],
+        "active_bytes.all.freed": freed - s["pending"],
         "inactive_split_bytes.all.current": s["free_bytes"] - s["pending"],
-        "inactive_split.all.current": s["free_blocks"],
-        "segment.all.current": s["segments"],
-        "num_alloc_retries": s["n_alloc_retries"] - b.get("n_alloc_retries", 0),
-        "num_ooms": s["n_oom"] - b.get("n_oom", 0),
-        "num_sync_all_streams": s["n_sync"] - b.get("n_sync", 0),
-        "num_device_alloc": s["n_map"] - b.get("n_map", 0),
-        "num_device_free": s["n_unmap"] - b.get("n_unmap", 0),
         "max_split_size": -1,  # PyTorch's "no limit": gpupool splits any block
-    }
+    })
     return OrderedDict(sorted(out.items()))
 
 
 def _accumulated(s: Dict[str, int]) -> Dict[str, int]:
     """The cumulative counters that reset_accumulated_memory_stats zeroes."""
-    keys = ("allocated_total", "requested_total", "mapped_total", "unmapped_total", "n_alloc",
-            "n_free", "n_alloc_retries", "n_oom", "n_sync", "n_map", "n_unmap")
-    b = {k: s[k] for k in keys}
+    b = {k: s[k] for k in _TOTALS}
     b["allocated_freed"] = s["allocated_total"] - s["allocated"]
     b["requested_freed"] = s["requested_total"] - s["requested"]
     return b
@@ -128,7 +106,7 @@ def _pool(device: Any, create: bool = False) -> Optional[PoolView]:
 
 def _raw_stats(d: int) -> Dict[str, int]:
     p = _C.device_pool(d, False)
-    return p.stats(True) if p is not None else dict.fromkeys(_ZERO_KEYS, 0)
+    return p.stats(True) if p is not None else dict(_ZERO)
 
 
 # -------------------------------------------------------- the API routing

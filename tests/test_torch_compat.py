@@ -44,6 +44,58 @@ def test_key_mapping_follows_the_pool() -> None:
     assert t["allocated_bytes.all.current"] == 0
 
 
+# The keys of torch.cuda.memory_stats() that gpupool gives (PyTorch's names).
+TORCH_KEYS = {
+    "allocated_bytes.all.current", "allocated_bytes.all.peak", "allocated_bytes.all.allocated",
+    "allocated_bytes.all.freed", "requested_bytes.all.current", "requested_bytes.all.peak",
+    "requested_bytes.all.allocated", "requested_bytes.all.freed", "reserved_bytes.all.current",
+    "reserved_bytes.all.peak", "reserved_bytes.all.allocated", "reserved_bytes.all.freed",
+    "active_bytes.all.current", "active_bytes.all.allocated", "active_bytes.all.freed",
+    "allocation.all.current", "allocation.all.peak", "allocation.all.allocated", "allocation.all.freed",
+    "inactive_split_bytes.all.current", "inactive_split.all.current", "segment.all.current",
+    "num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free",
+    "max_split_size",
+}
+
+
+def test_figures_come_from_one_list() -> None:
+    # gpupool.h's GP_STATS_FIELDS / GP_TAG_STATS_FIELDS make the C structs,
+    # the dicts of stats() and PyTorch's key mapping.
+    p = gpupool.HostPool(256 * MiB, chunk="2MiB")
+    a = p.alloc(3 * MiB, tag="w")
+    p.free(p.alloc(5000, stream=7))
+    raw = p._pool.stats(True)
+    assert list(raw) == [name for name, _, _ in _C.STATS_FIELDS]
+    assert {kind for _, kind, _ in _C.STATS_FIELDS} == {"current", "peak", "total"}
+    assert list(p.stats()["tags"]["w"]) == [name for name, _, _ in _C.TAG_STATS_FIELDS]
+    assert "offloaded" in p.stats()["tags"]["w"]
+    # A device without a pool yet reports every figure, as zeros.
+    assert set(_torch_patch._ZERO) == set(raw) and not any(_torch_patch._ZERO.values())
+    zero = _torch_patch.torch_memory_stats(dict(_torch_patch._ZERO))
+    assert set(zero) == TORCH_KEYS and all(v == 0 for k, v in zero.items() if k != "max_split_size")
+    t = _torch_patch.torch_memory_stats(raw)
+    assert set(t) == TORCH_KEYS
+    for name, _, key in _C.STATS_FIELDS:
+        if key is not None:
+            assert t[key] == raw[name], key
+    # After reset_accumulated_memory_stats every PyTorch counter made from a
+    # cumulative figure restarts at 0; levels and peaks do not.
+    t = _torch_patch.torch_memory_stats(raw, _torch_patch._accumulated(raw))
+    for name, kind, key in _C.STATS_FIELDS:
+        if key is not None:
+            assert t[key] == (0 if kind == "total" else raw[name]), key
+    assert t["allocated_bytes.all.freed"] == t["requested_bytes.all.freed"] == 0
+    # reset_peak_stats sets every peak of the list to its level.
+    p.free(a)
+    p.reset_peak_stats()
+    s = p.stats()
+    for fields, figures in ((_C.STATS_FIELDS, [s]), (_C.TAG_STATS_FIELDS, list(s["tags"].values()))):
+        peaks = [name for name, kind, _ in fields if kind == "peak"]
+        assert peaks and all(name.endswith("_peak") for name in peaks)
+        for f in figures:
+            assert all(f[name] == f[name[:-len("_peak")]] for name in peaks), f
+
+
 def test_record_stream_on_a_host_pool() -> None:
     p = gpupool.HostPool(64 * MiB)
     x = p.alloc(4096, stream=1)
