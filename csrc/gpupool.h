@@ -506,6 +506,11 @@ enum { GP_STAT_CURRENT = 0, GP_STAT_PEAK = 1, GP_STAT_TOTAL = 2 };
     X(limit, GP_STAT_CURRENT, NULL)       /* 0 = none */                        \
     X(offloaded, GP_STAT_CURRENT, NULL)   /* bytes of its live blocks offloaded now */
 
+/* Per priority. */
+#define GP_PRIO_STATS_FIELDS(X)                                                 \
+    X(allocated, GP_STAT_CURRENT, NULL)                                         \
+    X(allocated_peak, GP_STAT_PEAK, NULL)
+
 #define GP_STAT_MEMBER(field, kind, torch_key) uint64_t field;
 
 typedef struct gp_stats {
@@ -517,6 +522,27 @@ typedef struct gp_stats {
 typedef struct gp_tag_stats {
     GP_TAG_STATS_FIELDS(GP_STAT_MEMBER)
 } gp_tag_stats;
+
+typedef struct gp_prio_stats {
+    GP_PRIO_STATS_FIELDS(GP_STAT_MEMBER)
+} gp_prio_stats;
+
+/* Every figure at one instant: the pool's, each tag's, each priority's and
+ * the history's, so that they agree with each other (the tags' allocated
+ * bytes add up to the pool's, ...).  About 64 KiB: allocate it. */
+typedef struct gp_figures {
+    gp_stats pool;                       /* as gp_pool_stats               */
+    gp_prio_stats prio[GP_PRIO_MAX + 1]; /* by priority                    */
+    size_t history_capacity, history_len; /* as gp_pool_history_info      */
+    uint64_t history_recorded;
+    unsigned n_tags;                     /* tags[0..n_tags): every tag
+                                            interned when copied           */
+    gp_tag_stats tags[GP_MAX_TAGS];
+} gp_figures;
+
+/* Copy every figure under one hold of the pool's lock; `full` as for
+ * gp_pool_stats. */
+void gp_pool_figures(gp_pool *pool, gp_figures *out, int full);
 
 /* A consistent copy of the pool's figures (taken under its lock; O(1) but
  * for `segments`, `free_blocks` and `largest_free`, which walk the arenas

@@ -163,16 +163,21 @@ typedef struct gp_field {
 
 #define GP_POOL_ROW(f, kind, key) {#f, kind, key, offsetof(gp_stats, f)},
 #define GP_TAG_ROW(f, kind, key) {#f, kind, key, offsetof(gp_tag_stats, f)},
+#define GP_PRIO_ROW(f, kind, key) {#f, kind, key, offsetof(gp_prio_stats, f)},
 static const gp_field gp_pool_fields[] = {GP_STATS_FIELDS(GP_POOL_ROW)};
 static const gp_field gp_tag_fields[] = {GP_TAG_STATS_FIELDS(GP_TAG_ROW)};
+static const gp_field gp_prio_fields[] = {GP_PRIO_STATS_FIELDS(GP_PRIO_ROW)};
 #undef GP_POOL_ROW
 #undef GP_TAG_ROW
+#undef GP_PRIO_ROW
 #define GP_N_POOL_FIELDS (sizeof gp_pool_fields / sizeof gp_pool_fields[0])
 #define GP_N_TAG_FIELDS (sizeof gp_tag_fields / sizeof gp_tag_fields[0])
+#define GP_N_PRIO_FIELDS (sizeof gp_prio_fields / sizeof gp_prio_fields[0])
 
 /* The dict keys, interned once: stats() is meant to be called every step,
  * and making the key strings anew for every tag was most of its cost. */
-static PyObject *g_pool_keys[GP_N_POOL_FIELDS], *g_tag_keys[GP_N_TAG_FIELDS];
+static PyObject *g_pool_keys[GP_N_POOL_FIELDS], *g_tag_keys[GP_N_TAG_FIELDS],
+    *g_prio_keys[GP_N_PRIO_FIELDS];
 
 /* {name: value} of the n rows of `fields` read from the struct at src. */
 static PyObject *fields_dict(const gp_field *fields, size_t n, PyObject **keys, const void *src)
@@ -216,59 +221,69 @@ static int add_fields(PyObject *module, const char *name, const gp_field *fields
 int gp_stats_fields_add(PyObject *module)
 {
     return add_fields(module, "STATS_FIELDS", gp_pool_fields, GP_N_POOL_FIELDS) < 0 ||
-                   add_fields(module, "TAG_STATS_FIELDS", gp_tag_fields, GP_N_TAG_FIELDS) < 0
+                   add_fields(module, "TAG_STATS_FIELDS", gp_tag_fields, GP_N_TAG_FIELDS) < 0 ||
+                   add_fields(module, "PRIO_STATS_FIELDS", gp_prio_fields, GP_N_PRIO_FIELDS) < 0
                ? -1 : 0;
 }
 
-static PyObject *stats_dict(gp_pool *p, int full)
+static PyObject *history_dict(size_t cap, size_t len, uint64_t recorded, int stacks)
 {
-    gp_stats s;
-    gp_pool_stats(p, &s, full);
-    return fields_dict(gp_pool_fields, GP_N_POOL_FIELDS, g_pool_keys, &s);
+    return Py_BuildValue("{s:n,s:n,s:K,s:O}", "max_entries", (Py_ssize_t)cap, "len", (Py_ssize_t)len,
+                         "recorded", (unsigned long long)recorded, "stacks", stacks ? Py_True : Py_False);
+}
+
+/* Set d[key] = value and drop the reference to value; -1 on error. */
+static int set_new(PyObject *d, PyObject *key, PyObject *value)
+{
+    int rc = key && value ? PyDict_SetItem(d, key, value) : -1;
+    Py_XDECREF(value);
+    return rc;
+}
+
+/* stats(): every figure from one copy (gp_pool_figures), so that they agree:
+ * the pool's, then "tags" {name: {...}} for the tags ever used, "priorities"
+ * {priority: {...}} for those ever used, "history". */
+static PyObject *figures_dict(const gp_figures *f, int stacks)
+{
+    PyObject *d = fields_dict(gp_pool_fields, GP_N_POOL_FIELDS, g_pool_keys, &f->pool);
+    PyObject *tags = PyDict_New(), *prios = PyDict_New();
+    int rc = d && tags && prios ? 0 : -1;
+    for (unsigned t = 0; rc == 0 && t < f->n_tags; t++) {
+        const gp_tag_stats *ts = &f->tags[t];
+        if (!ts->n_alloc && !ts->limit && !ts->allocated_peak) continue; /* (retagged blocks) */
+        PyObject *name = PyUnicode_FromString(gp_tag_name((gp_tag)t));
+        rc = set_new(tags, name, fields_dict(gp_tag_fields, GP_N_TAG_FIELDS, g_tag_keys, ts));
+        Py_XDECREF(name);
+    }
+    for (int pr = 0; rc == 0 && pr <= GP_PRIO_MAX; pr++) {
+        if (!f->prio[pr].allocated_peak) continue;
+        PyObject *k = PyLong_FromLong(pr);
+        rc = set_new(prios, k, fields_dict(gp_prio_fields, GP_N_PRIO_FIELDS, g_prio_keys, &f->prio[pr]));
+        Py_XDECREF(k);
+    }
+    if (rc == 0) rc = PyDict_SetItemString(d, "tags", tags);
+    if (rc == 0) rc = PyDict_SetItemString(d, "priorities", prios);
+    if (rc == 0)
+        rc = set_new(d, PyUnicode_FromString("history"),
+                     history_dict(f->history_capacity, f->history_len, f->history_recorded, stacks));
+    Py_XDECREF(tags);
+    Py_XDECREF(prios);
+    if (rc < 0) Py_CLEAR(d);
+    return d;
 }
 
 static PyObject *pool_stats(PoolObject *self, PyObject *args)
 {
     int full = 1;
     if (!PyArg_ParseTuple(args, "|p", &full)) return NULL;
-    return stats_dict(self->pool, full);
-}
-
-static PyObject *pool_tag_stats(PoolObject *self, PyObject *noargs)
-{
-    (void)noargs;
-    PyObject *out = PyDict_New();
-    if (!out) return NULL;
-    unsigned n = gp_tag_count();
-    for (unsigned t = 0; t < n; t++) {
-        gp_tag_stats ts;
-        gp_pool_tag_stats(self->pool, (gp_tag)t, &ts);
-        if (!ts.n_alloc && !ts.limit && !ts.allocated_peak) continue; /* (retagged blocks) */
-        PyObject *d = fields_dict(gp_tag_fields, GP_N_TAG_FIELDS, g_tag_keys, &ts);
-        int rc = d ? PyDict_SetItemString(out, gp_tag_name((gp_tag)t), d) : -1;
-        Py_XDECREF(d);
-        if (rc < 0) { Py_DECREF(out); return NULL; }
-    }
-    return out;
-}
-
-static PyObject *pool_prio_stats(PoolObject *self, PyObject *noargs)
-{
-    (void)noargs;
-    PyObject *out = PyDict_New();
-    if (!out) return NULL;
-    for (int pr = 0; pr <= GP_PRIO_MAX; pr++) {
-        uint64_t cur, peak;
-        gp_pool_prio_stats(self->pool, pr, &cur, &peak);
-        if (!peak) continue;
-        PyObject *v = Py_BuildValue("(KK)", (unsigned long long)cur, (unsigned long long)peak);
-        PyObject *k = PyLong_FromLong(pr);
-        int rc = v && k ? PyDict_SetItem(out, k, v) : -1;
-        Py_XDECREF(v);
-        Py_XDECREF(k);
-        if (rc < 0) { Py_DECREF(out); return NULL; }
-    }
-    return out;
+    gp_figures *f = PyMem_RawMalloc(sizeof *f);
+    if (!f) return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    gp_pool_figures(self->pool, f, full);
+    Py_END_ALLOW_THREADS
+    PyObject *d = figures_dict(f, gp_pool_history_stacks(self->pool));
+    PyMem_RawFree(f);
+    return d;
 }
 
 static PyObject *block_tuple(const gp_block_info *b)
@@ -480,9 +495,7 @@ static PyObject *pool_history_info(PoolObject *self, PyObject *noargs)
     size_t cap, len;
     uint64_t recorded;
     gp_pool_history_info(self->pool, &cap, &len, &recorded);
-    return Py_BuildValue("{s:n,s:n,s:K,s:O}", "max_entries", (Py_ssize_t)cap, "len", (Py_ssize_t)len,
-                         "recorded", (unsigned long long)recorded, "stacks",
-                         gp_pool_history_stacks(self->pool) ? Py_True : Py_False);
+    return history_dict(cap, len, recorded, gp_pool_history_stacks(self->pool));
 }
 
 static PyObject *pool_history(PoolObject *self, PyObject *noargs)
@@ -531,9 +544,10 @@ static PyMethodDef pool_methods[] = {
     {"alloc", (PyCFunction)(void (*)(void))pool_alloc, METH_VARARGS | METH_KEYWORDS,
      "alloc(size, stream=0, tag=-1, priority=-1) -> address; tag/priority -1: this thread's context"},
     {"free", (PyCFunction)pool_free, METH_O, "free(address)"},
-    {"stats", (PyCFunction)pool_stats, METH_VARARGS, "stats(full=True) -> dict of the pool's figures"},
-    {"tag_stats", (PyCFunction)pool_tag_stats, METH_NOARGS, "tag_stats() -> {tag: dict}"},
-    {"prio_stats", (PyCFunction)pool_prio_stats, METH_NOARGS, "prio_stats() -> {priority: (allocated, peak)}"},
+    {"stats", (PyCFunction)pool_stats, METH_VARARGS,
+     "stats(full=True) -> dict of every figure, at one instant: the pool's (STATS_FIELDS), 'tags' "
+     "{name: TAG_STATS_FIELDS}, 'priorities' {int: PRIO_STATS_FIELDS}, 'history'; full: also "
+     "segments, free_blocks, largest_free (a walk of the arenas)"},
     {"blocks", (PyCFunction)pool_blocks, METH_NOARGS,
      "blocks() -> [(addr, size, requested, stream, tag, priority, state, arena)] in address order"},
     {"trim", (PyCFunction)pool_trim, METH_VARARGS, "trim(bytes=all) -> bytes released"},

@@ -48,16 +48,12 @@ class PoolView:
         ('segments'), the largest free block, fragmentation (share of free
         mapped bytes outside the largest free block), offloaded bytes, the
         history's state, per tag ('tags') and per priority ('priorities')."""
-        s: Dict[str, Any] = self._pool.stats(True)
+        s: Dict[str, Any] = self._pool.stats(True)  # one copy, under one hold of the lock
         n = s["n_alloc"]
         s["cache_hit_rate"] = s["cache_hits"] / n if n else 1.0
         s["fragmentation"] = 1.0 - s["largest_free"] / s["free_bytes"] if s["free_bytes"] else 0.0
         s["active"] = s["allocated"] + s["pending"]
         s["driver_calls"] = s["n_map"] + s["n_unmap"] + s["n_sync"]
-        s["history"] = self._pool.history_info()
-        s["tags"] = self._pool.tag_stats()
-        s["priorities"] = {p: {"allocated": c, "allocated_peak": pk}
-                           for p, (c, pk) in self._pool.prio_stats().items()}
         return s
 
     def reset_peak_stats(self) -> None:

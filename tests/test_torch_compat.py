@@ -65,12 +65,14 @@ def test_figures_come_from_one_list() -> None:
     a = p.alloc(3 * MiB, tag="w")
     p.free(p.alloc(5000, stream=7))
     raw = p._pool.stats(True)
-    assert list(raw) == [name for name, _, _ in _C.STATS_FIELDS]
+    names = [name for name, _, _ in _C.STATS_FIELDS]
+    assert list(raw) == names + ["tags", "priorities", "history"]
+    assert list(raw["priorities"][1]) == [name for name, _, _ in _C.PRIO_STATS_FIELDS]
     assert {kind for _, kind, _ in _C.STATS_FIELDS} == {"current", "peak", "total"}
     assert list(p.stats()["tags"]["w"]) == [name for name, _, _ in _C.TAG_STATS_FIELDS]
     assert "offloaded" in p.stats()["tags"]["w"]
     # A device without a pool yet reports every figure, as zeros.
-    assert set(_torch_patch._ZERO) == set(raw) and not any(_torch_patch._ZERO.values())
+    assert list(_torch_patch._ZERO) == names and not any(_torch_patch._ZERO.values())
     zero = _torch_patch.torch_memory_stats(dict(_torch_patch._ZERO))
     assert set(zero) == TORCH_KEYS and all(v == 0 for k, v in zero.items() if k != "max_split_size")
     t = _torch_patch.torch_memory_stats(raw)
@@ -89,7 +91,8 @@ def test_figures_come_from_one_list() -> None:
     p.free(a)
     p.reset_peak_stats()
     s = p.stats()
-    for fields, figures in ((_C.STATS_FIELDS, [s]), (_C.TAG_STATS_FIELDS, list(s["tags"].values()))):
+    for fields, figures in ((_C.STATS_FIELDS, [s]), (_C.TAG_STATS_FIELDS, list(s["tags"].values())),
+                           (_C.PRIO_STATS_FIELDS, list(s["priorities"].values()))):
         peaks = [name for name, kind, _ in fields if kind == "peak"]
         assert peaks and all(name.endswith("_peak") for name in peaks)
         for f in figures:
