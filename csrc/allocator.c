@@ -21,6 +21,7 @@
 
 static gp_config g_cfg;
 static int g_configured;
+static uint64_t g_host_capacity; /* non-zero: device pools over the host backend (tests) */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic(gp_pool *) g_pools[GP_MAX_DEVICES];
 static atomic_ullong g_free_errors;
@@ -69,7 +70,8 @@ gp_pool *gp_registry_pool(int device)
     if (!p) {
         if (!g_configured) gp_config_default(&g_cfg);
         gp_backend *be;
-        gp_status st = gp_backend_cuda_create(device, &be);
+        gp_status st = g_host_capacity ? gp_backend_host_create(g_host_capacity, &be)
+                                       : gp_backend_cuda_create(device, &be);
         if (st == GP_OK) st = gp_pool_create(be, &g_cfg, &p);
         if (st != GP_OK) {
             snprintf(g_create_error, sizeof g_create_error, "%s", gp_last_error());
@@ -89,15 +91,31 @@ gp_pool *gp_registry_pool(int device)
     return p;
 }
 
+/* Whether a device pool exists (g_lock held). */
+static int gp_registry_live(void)
+{
+    int live = 0;
+    for (int i = 0; i < GP_MAX_DEVICES; i++) live |= atomic_load(&g_pools[i]) != NULL;
+    return live;
+}
+
 int gp_registry_configure(const gp_config *cfg)
 {
     pthread_mutex_lock(&g_lock);
-    int live = 0;
-    for (int i = 0; i < GP_MAX_DEVICES; i++) live |= atomic_load(&g_pools[i]) != NULL;
+    int live = gp_registry_live();
     if (!live) {
         g_cfg = *cfg;
         g_configured = 1;
     }
+    pthread_mutex_unlock(&g_lock);
+    return live ? -1 : 0;
+}
+
+int gp_registry_use_host(uint64_t capacity)
+{
+    pthread_mutex_lock(&g_lock);
+    int live = gp_registry_live();
+    if (!live) g_host_capacity = capacity;
     pthread_mutex_unlock(&g_lock);
     return live ? -1 : 0;
 }
@@ -141,7 +159,11 @@ __attribute__((visibility("default"))) void *gpupool_malloc(ssize_t size, int de
     if (!p || device < 0 || device >= GP_MAX_DEVICES) {
         p = gp_registry_pool(device);
         if (!p) {
-            fprintf(stderr, "gpupool: cannot create the pool of device %d: %s\n", device, g_create_error);
+            char msg[1200];
+            snprintf(msg, sizeof msg, "gpupool: cannot create the pool of device %d: %s", device,
+                     g_create_error[0] ? g_create_error : gp_last_error());
+            fprintf(stderr, "%s\n", msg);
+            gp_torch_throw(0, msg); /* does not return when torch's C++ runtime is there */
             return NULL;
         }
     }
@@ -156,17 +178,22 @@ __attribute__((visibility("default"))) void *gpupool_malloc(ssize_t size, int de
     void *r = gp_alloc(p, (size_t)size, stream, tag, prio, &st);
     if (stacks) gp_set_context(0);
     if (r) return r;
+    /* Out of memory and limits are torch.OutOfMemoryError, which callers
+     * catch to retry smaller; anything else (a driver error, too many
+     * streams) is a RuntimeError, which no retry can cure. */
+    int oom = st == GP_ERR_OOM || st == GP_ERR_LIMIT;
     char msg[1200];
-    if (st == GP_ERR_OOM || st == GP_ERR_LIMIT) {
+    if (oom) {
         gp_log_oom(gp_pool_last_oom(p));
         /* "CUDA out of memory." first: code that matches PyTorch's message
          * (accelerate's batch-size finder, for one) recognises it. */
         snprintf(msg, sizeof msg, "CUDA out of memory. %s", gp_pool_last_oom(p));
     } else {
-        snprintf(msg, sizeof msg, "gpupool: allocation of %zd bytes failed: %s", size, gp_last_error());
+        snprintf(msg, sizeof msg, "gpupool: allocation of %zd bytes on device %d failed (%s): %s", size,
+                 device, gp_status_str(st), gp_last_error());
         fprintf(stderr, "%s\n", msg);
     }
-    gp_torch_throw_oom(msg); /* does not return when torch's C++ runtime is there */
+    gp_torch_throw(oom, msg); /* does not return when torch's C++ runtime is there */
     return NULL;
 }
 

@@ -229,13 +229,25 @@ static PyObject *m_build_info(PyObject *self, PyObject *noargs)
                          "lz4", lz4 ? Py_True : Py_False, "compiler", __VERSION__);
 }
 
-static PyObject *m_torch_oom_missing(PyObject *self, PyObject *noargs)
+static PyObject *m_torch_throw_missing(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-    const char *m = gp_torch_oom_missing();
+    const char *m = gp_torch_throw_missing();
     if (!m) Py_RETURN_NONE;
     return PyUnicode_FromString(m);
+}
+
+static PyObject *m_use_host_backend(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    unsigned long long capacity = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    if (gp_registry_use_host(capacity) < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "gpupool: use_host_backend() after a device pool was created");
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 /* CUDAPluggableAllocator::cacheInfo, for cuDNN's benchmark mode (see
@@ -292,8 +304,12 @@ static PyMethodDef module_methods[] = {
     {"build_info", m_build_info, METH_NOARGS, "how the extension was built"},
     {"stack_frames", m_stack_frames, METH_O,
      "stack_frames(stack_id) -> [{filename, line, name}], innermost first, of a history stack"},
-    {"torch_oom_missing", m_torch_oom_missing, METH_NOARGS,
-     "None when gpupool can raise torch.OutOfMemoryError, else the C++ symbol it lacks"},
+    {"torch_throw_missing", m_torch_throw_missing, METH_NOARGS,
+     "None when allocation failures can raise through PyTorch (torch.OutOfMemoryError, "
+     "RuntimeError), else the C++ symbol gpupool lacks"},
+    {"use_host_backend", m_use_host_backend, METH_O,
+     "use_host_backend(capacity): for tests without a GPU, device pools made from now on run over "
+     "the host backend with capacity bytes each (0: CUDA again); before the first device pool"},
     {"install_cache_info", m_install_cache_info, METH_NOARGS,
      "answer CUDAPluggableAllocator::cacheInfo (cuDNN benchmark) from gpupool: None when done, else why not"},
     {NULL, NULL, 0, NULL},

@@ -24,6 +24,10 @@
 /* The configuration of device pools made from now on.  -1 (nothing changed)
  * once a device pool exists. */
 int gp_registry_configure(const gp_config *cfg);
+/* Tests without a GPU: device pools made from now on run over the host
+ * backend, `capacity` bytes each (0: the CUDA driver again).  -1 (nothing
+ * changed) once a device pool exists. */
+int gp_registry_use_host(uint64_t capacity);
 /* The configuration in force (the defaults until configured). */
 void gp_registry_config(gp_config *out);
 /* The pool of `device`, or NULL when it has none (no error set). */

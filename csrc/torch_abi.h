@@ -8,15 +8,17 @@
 
 #include <stddef.h>
 
-/* NULL when every C++ symbol the throw needs is loaded in the process, else
- * the name of the first one missing (looked up once, on the first call). */
-const char *gp_torch_oom_missing(void);
+/* NULL when every C++ symbol the throws need is loaded in the process,
+ * else the name of the first one missing (looked up once, on the first
+ * call). */
+const char *gp_torch_throw_missing(void);
 
-/* Throw a c10::OutOfMemoryError (torch.OutOfMemoryError in Python) carrying
- * `msg` through the caller's frames (they must hold no lock and own
- * nothing).  Returns only when the symbols are not there (no torch in the
- * process): the caller then returns NULL. */
-void gp_torch_throw_oom(const char *msg);
+/* Throw a c10::OutOfMemoryError (when `oom`: torch.OutOfMemoryError in
+ * Python) or a c10::Error (RuntimeError) carrying `msg` through the
+ * caller's frames (they must hold no lock and own nothing).  Returns only
+ * when the symbols are not there (no torch in the process): the caller then
+ * returns NULL. */
+void gp_torch_throw(int oom, const char *msg);
 
 /* CUDAPluggableAllocator::cacheInfo(DeviceIndex, size_t *largestBlock), as a
  * C function of the Itanium C++ ABI: `self` first, DeviceIndex is int8_t. */

@@ -67,6 +67,11 @@ def enable(**options: Any) -> None:
         if why:
             warnings.warn(f"gpupool: torch.backends.cudnn.benchmark=True will fail under this PyTorch "
                           f"(cacheInfo not routed to gpupool: {why})", RuntimeWarning, stacklevel=2)
+        why = _C.torch_throw_missing()
+        if why:
+            warnings.warn(f"gpupool: a failed allocation cannot raise torch.OutOfMemoryError or "
+                          f"RuntimeError under this PyTorch (C++ symbol {why} not found); PyTorch "
+                          f"would get a tensor without memory", RuntimeWarning, stacklevel=2)
         _torch_patch.install_safety()
         if _C.config()["torch_patch"] == "1":
             _torch_patch.install_api()

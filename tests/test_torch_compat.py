@@ -3,6 +3,10 @@ run each body in a fresh process (conftest.run_py); the others check the
 pure-Python parts and the C hooks on host pools, without CUDA."""
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+
 import pytest
 
 import gpupool
@@ -585,6 +589,116 @@ def test_cache_info_is_answered_through_the_vtable(run_py) -> None:
     if torch.version.cuda is None:
         pytest.skip("a CPU-only build of torch has no CUDAPluggableAllocator")
     assert "ok" in run_py(CACHE_INFO_THROUGH_VTABLE).stdout
+
+
+# PyTorch's bindings turn c10::OutOfMemoryError into torch.OutOfMemoryError
+# and any other c10::Error into RuntimeError (torch/csrc/Exceptions.h,
+# CATCH_CORE_ERRORS, in this order).  This C++ caller catches as they do.
+CATCHER = r"""
+#include <c10/util/Exception.h>
+#include <cstdio>
+#include <sys/types.h>
+typedef void *(*malloc_fn)(ssize_t, int, void *);
+extern "C" int call(malloc_fn fn, long size, int device, void *stream, char *out, size_t n) {
+    try {
+        std::snprintf(out, n, "%p", fn(size, device, stream));
+        return 0;
+    } catch (const c10::OutOfMemoryError &e) {
+        std::snprintf(out, n, "%s", e.what_without_backtrace());
+        return 1;
+    } catch (const c10::Error &e) {
+        std::snprintf(out, n, "%s", e.what_without_backtrace());
+        return 2;
+    } catch (...) {
+        return 3;
+    }
+}
+"""
+
+MALLOC_THROWS = """
+import ctypes, sys, torch
+from gpupool import _C
+catcher = ctypes.CDLL(sys.argv[1])
+malloc = ctypes.cast(ctypes.CDLL(_C.__file__).gpupool_malloc, ctypes.c_void_p)
+def call(size, device=0, stream=0):
+    out = ctypes.create_string_buffer(4096)
+    kind = catcher.call(malloc, ctypes.c_long(size), device, ctypes.c_void_p(stream), out, 4096)
+    return ("ok", "OutOfMemoryError", "RuntimeError", "other")[kind], out.value.decode()
+if sys.argv[2] == "cuda":
+    # No GPU here: the pool cannot be made, which is no OOM.
+    kind, msg = call(1 << 20)
+    assert kind == "RuntimeError" and "cannot create the pool of device 0" in msg, (kind, msg)
+    print("ok")
+    sys.exit()
+_C.use_host_backend(64 << 20)
+_C.configure({"chunk": "2MiB", "limit": "32MiB"})
+assert call(1 << 20)[0] == "ok"
+kind, msg = call(48 << 20)               # over the pool's limit
+assert kind == "OutOfMemoryError" and msg.startswith("CUDA out of memory.") and "limit" in msg, (kind, msg)
+kind, msg = call(1 << 20, device=99)     # no such device
+assert kind == "RuntimeError" and "device 99" in msg, (kind, msg)
+for s in range(1, 200):                  # every stream gets bins: at most 64
+    kind, msg = call(4096, stream=s)
+    if kind != "ok":
+        break
+assert kind == "RuntimeError" and "stream" in msg and "out of memory" not in msg, (s, kind, msg)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("backend", ["host", "cuda"])
+def test_allocation_failures_reach_pytorch_as_the_right_exception(run_py, tmp_path, backend) -> None:
+    # Only running out of memory (or a limit) may be torch.OutOfMemoryError,
+    # which callers catch to retry with less; a driver error or too many
+    # streams is a RuntimeError.  gpupool_malloc is called as PyTorch's
+    # CUDAPluggableAllocator calls it, from C++ that catches as PyTorch does.
+    torch = pytest.importorskip("torch")
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    if backend == "cuda" and torch.cuda.is_available():
+        pytest.skip("a GPU is here: the pool can be made (test_gpu.py covers the CUDA path)")
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    (tmp_path / "catcher.cpp").write_text(CATCHER)
+    so = tmp_path / "catcher.so"
+    subprocess.run([cxx, "-std=c++17", "-shared", "-fPIC", f"-I{os.path.dirname(torch.__file__)}/include",
+                    str(tmp_path / "catcher.cpp"), f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}", "-o", str(so),
+                    f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}"], check=True)
+    code = f"import sys; sys.argv = ['x', {str(so)!r}, {backend!r}]\n" + MALLOC_THROWS
+    assert run_py(code).stdout.strip() == "ok"
+
+
+@gpu
+def test_gpu_non_oom_failures_are_runtime_errors(run_py) -> None:
+    # Too many streams is no lack of memory: RuntimeError, not
+    # torch.OutOfMemoryError (which a batch-size finder would answer by
+    # retrying smaller, forever); the process goes on working.
+    r = run_py("""
+    import torch, gpupool
+    gpupool.enable()
+    x = torch.ones(1 << 20, device="cuda")
+    streams = [torch.cuda.Stream() for _ in range(200)]
+    kept = []
+    for i, s in enumerate(streams):
+        try:
+            with torch.cuda.stream(s):
+                kept.append(torch.empty(4096, device="cuda"))
+        except torch.OutOfMemoryError as e:
+            raise AssertionError(f"stream {i}: OutOfMemoryError for a failure that is no OOM: {e}")
+        except RuntimeError as e:
+            assert "stream" in str(e), e
+            print("RUNTIME ERROR at stream", i)
+            break
+    else:
+        raise AssertionError("200 streams were all served")
+    try:
+        torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError as e:
+        assert str(e).startswith("CUDA out of memory."), e
+    y = torch.ones(1 << 20, device="cuda") + x
+    assert y.sum().item() == 2 * (1 << 20)
+    """)
+    assert "RUNTIME ERROR at stream" in r.stdout, r.stdout
 
 
 def test_record_memory_history_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
