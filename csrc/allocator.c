@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include "backend.h"
 #include "module.h"
 #include "pystack.h"
 #include "torch_abi.h"
@@ -131,6 +132,22 @@ void gp_registry_config(gp_config *out)
 gp_pool *gp_registry_get(int device)
 {
     return device >= 0 && device < GP_MAX_DEVICES ? atomic_load(&g_pools[device]) : NULL;
+}
+
+/* The one place above the pool that asks a device itself: a backend made
+ * for the question and destroyed (no memory is reserved or mapped). */
+uint64_t gp_registry_device_free(int device)
+{
+    gp_backend *be;
+    uint64_t free_b = 0, total = 0;
+    pthread_mutex_lock(&g_lock);
+    uint64_t host = g_host_capacity;
+    pthread_mutex_unlock(&g_lock);
+    gp_status st = host ? gp_backend_host_create(host, &be) : gp_backend_cuda_create(device, &be);
+    if (st != GP_OK) return 0;
+    if (be->mem_info(be, &free_b, &total) != GP_OK) free_b = 0;
+    be->destroy(be);
+    return free_b;
 }
 
 const char *gp_registry_error(void) { return g_create_error; }

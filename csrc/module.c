@@ -251,23 +251,26 @@ static PyObject *m_use_host_backend(PyObject *self, PyObject *arg)
 }
 
 /* CUDAPluggableAllocator::cacheInfo, for cuDNN's benchmark mode (see
- * torch_abi.h).  PyTorch's allocator answers the larger of the driver's free
- * memory and its largest cached block; the pool's headroom is that, within
- * its limit.  A device without a pool leaves *largest as PyTorch set it. */
+ * torch_abi.h).  PyTorch's allocator answers the larger of its largest
+ * cached block and what it is given -- the driver's free memory when given
+ * 0.  The pool's headroom is that, within its limit.  It only reads: a
+ * device without a pool gets no pool (in reserve mode, making one would map
+ * most of the device), and the answer PyTorch's would give with nothing
+ * cached. */
 static void gp_cache_info(void *self, signed char device, size_t *largest)
 {
     (void)self;
-    gp_pool *p = gp_registry_pool(device);
-    if (!p) return;
-    uint64_t h = gp_pool_headroom(p);
+    gp_pool *p = gp_registry_get(device);
+    uint64_t h = p ? gp_pool_headroom(p) : *largest ? 0 : gp_registry_device_free(device);
     if (h > *largest) *largest = (size_t)h;
 }
 
-static PyObject *m_install_cache_info(PyObject *self, PyObject *noargs)
+static PyObject *m_set_cache_info(PyObject *self, PyObject *arg)
 {
     (void)self;
-    (void)noargs;
-    const char *why = gp_torch_set_cache_info(gp_cache_info);
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    const char *why = gp_torch_set_cache_info(on ? gp_cache_info : NULL);
     if (!why) Py_RETURN_NONE;
     return PyUnicode_FromString(why);
 }
@@ -310,8 +313,9 @@ static PyMethodDef module_methods[] = {
     {"use_host_backend", m_use_host_backend, METH_O,
      "use_host_backend(capacity): for tests without a GPU, device pools made from now on run over "
      "the host backend with capacity bytes each (0: CUDA again); before the first device pool"},
-    {"install_cache_info", m_install_cache_info, METH_NOARGS,
-     "answer CUDAPluggableAllocator::cacheInfo (cuDNN benchmark) from gpupool: None when done, else why not"},
+    {"set_cache_info", m_set_cache_info, METH_O,
+     "set_cache_info(on): answer CUDAPluggableAllocator::cacheInfo (cuDNN benchmark) from gpupool, "
+     "or (False) give PyTorch's own back; None when done, else why not"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -35,6 +35,9 @@ gp_pool *gp_registry_get(int device);
 /* The pool of `device`, made on first use; NULL with the error set (and
  * kept for gp_registry_error) when it cannot be made. */
 gp_pool *gp_registry_pool(int device);
+/* The free memory of `device` as its driver sees it, without making a
+ * pool (0 when it cannot be asked).  A slow path. */
+uint64_t gp_registry_device_free(int device);
 /* Why the last pool creation failed ("" if none did). */
 const char *gp_registry_error(void);
 /* Frees PyTorch made that gpupool rejected. */

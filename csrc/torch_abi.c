@@ -164,19 +164,21 @@ const char *gp_torch_set_cache_info(gp_cache_info_fn fn)
 {
     static const char vt_name[] = "_ZTVN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocatorE";
     static const char ci_name[] = "_ZN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocator9cacheInfoEaPm";
+    static void *ours; /* the function in the entry now, if one of ours */
     void **vt = gp_cxx_sym(vt_name);
     void *theirs = gp_cxx_sym(ci_name);
     if (!vt) return vt_name;
     if (!theirs) return ci_name;
+    void *want = fn ? (void *)fn : theirs;
     const char *why = NULL;
     pthread_mutex_lock(&gp_vt_lock);
     /* Entries 0 and 1 are the offset to top and the type_info. */
     void **slot = NULL;
     for (int i = 2; i < GP_VT_SCAN && !slot; i++)
-        if (vt[i] == theirs || vt[i] == (void *)fn) slot = &vt[i];
+        if (vt[i] == theirs || (ours && vt[i] == ours)) slot = &vt[i];
     if (!slot) {
         why = "CUDAPluggableAllocator::cacheInfo is not in its class's vtable";
-    } else if (*slot != (void *)fn) {
+    } else if (*slot != want) {
         uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
         uintptr_t lo = (uintptr_t)slot & ~(page - 1);
         int prot = gp_page_prot((uintptr_t)slot);
@@ -185,8 +187,9 @@ const char *gp_torch_set_cache_info(gp_cache_info_fn fn)
         } else if (!(prot & PROT_WRITE) && mprotect((void *)lo, page, prot | PROT_WRITE) != 0) {
             why = "mprotect refused to make the vtable writable";
         } else {
-            __atomic_store_n(slot, (void *)fn, __ATOMIC_RELEASE);
+            __atomic_store_n(slot, want, __ATOMIC_RELEASE);
             if (!(prot & PROT_WRITE)) mprotect((void *)lo, page, prot);
+            ours = fn ? (void *)fn : NULL;
         }
     }
     pthread_mutex_unlock(&gp_vt_lock);

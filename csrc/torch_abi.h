@@ -27,8 +27,9 @@ typedef void (*gp_cache_info_fn)(void *self, signed char device, size_t *largest
 /* Make every CUDAPluggableAllocator answer cacheInfo() with `fn` instead of
  * throwing "does not yet support cacheInfo" (cuDNN asks it to size its
  * workspace when torch.backends.cudnn.benchmark is on).  The class's vtable
- * entry is rewritten in place.  Idempotent; NULL on success, else why not (a
- * symbol missing, or the entry not found: the behaviour is then PyTorch's). */
+ * entry is rewritten in place; `fn` NULL puts PyTorch's own back.
+ * Idempotent; NULL on success, else why not (a symbol missing, or the entry
+ * not found: the behaviour is then PyTorch's). */
 const char *gp_torch_set_cache_info(gp_cache_info_fn fn);
 
 #endif

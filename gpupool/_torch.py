@@ -61,12 +61,6 @@ def enable(**options: Any) -> None:
                 "PyTorch's own allocator is already in use. Call it at the top of the script, "
                 "or use `python -m gpupool run script.py`.") from e
         _allocator, _options = alloc, dict(options)
-        # cuDNN's benchmark mode asks the allocator for its largest block; the
-        # pluggable allocator would throw (every convolution then fails).
-        why = _C.install_cache_info()
-        if why:
-            warnings.warn(f"gpupool: torch.backends.cudnn.benchmark=True will fail under this PyTorch "
-                          f"(cacheInfo not routed to gpupool: {why})", RuntimeWarning, stacklevel=2)
         why = _C.torch_throw_missing()
         if why:
             warnings.warn(f"gpupool: a failed allocation cannot raise torch.OutOfMemoryError or "
@@ -74,14 +68,20 @@ def enable(**options: Any) -> None:
                           f"would get a tensor without memory", RuntimeWarning, stacklevel=2)
         _torch_patch.install_safety()
         if _C.config()["torch_patch"] == "1":
-            _torch_patch.install_api()
+            why = _torch_patch.install_api()
+            if why:
+                warnings.warn(f"gpupool: torch.backends.cudnn.benchmark=True will fail under this "
+                              f"PyTorch (cacheInfo not routed to gpupool: {why})", RuntimeWarning,
+                              stacklevel=2)
 
 
 def disable_torch_patches() -> None:
     """Give torch.cuda its own memory APIs back (memory_stats, empty_cache,
-    memory_snapshot, ...: under a pluggable allocator most of them then raise
-    or do nothing).  The record_stream and CUDA graph hooks stay: without
-    them memory would be reused under running kernels."""
+    memory_snapshot, ..., and the allocator's cacheInfo: under a pluggable
+    allocator most of them then raise or do nothing, and
+    torch.backends.cudnn.benchmark=True fails).  The record_stream and CUDA
+    graph hooks stay: without them memory would be reused under running
+    kernels."""
     _torch_patch.uninstall_api()
 
 

@@ -12,8 +12,9 @@ entry points to gpupool:
   statistics functions answer from gpupool under PyTorch's key names
   (``torch_memory_stats``), ``memory_summary`` prints gpupool's report,
   ``empty_cache`` trims, ``set_per_process_memory_fraction`` sets gpupool's
-  limit, and the snapshot functions give gpupool's snapshot in PyTorch's
-  format.  Each is set in both ``torch.cuda`` and ``torch.cuda.memory``, since
+  limit, the snapshot functions give gpupool's snapshot in PyTorch's
+  format, and the allocator's C++ ``cacheInfo`` (cuDNN's benchmark mode)
+  answers from gpupool (csrc/torch_abi.c).  Each is set in both ``torch.cuda`` and ``torch.cuda.memory``, since
   code calls both.
 * Correctness hooks (``install_safety``; always on while gpupool is enabled,
   since turning them off would let memory be reused under running kernels):
@@ -249,8 +250,11 @@ def _set(obj: Any, name: str, value: Any) -> None:
     setattr(obj, name, value)
 
 
-def install_api() -> None:
-    """Route torch.cuda's memory APIs to gpupool (idempotent)."""
+def install_api() -> Optional[str]:
+    """Route torch.cuda's memory APIs to gpupool, and the allocator's
+    cacheInfo, which cuDNN's benchmark mode asks for its workspace (the
+    pluggable allocator throws: every convolution would fail).  Idempotent.
+    Returns why cacheInfo could not be routed (None when it was)."""
     torch = _torch()
     with _lock:
         for name, fn in _API.items():
@@ -259,15 +263,17 @@ def install_api() -> None:
                     _set(mod, name, fn)
             if name not in _api_names:
                 _api_names.append(name)
+        return _C.set_cache_info(True)
 
 
 def uninstall_api() -> None:
-    """Give torch.cuda its own memory APIs back."""
+    """Give torch.cuda its own memory APIs and cacheInfo back."""
     with _lock:
         for (obj, name) in list(_saved):
             if name in _api_names:
                 setattr(obj, name, _saved.pop((obj, name)))
         _api_names.clear()
+        _C.set_cache_info(False)
 
 
 def api_installed() -> bool:
