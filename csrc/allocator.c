@@ -73,6 +73,7 @@ gp_pool *gp_registry_pool(int device)
         gp_backend *be;
         gp_status st = g_host_capacity ? gp_backend_host_create(g_host_capacity, &be)
                                        : gp_backend_cuda_create(device, &be);
+        if (st == GP_OK && g_cfg.log == GP_LOG_ALL) st = gp_backend_logged(be, &be);
         if (st == GP_OK) st = gp_pool_create(be, &g_cfg, &p);
         if (st != GP_OK) {
             snprintf(g_create_error, sizeof g_create_error, "%s", gp_last_error());

@@ -36,7 +36,10 @@ extern char **environ;
 #define GP_PRIO_TEXT "low, normal, high, critical or an integer 0..255"
 
 /* A parser writes its option into `cfg` only when `v` is valid; otherwise it
- * may leave a reason more precise than the accepted text in `why`. */
+ * returns -1 and may leave a reason more precise than the accepted text in
+ * `why`, or GP_CONFLICT with the reason when `v` is well-formed but
+ * contradicts another option. */
+#define GP_CONFLICT (-2)
 typedef int (*gp_parse_fn)(gp_config *cfg, const char *v, char *why, size_t n);
 /* A printer returns what snprintf returns. */
 typedef int (*gp_print_fn)(const gp_config *cfg, char *buf, size_t len);
@@ -258,13 +261,26 @@ static const char *const gp_codec_names[] = {"none", "lz4", "zstd", "bytesplit",
 /* Even entries are false, odd entries true. */
 static const char *const gp_bool_names[] = {"0", "1", "false", "true", "no", "yes", "off", "on", NULL};
 
+/* A reserve is the size of the reserve-mode pool: given alone it implies
+ * reserve mode (a LoRA run set up with GPUPOOL_RESERVE=85% alone once stayed
+ * expandable unnoticed); given with an explicit GPUPOOL_MODE=expandable it
+ * is a contradiction, refused whichever of the two comes last. */
+static int gp_reserve_conflict(const gp_config *c, char *why, size_t n)
+{
+    int set = c->reserve.bytes || c->reserve.fraction > 0;
+    if (!set || !c->mode_given || c->mode != GP_MODE_EXPANDABLE) return 0;
+    snprintf(why, n, "GPUPOOL_RESERVE sizes the reserve-mode pool, and GPUPOOL_MODE=expandable "
+                     "is given too; unset GPUPOOL_RESERVE, or the mode (a reserve implies reserve mode)");
+    return GP_CONFLICT;
+}
+
 static int gp_parse_mode(gp_config *c, const char *v, char *why, size_t n)
 {
-    (void)why, (void)n;
     int w = gp_word(v, gp_mode_names);
     if (w < 0) return -1;
     c->mode = (gp_mode)w;
-    return 0;
+    c->mode_given = 1;
+    return gp_reserve_conflict(c, why, n);
 }
 
 static int gp_print_mode(const gp_config *c, char *buf, size_t len)
@@ -274,7 +290,10 @@ static int gp_print_mode(const gp_config *c, char *buf, size_t len)
 
 static int gp_parse_reserve(gp_config *c, const char *v, char *why, size_t n)
 {
-    return gp_spec_parse(&c->reserve, v, why, n);
+    if (gp_spec_parse(&c->reserve, v, why, n) != 0) return -1;
+    if (!c->mode_given)
+        c->mode = c->reserve.bytes || c->reserve.fraction > 0 ? GP_MODE_RESERVE : GP_MODE_EXPANDABLE;
+    return gp_reserve_conflict(c, why, n);
 }
 
 static int gp_print_reserve(const gp_config *c, char *buf, size_t len)
@@ -471,7 +490,8 @@ static int gp_print_placement(const gp_config *c, char *buf, size_t len)
       gp_parse_mode, gp_print_mode)                                                       \
     X("GPUPOOL_RESERVE", "reserve", "80% (in reserve mode)",                              \
       GP_SIZE_TEXT "; none or 0 for the default",                                         \
-      "size of the pool in reserve mode (ignored in expandable mode)",                    \
+      "size of the pool in reserve mode; a size implies GPUPOOL_MODE=reserve (with "      \
+      "GPUPOOL_MODE=expandable it is an error)",                                          \
       gp_parse_reserve, gp_print_reserve)                                                 \
     X("GPUPOOL_LIMIT", "limit", "none", GP_SIZE_TEXT "; none or 0 for no limit",          \
       "cap on the bytes gpupool reserves on a device", gp_parse_limit, gp_print_limit)    \
@@ -488,7 +508,9 @@ static int gp_print_placement(const gp_config *c, char *buf, size_t len)
       "group of processes sharing a GPU through the arbiter", gp_parse_tenant,            \
       gp_print_tenant)                                                                    \
     X("GPUPOOL_LOG", "log", "oom", "off, oom or all",                                     \
-      "what to print on stderr: nothing, out-of-memory reports, or all events",           \
+      "what to print on stderr: nothing; the report of each allocation PyTorch asked for " \
+      "that ran out of memory; or also each pool's creation and every map (growth), unmap " \
+      "(trim) and device synchronisation, with its duration (slow paths only)",          \
       gp_parse_log, gp_print_log)                                                         \
     X("GPUPOOL_TRACE", "trace", "0", GP_BOOL_TEXT,                                        \
       "record an alloc/free history for snapshots", gp_parse_trace, gp_print_trace)       \
@@ -574,7 +596,7 @@ static void gp_option_list(int env, char *buf, size_t len)
 
 gp_status gp_config_set(gp_config *cfg, const char *name, const char *value)
 {
-    char list[512], why[96] = "";
+    char list[512], why[192] = "";
     if (!cfg || !name) return gp_error_set(GP_ERR_INVALID, "gp_config_set: cfg or name is NULL");
     int i = gp_option_find(name);
     if (i < 0) {
@@ -585,10 +607,13 @@ gp_status gp_config_set(gp_config *cfg, const char *name, const char *value)
     const gp_option_info *o = &gp_options[i];
     if (!value) return gp_error_set(GP_ERR_INVALID, "%s: no value given; expected %s", o->env, o->accepted);
     gp_config next = *cfg;
-    if (*value && gp_handlers[i].parse(&next, value, why, sizeof why) == 0) {
+    int rc = *value ? gp_handlers[i].parse(&next, value, why, sizeof why) : -1;
+    if (rc == 0) {
         *cfg = next;
         return GP_OK;
     }
+    if (rc == GP_CONFLICT)
+        return gp_error_set(GP_ERR_INVALID, "%s=" GP_QUOTE ": %s", o->env, GP_QUOTE_ARG(value), why);
     if (!*value) snprintf(why, sizeof why, "it is empty (unset it for the default)");
     return gp_error_set(GP_ERR_INVALID, "%s=" GP_QUOTE " is not valid: %s%sexpected %s", o->env,
                         GP_QUOTE_ARG(value), why, *why ? "; " : "", o->accepted);

@@ -90,7 +90,10 @@ uint64_t gp_size_resolve(gp_size_spec s, uint64_t total);
  * applies one option by name, as enable(**opts) does. */
 typedef struct gp_config {
     gp_mode mode;            /* GPUPOOL_MODE        expandable|reserve        */
-    gp_size_spec reserve;    /* GPUPOOL_RESERVE     reserve-mode pool size    */
+    int mode_given;          /* GPUPOOL_MODE was set: a reserve no longer
+                                implies reserve mode, it must agree with it */
+    gp_size_spec reserve;    /* GPUPOOL_RESERVE     reserve-mode pool size;
+                                setting one implies reserve mode          */
     gp_size_spec limit;      /* GPUPOOL_LIMIT       cap on reserved bytes     */
     int priority;            /* GPUPOOL_PRIORITY    default priority          */
     char codec[GP_CODEC_MAX];/* GPUPOOL_CODEC       none|lz4|zstd|bytesplit   */
@@ -647,6 +650,11 @@ gp_status gp_backend_host_create(uint64_t capacity, gp_backend **out);
  * dlopen on first use.  GP_ERR_BACKEND with a message when there is no
  * driver, no such device, or the device lacks virtual memory management. */
 gp_status gp_backend_cuda_create(int device, gp_backend **out);
+
+/* GPUPOOL_LOG=all: a backend that forwards to `inner` (which it then owns,
+ * also when this fails) and prints each map, unmap and device
+ * synchronisation on stderr, with its size and duration. */
+gp_status gp_backend_logged(gp_backend *inner, gp_backend **out);
 
 #ifdef __cplusplus
 }

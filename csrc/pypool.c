@@ -94,6 +94,7 @@ static PyObject *host_pool_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     if (gp_config_from_py(opts, 0, &cfg) < 0) return NULL;
     gp_backend *be;
     gp_status st = gp_backend_host_create(capacity, &be);
+    if (st == GP_OK && cfg.log == GP_LOG_ALL) st = gp_backend_logged(be, &be);
     if (st != GP_OK) return gp_raise(st);
     gp_pool *p;
     if ((st = gp_pool_create(be, &cfg, &p)) != GP_OK) return gp_raise(st);

@@ -242,3 +242,65 @@ print("ok")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(),
                        timeout=30)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_a_reserve_implies_reserve_mode() -> None:
+    p = HostPool(64 * MiB, reserve="50%")  # no mode given
+    assert p.stats()["reserved"] == 32 * MiB
+    code = ("import gpupool._C as c; c.configure(None); cfg = c.config(); "
+            "print(cfg['mode'], cfg['reserve'])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=child_env({"GPUPOOL_RESERVE": "85%"}))
+    assert r.returncode == 0 and r.stdout.split() == ["reserve", "85%"], r.stderr
+    # A reserve with an explicit expandable mode contradicts it: refused,
+    # in either order, naming both.
+    for opts in ({"mode": "expandable", "reserve": "50%"}, {"reserve": "50%", "mode": "expandable"}):
+        with pytest.raises(ValueError, match="GPUPOOL_RESERVE.*GPUPOOL_MODE=expandable"):
+            HostPool(64 * MiB, **opts)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=child_env({"GPUPOOL_RESERVE": "85%", "GPUPOOL_MODE": "expandable"}))
+    assert r.returncode != 0 and "GPUPOOL_MODE=expandable" in r.stderr, r.stderr
+    # An explicit reserve mode and an explicit "none" reserve stay as given.
+    assert HostPool(64 * MiB, mode="reserve", reserve="none").stats()["reserved"] >= 48 * MiB  # 80%
+    assert HostPool(64 * MiB, mode="expandable", reserve="none").stats()["reserved"] == 0
+
+
+LOG_RUN = """
+import ctypes, sys
+sys.modules["torch"] = None          # gpupool_malloc then returns NULL instead of throwing
+from gpupool import _C
+_C.use_host_backend(64 << 20)        # device pools over host memory: no GPU needed
+_C.configure({"chunk": "2MiB", "large_chunk": "2MiB"})
+malloc = ctypes.CDLL(_C.__file__).gpupool_malloc
+malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+free = ctypes.CDLL(_C.__file__).gpupool_free
+free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+a = malloc(5 << 20, 0, None)
+free(a, 5 << 20, 0, None)
+print("HOT", file=sys.stderr)
+for _ in range(100):                 # cache hits: the hot path prints nothing
+    free(malloc(5 << 20, 0, None), 5 << 20, 0, None)
+print("TRIM", file=sys.stderr)
+_C.device_pool(0).trim()
+assert malloc(1 << 30, 0, None) is None
+"""
+
+
+@pytest.mark.parametrize("level", ["off", "oom", "all"])
+def test_log_levels(level: str) -> None:
+    r = subprocess.run([sys.executable, "-c", LOG_RUN], capture_output=True, text=True,
+                       env=child_env({"GPUPOOL_LOG": level}), timeout=60)
+    assert r.returncode == 0, r.stderr
+    err = r.stderr
+    oom = "gpupool: out of memory on device 0 allocating 1.00 GiB" in err
+    assert oom == (level != "off"), err
+    created = "gpupool: device 0 pool created (expandable mode" in err
+    maps = [ln for ln in err.splitlines() if ": map " in ln]
+    assert created == bool(maps) == (level == "all"), err
+    if level == "all":
+        before, hot, after = err.partition("HOT")[0], err.split("HOT")[1].split("TRIM")[0], err.split("TRIM")[1]
+        assert "device 0: map 2.00 MiB at 0x" in before and before.count(": map ") == 3, before
+        assert hot.strip() == "", hot
+        assert "device synchronize" in after and after.count(": unmap 2.00 MiB") == 3, after
+    elif level == "off":
+        assert err.replace("HOT", "").replace("TRIM", "").strip() == "", err
