@@ -73,6 +73,10 @@ gp_pool *gp_registry_pool(int device)
         gp_backend *be;
         gp_status st = g_host_capacity ? gp_backend_host_create(g_host_capacity, &be)
                                        : gp_backend_cuda_create(device, &be);
+        if (st == GP_OK && gp_config_validate(&g_cfg, be->total) != GP_OK) {
+            be->destroy(be); /* a limit that resolves to less than a chunk on this device */
+            st = GP_ERR_INVALID;
+        }
         if (st == GP_OK && g_cfg.log == GP_LOG_ALL) st = gp_backend_logged(be, &be);
         if (st == GP_OK) st = gp_pool_create(be, &g_cfg, &p);
         if (st != GP_OK) {

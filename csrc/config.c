@@ -196,10 +196,24 @@ static int gp_size_print(uint64_t b, char *buf, size_t len)
     return snprintf(buf, len, "%llu%s", (unsigned long long)best, unit);
 }
 
+/* A fraction (> 0) as a percentage in plain decimals ("80%", "0.0000001%"):
+ * what the parser reads back to the same fraction.  %g would write
+ * "1e-07%", which no size parser accepts, and round to 6 digits.  13
+ * decimals of a percentage are the 15 of a fraction that the parser keeps. */
+static int gp_percent_print(double fraction, char *buf, size_t len)
+{
+    char num[64];
+    snprintf(num, sizeof num, "%.13f", fraction * 100);
+    size_t k = strlen(num);
+    while (k > 1 && num[k - 1] == '0') k--;
+    if (num[k - 1] == '.') k--;
+    return snprintf(buf, len, "%.*s%%", (int)k, num);
+}
+
 static int gp_spec_print(gp_size_spec s, char *buf, size_t len)
 {
     if (s.bytes) return gp_size_print(s.bytes, buf, len);
-    if (s.fraction > 0) return snprintf(buf, len, "%.6g%%", s.fraction * 100);
+    if (s.fraction > 0) return gp_percent_print(s.fraction, buf, len);
     return snprintf(buf, len, "none");
 }
 
@@ -352,8 +366,10 @@ static int gp_print_threads(const gp_config *c, char *buf, size_t len)
     return snprintf(buf, len, "%d", c->offload_threads);
 }
 
+/* "none" is no tenant (the default), so that what is printed parses back. */
 static int gp_parse_tenant(gp_config *c, const char *v, char *why, size_t n)
 {
+    if (gp_ieq(v, "none")) return c->tenant[0] = '\0', 0;
     size_t k = strlen(v);
     if (k == 0 || k >= GP_TENANT_MAX) return snprintf(why, n, "it has %zu characters", k), -1;
     for (size_t i = 0; i < k; i++) {
@@ -368,7 +384,7 @@ static int gp_parse_tenant(gp_config *c, const char *v, char *why, size_t n)
 
 static int gp_print_tenant(const gp_config *c, char *buf, size_t len)
 {
-    return snprintf(buf, len, "%s", c->tenant);
+    return snprintf(buf, len, "%s", c->tenant[0] ? c->tenant : "none");
 }
 
 static int gp_parse_log(gp_config *c, const char *v, char *why, size_t n)
@@ -440,7 +456,7 @@ static int gp_parse_slack(gp_config *c, const char *v, char *why, size_t n)
 {
     gp_size_spec s;
     if (gp_ieq(v, "none")) return c->cache_slack = -1, 0;
-    if (gp_ieq(v, "0")) return c->cache_slack = 0, 0;
+    if (gp_ieq(v, "0") || gp_ieq(v, "0%")) return c->cache_slack = 0, 0;
     if (gp_size_scan(v, 1, &s, why, n) != 0) return -1;
     if (s.bytes) return snprintf(why, n, "it is a size, not a fraction"), -1;
     c->cache_slack = s.fraction;
@@ -450,7 +466,8 @@ static int gp_parse_slack(gp_config *c, const char *v, char *why, size_t n)
 static int gp_print_slack(const gp_config *c, char *buf, size_t len)
 {
     if (c->cache_slack < 0) return snprintf(buf, len, "none");
-    return snprintf(buf, len, "%.6g%%", c->cache_slack * 100);
+    if (c->cache_slack == 0) return snprintf(buf, len, "0");
+    return gp_percent_print(c->cache_slack, buf, len);
 }
 
 static int gp_parse_patch(gp_config *c, const char *v, char *why, size_t n)
@@ -503,8 +520,8 @@ static int gp_print_placement(const gp_config *c, char *buf, size_t len)
       "compression of blocks offloaded to host memory", gp_parse_codec, gp_print_codec)   \
     X("GPUPOOL_OFFLOAD_THREADS", "offload_threads", "4", "an integer 1..64",              \
       "offload worker threads", gp_parse_threads, gp_print_threads)                       \
-    X("GPUPOOL_TENANT", "tenant", "(empty)",                                              \
-      "1 to 63 characters of A-Z, a-z, 0-9, '_', '.' and '-'",                            \
+    X("GPUPOOL_TENANT", "tenant", "none",                                                 \
+      "1 to 63 characters of A-Z, a-z, 0-9, '_', '.' and '-'; none for no tenant",        \
       "group of processes sharing a GPU through the arbiter", gp_parse_tenant,            \
       gp_print_tenant)                                                                    \
     X("GPUPOOL_LOG", "log", "oom", "off, oom or all",                                     \
@@ -532,7 +549,7 @@ static int gp_print_placement(const gp_config *c, char *buf, size_t len)
       "the device): a large unit makes growing cheap, a driver call per unit",            \
       gp_parse_large_chunk, gp_print_large_chunk)                                         \
     X("GPUPOOL_CACHE_SLACK", "cache_slack", "5%",                                         \
-      "a percentage such as 5% or a fraction such as 0.05; 0; none",                      \
+      "a percentage such as 5% or a fraction such as 0.05; 0 (or 0%); none",             \
       "free memory the pool may keep mapped, as a share of allocated bytes, when it must " \
       "grow: beyond it, cached chunks are given back (one device sync) before new ones "  \
       "are mapped; none keeps every cached chunk",                                        \
@@ -651,6 +668,30 @@ gp_status gp_config_from_env(gp_config *cfg)
     }
     *cfg = next;
     return GP_OK;
+}
+
+gp_status gp_config_validate(const gp_config *cfg, uint64_t device_total)
+{
+    if (!cfg) return gp_error_set(GP_ERR_INVALID, "gp_config_validate: cfg is NULL");
+    gp_size_spec l = cfg->limit;
+    if (!l.bytes && !(l.fraction > 0)) return GP_OK; /* no limit */
+    if (!l.bytes && !device_total) return GP_OK;     /* a fraction of a device not known yet */
+    uint64_t bytes = gp_size_resolve(l, device_total);
+    if (bytes >= cfg->chunk) return GP_OK;
+    /* Below one chunk nothing can be mapped, so every allocation would fail
+     * (and a fraction that resolves to 0 would mean no limit at all). */
+    char given[64], chunk[32], dev[40] = "";
+    gp_spec_print(l, given, sizeof given);
+    gp_size_print(cfg->chunk, chunk, sizeof chunk);
+    if (!l.bytes) {
+        char total[32];
+        gp_size_print(device_total, total, sizeof total);
+        snprintf(dev, sizeof dev, " of %s", total);
+    }
+    return gp_error_set(GP_ERR_INVALID,
+                        "GPUPOOL_LIMIT=%s is %llu bytes%s%s, less than one chunk (GPUPOOL_CHUNK=%s): no "
+                        "allocation could succeed; give at least %s, or none for no limit",
+                        given, (unsigned long long)bytes, *dev ? " on a device" : "", dev, chunk, chunk);
 }
 
 gp_status gp_config_get(const gp_config *cfg, const char *name, char *buf, size_t len)

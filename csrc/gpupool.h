@@ -127,6 +127,14 @@ gp_status gp_config_set(gp_config *cfg, const char *name, const char *value);
  * GPUPOOL_* variable is an error too (a typo must not pass silently). */
 gp_status gp_config_from_env(gp_config *cfg);
 
+/* What single options cannot check: a pool limit below one chunk
+ * (GPUPOOL_CHUNK), absolute or a fraction that resolves to less on a device
+ * of `device_total` bytes (0: not known yet, fractions are not checked), is
+ * refused -- nothing could be mapped under it (and a fraction that resolved
+ * to 0 would mean no limit).  GP_ERR_INVALID with a message naming the
+ * options and the smallest value accepted. */
+gp_status gp_config_validate(const gp_config *cfg, uint64_t device_total);
+
 /* The option table, for `python -m gpupool config` and documentation. */
 typedef struct gp_option_info {
     const char *env;         /* GPUPOOL_LIMIT            */

@@ -22,7 +22,7 @@ static PyObject *m_configure(PyObject *self, PyObject *args)
         return NULL;
     }
     gp_config cfg;
-    if (gp_config_from_py(opts, 1, &cfg) < 0) return NULL;
+    if (gp_config_from_py(opts, 1, 0, &cfg) < 0) return NULL;
     if (gp_registry_configure(&cfg) < 0) {
         PyErr_SetString(PyExc_RuntimeError,
                         "gpupool: configure() after a device pool was created; call gpupool.enable() "
@@ -241,8 +241,8 @@ static PyObject *m_torch_throw_missing(PyObject *self, PyObject *noargs)
 static PyObject *m_use_host_backend(PyObject *self, PyObject *arg)
 {
     (void)self;
-    unsigned long long capacity = PyLong_AsUnsignedLongLong(arg);
-    if (PyErr_Occurred()) return NULL;
+    uint64_t capacity;
+    if (gp_u64_arg(arg, "use_host_backend: capacity", 0, GP_U64_MAX, &capacity) < 0) return NULL;
     if (gp_registry_use_host(capacity) < 0) {
         PyErr_SetString(PyExc_RuntimeError, "gpupool: use_host_backend() after a device pool was created");
         return NULL;

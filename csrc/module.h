@@ -63,8 +63,13 @@ PyObject *gp_pool_wrap(gp_pool *p, int owned);
 /* Raise the Python exception for st with gp_last_error()'s message; NULL. */
 PyObject *gp_raise(gp_status st);
 /* A config from the defaults, GPUPOOL_* (when use_env) and a dict of
- * options; -1 with an exception set. */
-int gp_config_from_py(PyObject *opts, int use_env, gp_config *cfg);
+ * options, checked with gp_config_validate against a device of
+ * `device_total` bytes (0: not known yet); -1 with an exception set. */
+int gp_config_from_py(PyObject *opts, int use_env, uint64_t device_total, gp_config *cfg);
+/* An int argument in [lo, hi] into *out; -1 with ValueError (OverflowError
+ * past 64 bits) naming `what`, the value and the range. */
+#define GP_U64_MAX UINT64_MAX
+int gp_u64_arg(PyObject *o, const char *what, uint64_t lo, uint64_t hi, uint64_t *out);
 /* Add STATS_FIELDS and TAG_STATS_FIELDS (gpupool.h's lists as tuples of
  * (name, kind, PyTorch key or None)) to the module; -1 with an exception. */
 int gp_stats_fields_add(PyObject *module);

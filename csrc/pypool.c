@@ -54,18 +54,39 @@ static void pool_dealloc(PoolObject *self)
     PyObject_Free(self);
 }
 
-/* Build a config from defaults, GPUPOOL_* (when use_env) and a dict. */
-int gp_config_from_py(PyObject *opts, int use_env, gp_config *cfg)
+/* o as an integer in [lo, hi] (at most 2**64-1), into *out; else -1 with
+ * the exception naming `what`, the value and the range: "K" and
+ * PyLong_AsUnsignedLongLong's masking variants silently cut 2**64 + 1 to 1. */
+int gp_u64_arg(PyObject *o, const char *what, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, got %.80s", what, Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    int fits = !(v == (unsigned long long)-1 && PyErr_Occurred());
+    if (!fits) PyErr_Clear();
+    if (fits && v >= lo && v <= hi) {
+        *out = v;
+        return 0;
+    }
+    PyErr_Format(fits ? PyExc_ValueError : PyExc_OverflowError, "%s %R is out of range: %llu..%llu",
+                 what, o, (unsigned long long)lo, (unsigned long long)hi);
+    return -1;
+}
+
+/* Build a config from defaults, GPUPOOL_* (when use_env) and a dict, and
+ * check what single options cannot (gp_config_validate). */
+int gp_config_from_py(PyObject *opts, int use_env, uint64_t device_total, gp_config *cfg)
 {
     gp_config_default(cfg);
     if (use_env && gp_config_from_env(cfg) != GP_OK) {
         gp_raise(GP_ERR_INVALID);
         return -1;
     }
-    if (!opts || opts == Py_None) return 0;
     PyObject *key, *value;
     Py_ssize_t pos = 0;
-    while (PyDict_Next(opts, &pos, &key, &value)) {
+    while (opts && opts != Py_None && PyDict_Next(opts, &pos, &key, &value)) {
         if (value == Py_None) continue;
         PyObject *text;
         if (PyBool_Check(value)) text = PyUnicode_FromString(value == Py_True ? "1" : "0");
@@ -80,6 +101,10 @@ int gp_config_from_py(PyObject *opts, int use_env, gp_config *cfg)
             return -1;
         }
     }
+    if (gp_config_validate(cfg, device_total) != GP_OK) {
+        gp_raise(GP_ERR_INVALID);
+        return -1;
+    }
     return 0;
 }
 
@@ -87,11 +112,12 @@ static PyObject *host_pool_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
     (void)type;
     static char *kwlist[] = {"capacity", "options", NULL};
-    unsigned long long capacity;
-    PyObject *opts = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "K|O!", kwlist, &capacity, &PyDict_Type, &opts)) return NULL;
+    PyObject *cap_o, *opts = NULL;
+    uint64_t capacity;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O!", kwlist, &cap_o, &PyDict_Type, &opts)) return NULL;
+    if (gp_u64_arg(cap_o, "HostPool capacity", 1, GP_U64_MAX, &capacity) < 0) return NULL;
     gp_config cfg;
-    if (gp_config_from_py(opts, 0, &cfg) < 0) return NULL;
+    if (gp_config_from_py(opts, 0, capacity, &cfg) < 0) return NULL;
     gp_backend *be;
     gp_status st = gp_backend_host_create(capacity, &be);
     if (st == GP_OK && cfg.log == GP_LOG_ALL) st = gp_backend_logged(be, &be);
@@ -103,9 +129,8 @@ static PyObject *host_pool_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 
 static int parse_stream(PyObject *o, gp_stream *out)
 {
-    if (!o || o == Py_None) { *out = NULL; return 1; }
-    unsigned long long v = PyLong_AsUnsignedLongLong(o);
-    if (PyErr_Occurred()) return 0;
+    uint64_t v = 0;
+    if (o && o != Py_None && gp_u64_arg(o, "stream", 0, UINTPTR_MAX, &v) < 0) return 0;
     *out = (gp_stream)(uintptr_t)v;
     return 1;
 }
@@ -121,6 +146,11 @@ static PyObject *pool_alloc(PoolObject *self, PyObject *args, PyObject *kw)
     if (!parse_stream(stream_o, &s)) return NULL;
     if (size <= 0) {
         PyErr_Format(PyExc_ValueError, "alloc size must be > 0 bytes, got %lld", size);
+        return NULL;
+    }
+    if (tag >= GP_MAX_TAGS || tag < -1) {
+        /* A cast to gp_tag would wrap 65536 + 5 to tag 5. */
+        PyErr_Format(PyExc_ValueError, "alloc: tag id %d is out of range (-1 or 0..%d)", tag, GP_MAX_TAGS - 1);
         return NULL;
     }
     gp_tag ctag;
@@ -323,8 +353,10 @@ static PyObject *pool_blocks(PoolObject *self, PyObject *noargs)
 
 static PyObject *pool_trim(PoolObject *self, PyObject *args)
 {
-    unsigned long long bytes = UINT64_MAX;
-    if (!PyArg_ParseTuple(args, "|K", &bytes)) return NULL;
+    PyObject *bytes_o = NULL;
+    uint64_t bytes = UINT64_MAX;
+    if (!PyArg_ParseTuple(args, "|O", &bytes_o)) return NULL;
+    if (bytes_o && gp_u64_arg(bytes_o, "trim: bytes", 0, GP_U64_MAX, &bytes) < 0) return NULL;
     uint64_t r;
     Py_BEGIN_ALLOW_THREADS
     r = gp_pool_trim(self->pool, bytes);
@@ -334,8 +366,8 @@ static PyObject *pool_trim(PoolObject *self, PyObject *args)
 
 static PyObject *pool_set_limit(PoolObject *self, PyObject *arg)
 {
-    unsigned long long v = PyLong_AsUnsignedLongLong(arg);
-    if (PyErr_Occurred()) return NULL;
+    uint64_t v;
+    if (gp_u64_arg(arg, "limit", 0, GP_U64_MAX, &v) < 0) return NULL;
     gp_pool_set_limit(self->pool, v);
     Py_RETURN_NONE;
 }
@@ -343,8 +375,11 @@ static PyObject *pool_set_limit(PoolObject *self, PyObject *arg)
 static PyObject *pool_set_tag_limit(PoolObject *self, PyObject *args)
 {
     int tag;
-    unsigned long long bytes;
-    if (!PyArg_ParseTuple(args, "iK", &tag, &bytes)) return NULL;
+    PyObject *bytes_o;
+    uint64_t bytes;
+    if (!PyArg_ParseTuple(args, "iO", &tag, &bytes_o)) return NULL;
+    if (gp_u64_arg(bytes_o, "tag limit", 0, GP_U64_MAX, &bytes) < 0) return NULL;
+    if (tag < 0 || tag >= GP_MAX_TAGS) tag = GP_MAX_TAGS; /* rejected, with its message, below */
     gp_status st = gp_pool_set_tag_limit(self->pool, (gp_tag)tag, bytes);
     if (st != GP_OK) return gp_raise(st);
     Py_RETURN_NONE;
@@ -441,9 +476,10 @@ static PyObject *pool_capture_prepare(PoolObject *self, PyObject *arg)
 
 static PyObject *pool_capture_begin(PoolObject *self, PyObject *args)
 {
-    unsigned long long key;
-    PyObject *stream_o;
-    if (!PyArg_ParseTuple(args, "KO", &key, &stream_o)) return NULL;
+    PyObject *key_o, *stream_o;
+    uint64_t key;
+    if (!PyArg_ParseTuple(args, "OO", &key_o, &stream_o)) return NULL;
+    if (gp_u64_arg(key_o, "graph pool key", 0, GP_U64_MAX, &key) < 0) return NULL;
     gp_stream s;
     if (!parse_stream(stream_o, &s)) return NULL;
     gp_status st = gp_pool_capture_begin(self->pool, key, s);
@@ -465,8 +501,8 @@ static PyObject *pool_capture_end(PoolObject *self, PyObject *arg)
 
 static PyObject *pool_capture_release(PoolObject *self, PyObject *arg)
 {
-    unsigned long long key = PyLong_AsUnsignedLongLong(arg);
-    if (PyErr_Occurred()) return NULL;
+    uint64_t key;
+    if (gp_u64_arg(arg, "graph pool key", 0, GP_U64_MAX, &key) < 0) return NULL;
     gp_status st;
     Py_BEGIN_ALLOW_THREADS
     st = gp_pool_capture_release(self->pool, key);
@@ -530,8 +566,12 @@ static PyObject *pool_history(PoolObject *self, PyObject *noargs)
 static PyObject *pool_history_note(PoolObject *self, PyObject *args)
 {
     int action, tag, prio;
-    unsigned long long addr, size;
-    if (!PyArg_ParseTuple(args, "iKKii", &action, &addr, &size, &tag, &prio)) return NULL;
+    PyObject *addr_o, *size_o;
+    uint64_t addr, size;
+    if (!PyArg_ParseTuple(args, "iOOii", &action, &addr_o, &size_o, &tag, &prio)) return NULL;
+    if (gp_u64_arg(addr_o, "history note: address", 0, UINTPTR_MAX, &addr) < 0 ||
+        gp_u64_arg(size_o, "history note: size", 0, GP_U64_MAX, &size) < 0)
+        return NULL;
     if (tag < 0 || tag >= GP_MAX_TAGS) {
         PyErr_Format(PyExc_ValueError, "history note: tag id %d is out of range (0..%d)", tag, GP_MAX_TAGS - 1);
         return NULL;

@@ -28,7 +28,8 @@ _ids: Dict[str, int] = {}
 
 def tag_id(name: str) -> int:
     """The small integer behind a tag name (interned on first use).  ValueError
-    for a bad name, MemoryError once all tags of the process are in use."""
+    for a bad name; RuntimeError (which says to reuse names) once all
+    1024 tags of the process are in use -- a full table, not a lack of memory."""
     i = _ids.get(name)
     if i is None:
         if not isinstance(name, str):
@@ -108,7 +109,13 @@ class tag(contextlib.ContextDecorator):
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        prev, inherited = self._local.saved.pop()
+        saved = getattr(self._local, "saved", None)
+        if not saved:
+            raise RuntimeError(
+                f"gpupool.tag({_C.tag_name(self._tag)!r}) exited on a thread that has not entered it "
+                f"(or more often than entered): a tag context belongs to the thread that enters it; "
+                f"enter and exit it on the same thread (a `with` block does)")
+        prev, inherited = saved.pop()
         if inherited is not None:
             _C.set_inherited(*inherited)
         _C.set_context(*prev)

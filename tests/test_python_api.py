@@ -304,3 +304,126 @@ def test_log_levels(level: str) -> None:
         assert "device synchronize" in after and after.count(": unmap 2.00 MiB") == 3, after
     elif level == "off":
         assert err.replace("HOT", "").replace("TRIM", "").strip() == "", err
+
+
+def test_out_of_range_ints_are_refused_not_cut() -> None:
+    # 2**64 + n used to become n (PyArg "K" masks): an 8 MiB pool, a 1-byte
+    # limit, a 1-byte trim.
+    big = 2 ** 64 + 8 * MiB
+    with pytest.raises(OverflowError, match=f"capacity {big} is out of range: 1..{2 ** 64 - 1}"):
+        HostPool(big)
+    p = HostPool(64 * MiB, chunk="2MiB")
+    a = p.alloc(3 * MiB, tag="kept")
+    with pytest.raises(OverflowError, match=f"tag limit {2 ** 64 + 1} is out of range"):
+        p.set_limit(2 ** 64 + 1, tag="kept")
+    with pytest.raises(OverflowError, match=f"limit {2 ** 64 + 1} is out of range"):
+        p.set_limit(2 ** 64 + 1)
+    p.free(a)
+    with pytest.raises(OverflowError, match=f"trim: bytes {2 ** 64 + 1} is out of range"):
+        p.trim(2 ** 64 + 1)
+    s = p.stats()
+    assert s["limit"] == 0 and s["tags"]["kept"]["limit"] == 0 and s["reserved"] > 0  # nothing changed
+    with pytest.raises(OverflowError, match="stream"):
+        p._pool.alloc(4096, 2 ** 64 + 1)
+    with pytest.raises(ValueError, match="tag id 65541 is out of range"):
+        p._pool.alloc(4096, 0, 2 ** 16 + 5)  # a cast to uint16 made it tag 5
+    with pytest.raises(OverflowError, match="graph pool key"):
+        p._pool.capture_begin(2 ** 64 + 5, 1)
+    assert p.stats()["n_alloc"] == 1
+
+
+def test_a_never_interned_tag_id_is_refused_and_reports_keep_working() -> None:
+    p = HostPool(64 * MiB)
+    a = p.alloc(4096, tag="real")
+    unused = next(i for i in range(_C.MAX_TAGS - 1, 0, -1) if not _interned(i))
+    with pytest.raises(ValueError, match=f"tag id {unused} .*must be interned"):
+        p._pool.alloc(4096, 0, unused)
+    assert [b.tag for b in p.blocks() if b.state == "used"] == ["real"]
+    snap = p.snapshot()
+    assert [b["tag"] for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"] \
+        == ["real"]
+    assert "real" in p.report() and p.stats()["n_alloc"] == 1
+    p.free(a)
+
+
+def _interned(tag_id: int) -> bool:
+    try:
+        _C.tag_name(tag_id)
+    except ValueError:
+        return False
+    return True
+
+
+def test_limits_below_one_chunk_are_refused() -> None:
+    # GPUPOOL_LIMIT=2 meant 2 bytes: every allocation failed.  A fraction
+    # that resolved to 0 bytes meant no limit at all.
+    for limit in ("2", "1MiB", "0.000000001", "3%"):
+        with pytest.raises(ValueError, match=r"less than one chunk \(GPUPOOL_CHUNK=2MiB\).*at least 2MiB"):
+            HostPool(64 * MiB, chunk="2MiB", limit=limit)
+    assert HostPool(64 * MiB, chunk="512KiB", limit="1MiB").stats()["limit"] == MiB
+    assert HostPool(64 * MiB, chunk="1MiB", limit="3%").stats()["limit"] == int(0.03 * 64 * MiB)
+    r = subprocess.run([sys.executable, "-m", "gpupool", "config"], capture_output=True, text=True,
+                       env=child_env({"GPUPOOL_LIMIT": "2"}))
+    assert r.returncode == 2 and "GPUPOOL_LIMIT=2 is 2 bytes" in r.stderr, r.stderr
+    # A fraction is checked against the device, when its pool is made.
+    code = ("from gpupool import _C\n_C.use_host_backend(64 << 20)\n_C.configure({'limit': '0.01'})\n"
+            "try:\n    _C.device_pool(0, True)\nexcept RuntimeError as e:\n    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env())
+    assert "cannot create the pool of device 0: GPUPOOL_LIMIT=1% is 671088 bytes on a device of 64MiB" \
+        in r.stdout, (r.stdout, r.stderr)
+
+
+# Values of every option, to print and parse back.
+OPTION_SAMPLES = {
+    "mode": ["expandable", "reserve"],
+    "reserve": ["85%", "20GiB", "0.000000001", "12.345678912345%", "none", "123456789"],
+    "limit": ["3GiB", "0.5", "0.000000001", "37.5%", "none", "123456789"],
+    "priority": ["low", "critical", "200"],
+    "codec": ["none", "lz4", "zstd", "bytesplit", "bytesplit+lz4", "bytesplit+zstd"],
+    "offload_threads": ["1", "64"],
+    "tenant": ["none", "team-a.b_1"],
+    "log": ["off", "oom", "all"],
+    "trace": ["1", "no"],
+    "chunk": ["64KiB", "1GiB"],
+    "small_size": ["4KiB", "5000"],
+    "torch_patch": ["0", "on"],
+    "placement": ["none", "lifetime"],
+    "large_chunk": ["64KiB", "128MiB"],
+    "cache_slack": ["0", "0%", "none", "0.000000001", "5%", "33.3333333%"],
+}
+
+
+def test_every_option_prints_what_it_parses_back() -> None:
+    # `python -m gpupool config` printed 0%, 1e-07% and an empty tenant,
+    # which no parser took back.
+    keys = [o[1] for o in _C.config_options()]
+    assert sorted(OPTION_SAMPLES) == sorted(keys), "give every option sample values"
+    try:
+        _C.configure({})
+        defaults = _C.config()
+        for key in keys:
+            for value in [defaults[key]] + OPTION_SAMPLES[key]:
+                opts = {"chunk": "64KiB"} if key == "limit" else {}  # small limits are refused below a chunk
+                _C.configure({**opts, key: value})
+                printed = _C.config()
+                _C.configure({**opts, key: printed[key]})
+                assert _C.config() == printed, (key, value, printed[key])
+    finally:
+        _C.configure(None)
+
+
+def test_cli_config_output_is_accepted_as_input() -> None:
+    env = {"GPUPOOL_LIMIT": "0.000000001", "GPUPOOL_CACHE_SLACK": "0", "GPUPOOL_CHUNK": "64KiB",
+           "GPUPOOL_RESERVE": "12.5%"}
+
+    def printed(extra: dict) -> dict:
+        r = subprocess.run([sys.executable, "-m", "gpupool", "config"], capture_output=True, text=True,
+                           env=child_env(extra))
+        assert r.returncode == 0, r.stderr
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("GPUPOOL_")]
+        return dict(ln.removesuffix(" (set)").split("=", 1) for ln in lines)
+
+    first = printed(env)
+    assert first["GPUPOOL_CACHE_SLACK"] == "0" and first["GPUPOOL_TENANT"] == "none"
+    assert first["GPUPOOL_LIMIT"] == "0.0000001%" and first["GPUPOOL_MODE"] == "reserve"
+    assert printed(first) == first  # every printed value, given back as the variable

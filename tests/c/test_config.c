@@ -122,9 +122,8 @@ static void test_table(void)
             env[8 + j] = (char)(o[i].key[j] >= 'a' && o[i].key[j] <= 'z' ? o[i].key[j] - 32 : o[i].key[j]);
         CHECK(strcmp(env, o[i].env) == 0);
         /* The documented default is what gp_config_default gives, but for
-         * the two whose default is "nothing set". */
+         * the reserve, whose default depends on the mode. */
         if (strcmp(o[i].key, "reserve") == 0) CHECK(get_is(&cfg, o[i].key, "none"));
-        else if (strcmp(o[i].key, "tenant") == 0) CHECK(get_is(&cfg, o[i].key, ""));
         else CHECK(get_is(&cfg, o[i].key, o[i].def));
     }
     CHECK(strstr(o[1].def, "80%") != NULL);
