@@ -49,8 +49,9 @@ def enable(**options: Any) -> None:
             return
         torch = _torch()
         if not torch.cuda.is_available():
-            raise RuntimeError("gpupool.enable(): torch sees no CUDA device "
-                               "(torch.cuda.is_available() is False)")
+            raise RuntimeError("gpupool.enable(): torch sees no CUDA device (torch.cuda.is_available() "
+                               "is False); gpupool holds GPU memory, so there is nothing to enable on "
+                               "this machine (gpupool.HostPool runs the allocator over host memory)")
         _C.configure(options)
         alloc = torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, "gpupool_malloc", "gpupool_free")
         try:
