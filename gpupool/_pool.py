@@ -7,6 +7,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional
 from . import _C
 from ._context import LIFETIMES, Priority, priority_value, tag_id
 from ._report import format_bytes, format_report
+from ._snapshot import pool_snapshot
 
 __all__ = ["Block", "PoolView", "HostPool", "format_bytes"]
 
@@ -108,8 +109,6 @@ class PoolView:
     def snapshot(self, device: int = 0) -> Dict[str, Any]:
         """Segments, blocks and history in the format of
         torch.cuda.memory._snapshot(), filed under device index `device`."""
-        from ._snapshot import pool_snapshot
-
         return pool_snapshot(self, device, self.settings())
 
     def last_oom_report(self) -> str:

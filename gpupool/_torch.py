@@ -8,9 +8,9 @@ import warnings
 from typing import Any, Dict, Optional
 
 from . import _C, _torch_patch
-from ._pool import PoolView
+from ._registry import mark_enabled
 
-__all__ = ["enable", "is_enabled", "device_pool", "current_device", "disable_torch_patches"]
+__all__ = ["enable", "disable_torch_patches"]
 
 _lock = threading.Lock()
 _allocator: Any = None
@@ -62,6 +62,7 @@ def enable(**options: Any) -> None:
                 "PyTorch's own allocator is already in use. Call it at the top of the script, "
                 "or use `python -m gpupool run script.py`.") from e
         _allocator, _options = alloc, dict(options)
+        mark_enabled()
         why = _C.torch_throw_missing()
         if why:
             warnings.warn(f"gpupool: a failed allocation cannot raise torch.OutOfMemoryError or "
@@ -84,25 +85,3 @@ def disable_torch_patches() -> None:
     graph hooks stay: without them memory would be reused under running
     kernels."""
     _torch_patch.uninstall_api()
-
-
-def is_enabled() -> bool:
-    """True once enable() succeeded in this process."""
-    return _allocator is not None
-
-
-def current_device() -> int:
-    """torch's current CUDA device when torch is loaded, else 0."""
-    import sys
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        return int(torch.cuda.current_device())
-    return 0
-
-
-def device_pool(device: Optional[int] = None) -> PoolView:
-    """The pool of a CUDA device (the current one by default)."""
-    if not is_enabled():
-        raise RuntimeError("gpupool is not enabled: call gpupool.enable() first")
-    d = current_device() if device is None else int(device)
-    return PoolView(_C.device_pool(d, True), f"device {d}")

@@ -31,7 +31,7 @@ import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _C
+from . import _C, _history
 from ._pool import PoolView
 
 __all__ = ["torch_memory_stats", "install_api", "uninstall_api", "install_safety", "api_installed"]
@@ -180,8 +180,7 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
 
 def _snapshot(device: Any = None, *args: Any, **kwargs: Any) -> Dict[str, Any]:
     """torch.cuda.memory._snapshot: gpupool's snapshot in PyTorch's format."""
-    from ._snapshot import snapshot
-    return snapshot(_device(device))
+    return _history.snapshot(_device(device))
 
 
 def memory_snapshot(*args: Any, **kwargs: Any) -> List[Dict[str, Any]]:
@@ -191,8 +190,7 @@ def memory_snapshot(*args: Any, **kwargs: Any) -> List[Dict[str, Any]]:
 
 def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
     """torch.cuda.memory._dump_snapshot: pickle gpupool's snapshot (memory_viz reads it)."""
-    from ._snapshot import dump_snapshot
-    dump_snapshot(filename)
+    _history.dump_snapshot(filename)
 
 
 # A ring of more events than this would take GiBs of host memory (40 B an
@@ -211,8 +209,6 @@ def _record_memory_history(enabled: Any = "all", context: Any = "all", stacks: A
     None) records Python stacks; C++ frames are not gathered.  ``max_entries``
     left out, or above 2**26 events (PyTorch's default, sys.maxsize, means
     "unbounded"), gives gpupool's default ring of 100,000 events."""
-    from ._snapshot import record_history
-
     if "trace_alloc_max_entries" in kwargs:  # the pre-2.1 keyword
         max_entries = kwargs.pop("trace_alloc_max_entries")
     on = enabled not in (None, False)
@@ -221,7 +217,7 @@ def _record_memory_history(enabled: Any = "all", context: Any = "all", stacks: A
     if not isinstance(max_entries, int) or max_entries <= 0:
         raise ValueError(f"_record_memory_history: max_entries must be an int > 0, got {max_entries!r}")
     with_stacks = context is not None and stacks in ("python", "all", True)
-    record_history(on, max_entries, with_stacks, None if device is None else _device(device))
+    _history.record_history(on, max_entries, with_stacks, None if device is None else _device(device))
 
 
 _API: Dict[str, Callable[..., Any]] = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from typing import Dict, List, Set
 
 import pytest
 
@@ -427,3 +428,86 @@ def test_cli_config_output_is_accepted_as_input() -> None:
     assert first["GPUPOOL_CACHE_SLACK"] == "0" and first["GPUPOOL_TENANT"] == "none"
     assert first["GPUPOOL_LIMIT"] == "0.0000001%" and first["GPUPOOL_MODE"] == "reserve"
     assert printed(first) == first  # every printed value, given back as the variable
+
+
+def _gpupool_imports() -> Dict[str, Set[str]]:
+    """Module -> the gpupool modules it imports, anywhere in it (functions
+    too: an import deferred into a function still runs the other way),
+    except under `if TYPE_CHECKING:`, which never runs.  "gpupool" is the
+    package's __init__."""
+    import ast
+    from pathlib import Path
+
+    pkg = Path(gpupool.__file__).parent
+    graph: Dict[str, Set[str]] = {}
+    for path in sorted(pkg.glob("*.py")):
+        name = "gpupool" if path.stem == "__init__" else path.stem
+        deps: Set[str] = set()
+        tree = ast.parse(path.read_text())
+        skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                and getattr(node.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                deps |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpupool"):
+                sub = node.module.split(".")[1:]
+                deps |= {sub[0]} if sub else {a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name.split(".")[1] if "." in a.name else "gpupool"
+                         for a in node.names if a.name.split(".")[0] == "gpupool"}
+        graph[name] = deps - {name}
+    return graph
+
+
+def test_package_imports_run_one_way() -> None:
+    graph = _gpupool_imports()
+    assert "_registry" in graph and graph["_context"] <= {"_C"}, graph
+    state: Dict[str, int] = {}
+
+    def visit(m: str, path: List[str]) -> None:
+        if state.get(m) == 1:
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(m):] + [m]))
+        if state.get(m) == 2 or m not in graph:
+            return
+        state[m] = 1
+        for d in sorted(graph[m]):
+            visit(d, path + [m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        visit(m, [])
+
+
+def test_every_module_imports_first_and_alone() -> None:
+    # Each module is imported first in a fresh interpreter, under a bare
+    # package (its __init__, which imports everything, does not run): what
+    # it needs at import time must come in on its own, without torch.
+    from pathlib import Path
+
+    pkg = str(Path(gpupool.__file__).parent)
+    modules = sorted(m for m in _gpupool_imports() if m not in ("gpupool", "__main__"))
+    code = ("import importlib, sys, types\nsys.modules['torch'] = None\n"
+            "pkg = types.ModuleType('gpupool'); pkg.__path__ = [sys.argv[1]]; sys.modules['gpupool'] = pkg\n"
+            "importlib.import_module('gpupool.' + sys.argv[2])\n"
+            "print(' '.join(sorted(m[8:] for m in sys.modules if m.startswith('gpupool.'))))\n")
+    graph = _gpupool_imports()
+    for m in modules:
+        r = subprocess.run([sys.executable, "-c", code, pkg, m], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, (m, r.stderr)
+        loaded = set(r.stdout.split())
+        assert m in loaded and loaded <= _closure(graph, m), (m, loaded)
+    r = subprocess.run([sys.executable, "-c", "import sys; sys.modules['torch'] = None; import gpupool"],
+                       capture_output=True, text=True, env=child_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def _closure(graph: Dict[str, Set[str]], m: str) -> Set[str]:
+    seen, todo = set(), [m]
+    while todo:
+        x = todo.pop()
+        if x not in seen:
+            seen.add(x)
+            todo += graph.get(x, ())
+    return seen

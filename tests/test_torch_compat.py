@@ -736,9 +736,9 @@ def test_gpu_non_oom_failures_are_runtime_errors(run_py) -> None:
 
 def test_record_memory_history_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     # torch.cuda.memory._record_memory_history's arguments, as gpupool.record_history takes them.
-    from gpupool import _snapshot
+    from gpupool import _history
     calls = []
-    monkeypatch.setattr(_snapshot, "record_history", lambda *a: calls.append(a))
+    monkeypatch.setattr(_history, "record_history", lambda *a: calls.append(a))
     rmh = _torch_patch._record_memory_history
     rmh()                                            # PyTorch's defaults: all, Python stacks
     rmh(max_entries=2 ** 63 - 1)                     # sys.maxsize: "unbounded"
