@@ -32,17 +32,22 @@ CUDA_HEADERS_REQUIREMENT = "nvidia-cuda-runtime>=13,<14"
 _SYSTEM = ("/usr/local/cuda/include", "/usr/include", "/usr/local/include")
 
 
+def package_sites() -> List[str]:
+    """Folders that may hold pip packages: sys.path (where pip puts the
+    build environment it made) and this interpreter's site-packages (a venv
+    that has torch's CUDA libraries)."""
+    sites = [p for p in sys.path if p and os.path.isdir(p)]
+    sites += [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    return list(dict.fromkeys(sites))
+
+
 def cuda_include_candidates() -> List[str]:
     """Where cuda.h is looked for, in order: $CUDA_HOME, $CUDA_PATH, the
-    system folders, then the include folders of NVIDIA's pip packages on
-    sys.path and in site-packages (the build environment pip made, or a
-    venv that has torch's CUDA libraries)."""
+    system folders, then the include folders of NVIDIA's pip packages."""
     out = [os.path.join(os.environ[v], "include") for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
     if os.environ.get("GP_BUILD_CUDA_SYSTEM", "1") != "0":
         out += _SYSTEM
-    sites = [p for p in sys.path if p and os.path.isdir(p)]
-    sites += [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-    for site in dict.fromkeys(sites):
+    for site in package_sites():
         out += sorted(glob.glob(os.path.join(site, "nvidia", "*", "include")))
     return out
 

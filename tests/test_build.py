@@ -14,19 +14,17 @@ import pytest
 from conftest import ROOT, child_env
 
 # Plays a machine without the toolkit: CUDA_HOME names nothing, the system
-# folders are not consulted, and nvidia/*/include folders on sys.path (a venv
-# with torch's CUDA libraries has one) are taken off in the child.
+# folders are not consulted, and (in the children below) neither are this
+# venv's packages, which may hold torch's nvidia/cu13/include.
 NO_TOOLKIT = {"CUDA_HOME": "/nonexistent-cuda", "GP_BUILD_CUDA_SYSTEM": "0"}
 
 REQUIRES = """
-import glob, json, os, sys, types
+import json, os, sys
 sys.path.insert(0, os.path.join(sys.argv[1], "build_backend"))
 import gpupool_build as b
-def has_header(p):
-    return bool(glob.glob(os.path.join(p, "nvidia", "*", "include", "cuda.h")))
-sys.path[:] = [p for p in sys.path if not has_header(p)] + sys.argv[2:]
-b.sysconfig = types.SimpleNamespace(get_paths=lambda: {"purelib": "/nonexistent", "platlib": "/nonexistent"})
-os.chdir(sys.argv[1])
+root, sites = sys.argv[1], sys.argv[2:]
+b.package_sites = lambda: sites  # not this venv's: it may hold torch's nvidia packages
+os.chdir(root)
 print(json.dumps({"include": b.find_cuda_include(), "wheel": b.get_requires_for_build_wheel(),
                   "editable": b.get_requires_for_build_editable()}))
 """
@@ -58,15 +56,11 @@ def test_backend_asks_for_the_cuda_headers_only_without_them(tmp_path: Path) -> 
 
 
 SETUP_MESSAGE = """
-import glob, os, sys, types
-def has_header(p):
-    return bool(glob.glob(os.path.join(p, "nvidia", "*", "include", "cuda.h")))
-sys.path[:] = [p for p in sys.path if not has_header(p)]
+import os, sys
 root, out = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(root, "build_backend"))
 import gpupool_build  # setup.py finds this one in sys.modules
-gpupool_build.sysconfig = types.SimpleNamespace(get_paths=lambda: {"purelib": "/nonexistent",
-                                                                   "platlib": "/nonexistent"})
+gpupool_build.package_sites = lambda: []
 os.chdir(root)
 sys.argv = ["setup.py", "build_ext", "--build-temp", out, "--build-lib", out]
 import runpy
