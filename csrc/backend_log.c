@@ -26,7 +26,7 @@ typedef struct log_backend {
 
 /* Every function of the table is forwarded: a function added to backend.h
  * must be forwarded here too, or a logged pool would call NULL. */
-_Static_assert(sizeof(gp_backend) == 4 * sizeof(void *) + 18 * sizeof(gp_status (*)(void)),
+_Static_assert(sizeof(gp_backend) == 4 * sizeof(void *) + 19 * sizeof(gp_status (*)(void)),
                "backend.h changed: forward the new function in backend_log.c");
 
 static double gp_now_us(void)
@@ -105,6 +105,8 @@ GP_FORWARD_VOID(stream_destroy, (gp_backend *be, gp_stream stream), (INNER(be), 
 GP_FORWARD(copy, (gp_backend *be, void *dst, const void *src, uint64_t size, int dir, gp_stream stream),
            (INNER(be), dst, src, size, dir, stream))
 GP_FORWARD(event_wait, (gp_backend *be, uint64_t event), (INNER(be), event))
+GP_FORWARD(checksum, (gp_backend *be, const void *ptr, uint64_t size, uint64_t seed, void *out, gp_stream stream),
+           (INNER(be), ptr, size, seed, out, stream))
 
 gp_status gp_backend_logged(gp_backend *inner, gp_backend **out)
 {
@@ -123,7 +125,7 @@ gp_status gp_backend_logged(gp_backend *inner, gp_backend **out)
         .is_capturing = log_is_capturing, .synchronize = log_synchronize, .mem_info = log_mem_info,
         .host_alloc = log_host_alloc, .host_free = log_host_free, .stream_create = log_stream_create,
         .stream_destroy = log_stream_destroy, .copy = log_copy, .event_wait = log_event_wait,
-        .destroy = log_destroy,
+        .checksum = log_checksum, .destroy = log_destroy,
     };
     *out = &l->be;
     return GP_OK;

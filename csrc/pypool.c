@@ -33,11 +33,7 @@ PyObject *gp_raise(gp_status st)
 
 /* ------------------------------------------------------------- Pool type */
 
-typedef struct {
-    PyObject_HEAD
-    gp_pool *pool;
-    int owned;
-} PoolObject;
+typedef gp_pool_object PoolObject;
 
 PyObject *gp_pool_wrap(gp_pool *p, int owned)
 {
@@ -50,7 +46,10 @@ PyObject *gp_pool_wrap(gp_pool *p, int owned)
 
 static void pool_dealloc(PoolObject *self)
 {
-    if (self->owned && self->pool) gp_pool_destroy(self->pool);
+    if (self->owned && self->pool) {
+        gp_offloader_forget(self->pool);
+        gp_pool_destroy(self->pool);
+    }
     PyObject_Free(self);
 }
 
@@ -428,7 +427,9 @@ static PyObject *pool_reset_peaks(PoolObject *self, PyObject *noargs)
 static PyObject *pool_last_oom(PoolObject *self, PyObject *noargs)
 {
     (void)noargs;
-    return PyUnicode_FromString(gp_pool_last_oom(self->pool));
+    char buf[GP_OOM_REPORT_MAX];
+    gp_pool_last_oom(self->pool, buf, sizeof buf);
+    return PyUnicode_FromString(buf);
 }
 
 static PyObject *pool_lookup(PoolObject *self, PyObject *arg)
@@ -582,6 +583,7 @@ static PyObject *pool_history_note(PoolObject *self, PyObject *args)
 }
 
 static PyMethodDef pool_methods[] = {
+    GP_OFFLOAD_METHODS
     {"alloc", (PyCFunction)(void (*)(void))pool_alloc, METH_VARARGS | METH_KEYWORDS,
      "alloc(size, stream=0, tag=-1, priority=-1) -> address; tag/priority -1: this thread's context"},
     {"free", (PyCFunction)pool_free, METH_O, "free(address)"},

@@ -391,6 +391,8 @@ OPTION_SAMPLES = {
     "placement": ["none", "lifetime"],
     "large_chunk": ["64KiB", "128MiB"],
     "cache_slack": ["0", "0%", "none", "0.000000001", "5%", "33.3333333%"],
+    "host_limit": ["50%", "0.000000001", "64GiB", "none"],
+    "debug": ["0", "yes"],
 }
 
 

@@ -27,7 +27,7 @@ static int cfg_eq(const gp_config *a, const gp_config *b)
            strcmp(a->tenant, b->tenant) == 0 && a->log == b->log && a->trace == b->trace &&
            a->chunk == b->chunk && a->small_size == b->small_size &&
            a->large_chunk == b->large_chunk && a->cache_slack == b->cache_slack &&
-           a->torch_patch == b->torch_patch && a->placement == b->placement;
+           a->torch_patch == b->torch_patch && a->placement == b->placement && a->debug == b->debug;
 }
 
 static int has(const char *needle) { return strstr(gp_last_error(), needle) != NULL; }
@@ -110,7 +110,7 @@ static void test_table(void)
 {
     size_t n = 0;
     const gp_option_info *o = gp_config_options(&n);
-    CHECK(n == 15);
+    CHECK(n == 17);
     gp_config cfg;
     gp_config_default(&cfg);
     for (size_t i = 0; i < n; i++) {
@@ -129,8 +129,8 @@ static void test_table(void)
     CHECK(strstr(o[1].def, "80%") != NULL);
     const char *keys[] = {"mode", "reserve", "limit", "priority", "codec", "offload_threads",
                           "tenant", "log", "trace", "chunk", "small_size", "torch_patch",
-                          "placement", "large_chunk", "cache_slack"};
-    for (size_t i = 0; i < n && i < 15; i++) CHECK(strcmp(o[i].key, keys[i]) == 0);
+                          "placement", "large_chunk", "cache_slack", "host_limit", "debug"};
+    for (size_t i = 0; i < n && i < 17; i++) CHECK(strcmp(o[i].key, keys[i]) == 0);
 }
 
 static void test_defaults(void)
@@ -143,7 +143,7 @@ static void test_defaults(void)
     CHECK(c.limit.bytes == 0 && c.limit.fraction == 0);
     CHECK(c.priority == GP_PRIO_NORMAL);
     CHECK(strcmp(c.codec, "none") == 0);
-    CHECK(c.offload_threads == 4);
+    CHECK(c.offload_threads == 8);
     CHECK(c.tenant[0] == '\0');
     CHECK(c.log == GP_LOG_OOM);
     CHECK(c.trace == 0);
@@ -152,6 +152,7 @@ static void test_defaults(void)
     CHECK(c.large_chunk == 64 * MiB);
     CHECK(c.cache_slack == 0.05);
     CHECK(c.torch_patch == 1);
+    CHECK(c.debug == 0);
 }
 
 static void test_sizes(void)
@@ -379,15 +380,18 @@ static void test_options(void)
     for (int i = 0; yes[i]; i++) {
         CHECK(set_ok(&c, "trace", yes[i]) && c.trace == 1);
         CHECK(set_ok(&c, "torch_patch", yes[i]) && c.torch_patch == 1);
+        CHECK(set_ok(&c, "GPUPOOL_DEBUG", yes[i]) && c.debug == 1);
     }
     for (int i = 0; no[i]; i++) {
         CHECK(set_ok(&c, "trace", no[i]) && c.trace == 0);
         CHECK(set_ok(&c, "torch_patch", no[i]) && c.torch_patch == 0);
+        CHECK(set_ok(&c, "debug", no[i]) && c.debug == 0);
     }
     const char *notbool[] = {"2", "maybe", "y", "n", "01", "", " 1", NULL};
     for (int i = 0; notbool[i]; i++) {
         CHECK(set_bad("trace", notbool[i]));
         CHECK(set_bad("torch_patch", notbool[i]));
+        CHECK(set_bad("debug", notbool[i]));
     }
     /* chunk: absolute, a power of two in [64KiB, 1GiB] */
     CHECK(set_ok(&c, "chunk", "64KiB") && c.chunk == 64 * KiB);
@@ -487,7 +491,8 @@ static void test_get(void)
     const char *set[][2] = {{"mode", "reserve"},     {"reserve", "0.9"},     {"limit", "20GB"},
                             {"priority", "42"},      {"codec", "BYTESPLIT"}, {"offload_threads", "9"},
                             {"tenant", "x.y-z"},     {"log", "all"},         {"trace", "on"},
-                            {"chunk", "128KiB"},     {"small_size", "12345"}, {"torch_patch", "off"}};
+                            {"chunk", "128KiB"},     {"small_size", "12345"}, {"torch_patch", "off"},
+                            {"debug", "yes"}};
     for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) CHECK(gp_config_set(&a, set[i][0], set[i][1]) == GP_OK);
     size_t n;
     const gp_option_info *o = gp_config_options(&n);
