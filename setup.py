@@ -2,7 +2,8 @@
 libdl, plus libzstd / liblz4 when this machine can build against them.
 
 CUDA is loaded at run time with dlopen; the build needs only cuda.h for types,
-looked for in $CUDA_HOME, /usr/local/cuda and the NVIDIA pip packages.
+found by build_backend/gpupool_build.py (the PEP 517 backend, which gets it
+from PyPI when this machine has none).
 """
 import glob
 import os
@@ -12,26 +13,23 @@ import sysconfig
 import tempfile
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "build_backend"))
+from gpupool_build import CUDA_HEADERS_REQUIREMENT, cuda_include_candidates, find_cuda_include  # noqa: E402
 
 
-def find_cuda_include() -> str:
-    candidates = []
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            candidates.append(os.path.join(os.environ[var], "include"))
-    candidates.append("/usr/local/cuda/include")
-    for site in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
-        candidates += sorted(glob.glob(os.path.join(site, "nvidia", "*", "include")))
-    for inc in candidates:
-        if os.path.isfile(os.path.join(inc, "cuda.h")):
-            return inc
-    sys.exit(
-        "gpupool: cuda.h not found (looked in $CUDA_HOME/include, /usr/local/cuda/include and "
-        "site-packages/nvidia/*/include). Install the CUDA toolkit headers (e.g. the "
-        "'cuda-toolkit' or 'nvidia-cuda-runtime' package) or set CUDA_HOME."
-    )
+def cuda_include() -> str:
+    inc = find_cuda_include()
+    if inc is None:
+        sys.exit(
+            "gpupool: cuda.h not found; looked in:\n  " + "\n  ".join(cuda_include_candidates()) +
+            "\nThe build needs the header only (nothing is linked to CUDA). Build with pip's build "
+            "isolation (the default), which fetches it, or install it into this environment: "
+            f"pip install '{CUDA_HEADERS_REQUIREMENT}' (or the CUDA toolkit, with CUDA_HOME set)."
+        )
+    return inc
 
 
 def can_link(header: str, lib: str, call: str) -> bool:
@@ -55,14 +53,26 @@ if os.environ.get("GP_BUILD_NO_LZ4") != "1" and can_link("lz4.h", "lz4", "LZ4_ve
     macros.append(("GP_HAVE_LZ4", "1"))
     libraries.append("lz4")
 
+class BuildExt(build_ext):
+    """cuda.h is looked for when the extension is built, not when setup.py
+    is read: pip first asks the backend what the build needs (setup.py runs
+    then too), and on a machine without the header that answer is what
+    brings it."""
+
+    def build_extensions(self) -> None:
+        for e in self.extensions:
+            e.include_dirs.append(cuda_include())
+        super().build_extensions()
+
+
 ext = Extension(
     "gpupool._C",
     sources=sorted(glob.glob("csrc/*.c")),
-    include_dirs=["csrc", find_cuda_include()],
+    include_dirs=["csrc"],
     define_macros=macros + [("_GNU_SOURCE", "1")],
     libraries=libraries,
     extra_compile_args=["-std=c11", "-O2", "-fexceptions", "-fvisibility=hidden", "-Wall", "-Wextra",
                         "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
 )
 
-setup(ext_modules=[ext])
+setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt})

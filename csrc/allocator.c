@@ -15,12 +15,14 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include "backend.h"
 #include "module.h"
 #include "pystack.h"
 #include "torch_abi.h"
 
 static gp_config g_cfg;
 static int g_configured;
+static uint64_t g_host_capacity; /* non-zero: device pools over the host backend (tests) */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic(gp_pool *) g_pools[GP_MAX_DEVICES];
 static atomic_ullong g_free_errors;
@@ -89,7 +91,13 @@ gp_pool *gp_registry_pool(int device)
     if (!p) {
         if (!g_configured) gp_config_default(&g_cfg);
         gp_backend *be;
-        gp_status st = gp_backend_cuda_create(device, &be);
+        gp_status st = g_host_capacity ? gp_backend_host_create(g_host_capacity, &be)
+                                       : gp_backend_cuda_create(device, &be);
+        if (st == GP_OK && gp_config_validate(&g_cfg, be->total) != GP_OK) {
+            be->destroy(be); /* a limit that resolves to less than a chunk on this device */
+            st = GP_ERR_INVALID;
+        }
+        if (st == GP_OK && g_cfg.log == GP_LOG_ALL) st = gp_backend_logged(be, &be);
         if (st == GP_OK) st = gp_pool_create(be, &g_cfg, &p);
         if (st != GP_OK) {
             snprintf(g_create_error, sizeof g_create_error, "%s", gp_last_error());
@@ -109,15 +117,31 @@ gp_pool *gp_registry_pool(int device)
     return p;
 }
 
+/* Whether a device pool exists (g_lock held). */
+static int gp_registry_live(void)
+{
+    int live = 0;
+    for (int i = 0; i < GP_MAX_DEVICES; i++) live |= atomic_load(&g_pools[i]) != NULL;
+    return live;
+}
+
 int gp_registry_configure(const gp_config *cfg)
 {
     gp_registry_lock();
-    int live = 0;
-    for (int i = 0; i < GP_MAX_DEVICES; i++) live |= atomic_load(&g_pools[i]) != NULL;
+    int live = gp_registry_live();
     if (!live) {
         g_cfg = *cfg;
         g_configured = 1;
     }
+    pthread_mutex_unlock(&g_lock);
+    return live ? -1 : 0;
+}
+
+int gp_registry_use_host(uint64_t capacity)
+{
+    gp_registry_lock();
+    int live = gp_registry_live();
+    if (!live) g_host_capacity = capacity;
     pthread_mutex_unlock(&g_lock);
     return live ? -1 : 0;
 }
@@ -133,6 +157,22 @@ void gp_registry_config(gp_config *out)
 gp_pool *gp_registry_get(int device)
 {
     return device >= 0 && device < GP_MAX_DEVICES ? atomic_load(&g_pools[device]) : NULL;
+}
+
+/* The one place above the pool that asks a device itself: a backend made
+ * for the question and destroyed (no memory is reserved or mapped). */
+uint64_t gp_registry_device_free(int device)
+{
+    gp_backend *be;
+    uint64_t free_b = 0, total = 0;
+    gp_registry_lock();
+    uint64_t host = g_host_capacity;
+    pthread_mutex_unlock(&g_lock);
+    gp_status st = host ? gp_backend_host_create(host, &be) : gp_backend_cuda_create(device, &be);
+    if (st != GP_OK) return 0;
+    if (be->mem_info(be, &free_b, &total) != GP_OK) free_b = 0;
+    be->destroy(be);
+    return free_b;
 }
 
 const char *gp_registry_error(void) { return g_create_error; }
@@ -161,7 +201,11 @@ __attribute__((visibility("default"))) void *gpupool_malloc(ssize_t size, int de
     if (!p || device < 0 || device >= GP_MAX_DEVICES) {
         p = gp_registry_pool(device);
         if (!p) {
-            fprintf(stderr, "gpupool: cannot create the pool of device %d: %s\n", device, g_create_error);
+            char msg[1200];
+            snprintf(msg, sizeof msg, "gpupool: cannot create the pool of device %d: %s", device,
+                     g_create_error[0] ? g_create_error : gp_last_error());
+            fprintf(stderr, "%s\n", msg);
+            gp_torch_throw(0, msg); /* does not return when torch's C++ runtime is there */
             return NULL;
         }
     }
@@ -176,21 +220,26 @@ __attribute__((visibility("default"))) void *gpupool_malloc(ssize_t size, int de
     void *r = gp_alloc(p, (size_t)size, stream, tag, prio, &st);
     if (stacks) gp_set_context(0);
     if (r) return r;
+    /* Out of memory and limits are torch.OutOfMemoryError, which callers
+     * catch to retry smaller; anything else (a driver error, too many
+     * streams) is a RuntimeError, which no retry can cure. */
+    int oom = st == GP_ERR_OOM || st == GP_ERR_LIMIT;
     char msg[1200];
-    if (st == GP_ERR_OOM || st == GP_ERR_LIMIT) {
+    if (oom) {
         /* This allocation's own report (the pool's last may be another
          * thread's by now). */
-        char oom[GP_OOM_REPORT_MAX];
-        snprintf(oom, sizeof oom, "%s", gp_last_error());
-        gp_log_oom(oom);
+        char report[GP_OOM_REPORT_MAX];
+        snprintf(report, sizeof report, "%s", gp_last_error());
+        gp_log_oom(report);
         /* "CUDA out of memory." first: code that matches PyTorch's message
          * (accelerate's batch-size finder, for one) recognises it. */
-        snprintf(msg, sizeof msg, "CUDA out of memory. %s", oom);
+        snprintf(msg, sizeof msg, "CUDA out of memory. %s", report);
     } else {
-        snprintf(msg, sizeof msg, "gpupool: allocation of %zd bytes failed: %s", size, gp_last_error());
+        snprintf(msg, sizeof msg, "gpupool: allocation of %zd bytes on device %d failed (%s): %s", size,
+                 device, gp_status_str(st), gp_last_error());
         fprintf(stderr, "%s\n", msg);
     }
-    gp_torch_throw_oom(msg); /* does not return when torch's C++ runtime is there */
+    gp_torch_throw(oom, msg); /* does not return when torch's C++ runtime is there */
     return NULL;
 }
 

@@ -41,7 +41,10 @@ extern char **environ;
 #define GP_PRIO_TEXT "low, normal, high, critical or an integer 0..255"
 
 /* A parser writes its option into `cfg` only when `v` is valid; otherwise it
- * may leave a reason more precise than the accepted text in `why`. */
+ * returns -1 and may leave a reason more precise than the accepted text in
+ * `why`, or GP_CONFLICT with the reason when `v` is well-formed but
+ * contradicts another option. */
+#define GP_CONFLICT (-2)
 typedef int (*gp_parse_fn)(gp_config *cfg, const char *v, char *why, size_t n);
 /* A printer returns what snprintf returns. */
 typedef int (*gp_print_fn)(const gp_config *cfg, char *buf, size_t len);
@@ -198,10 +201,24 @@ static int gp_size_print(uint64_t b, char *buf, size_t len)
     return snprintf(buf, len, "%llu%s", (unsigned long long)best, unit);
 }
 
+/* A fraction (> 0) as a percentage in plain decimals ("80%", "0.0000001%"):
+ * what the parser reads back to the same fraction.  %g would write
+ * "1e-07%", which no size parser accepts, and round to 6 digits.  13
+ * decimals of a percentage are the 15 of a fraction that the parser keeps. */
+static int gp_percent_print(double fraction, char *buf, size_t len)
+{
+    char num[64];
+    snprintf(num, sizeof num, "%.13f", fraction * 100);
+    size_t k = strlen(num);
+    while (k > 1 && num[k - 1] == '0') k--;
+    if (num[k - 1] == '.') k--;
+    return snprintf(buf, len, "%.*s%%", (int)k, num);
+}
+
 static int gp_spec_print(gp_size_spec s, char *buf, size_t len)
 {
     if (s.bytes) return gp_size_print(s.bytes, buf, len);
-    if (s.fraction > 0) return snprintf(buf, len, "%.6g%%", s.fraction * 100);
+    if (s.fraction > 0) return gp_percent_print(s.fraction, buf, len);
     return snprintf(buf, len, "none");
 }
 
@@ -261,13 +278,26 @@ static const char *const gp_log_names[] = {"off", "oom", "all", NULL};
 /* Even entries are false, odd entries true. */
 static const char *const gp_bool_names[] = {"0", "1", "false", "true", "no", "yes", "off", "on", NULL};
 
+/* A reserve is the size of the reserve-mode pool: given alone it implies
+ * reserve mode (a LoRA run set up with GPUPOOL_RESERVE=85% alone once stayed
+ * expandable unnoticed); given with an explicit GPUPOOL_MODE=expandable it
+ * is a contradiction, refused whichever of the two comes last. */
+static int gp_reserve_conflict(const gp_config *c, char *why, size_t n)
+{
+    int set = c->reserve.bytes || c->reserve.fraction > 0;
+    if (!set || !c->mode_given || c->mode != GP_MODE_EXPANDABLE) return 0;
+    snprintf(why, n, "GPUPOOL_RESERVE sizes the reserve-mode pool, and GPUPOOL_MODE=expandable "
+                     "is given too; unset GPUPOOL_RESERVE, or the mode (a reserve implies reserve mode)");
+    return GP_CONFLICT;
+}
+
 static int gp_parse_mode(gp_config *c, const char *v, char *why, size_t n)
 {
-    (void)why, (void)n;
     int w = gp_word(v, gp_mode_names);
     if (w < 0) return -1;
     c->mode = (gp_mode)w;
-    return 0;
+    c->mode_given = 1;
+    return gp_reserve_conflict(c, why, n);
 }
 
 static int gp_print_mode(const gp_config *c, char *buf, size_t len)
@@ -277,7 +307,10 @@ static int gp_print_mode(const gp_config *c, char *buf, size_t len)
 
 static int gp_parse_reserve(gp_config *c, const char *v, char *why, size_t n)
 {
-    return gp_spec_parse(&c->reserve, v, why, n);
+    if (gp_spec_parse(&c->reserve, v, why, n) != 0) return -1;
+    if (!c->mode_given)
+        c->mode = c->reserve.bytes || c->reserve.fraction > 0 ? GP_MODE_RESERVE : GP_MODE_EXPANDABLE;
+    return gp_reserve_conflict(c, why, n);
 }
 
 static int gp_print_reserve(const gp_config *c, char *buf, size_t len)
@@ -328,6 +361,7 @@ static int gp_parse_nvcomp(gp_config *c, const char *v, char *why, size_t n)
 {
     size_t k = strlen(v);
     struct stat sb;
+    if (gp_ieq(v, "none")) return c->nvcomp[0] = '\0', 0;
     if (k >= sizeof c->nvcomp) return snprintf(why, n, "it has %zu characters, at most %zu", k, sizeof c->nvcomp - 1), -1;
     if (stat(v, &sb) != 0) return snprintf(why, n, "%s", strerror(errno)), -1;
     memcpy(c->nvcomp, v, k + 1);
@@ -336,7 +370,7 @@ static int gp_parse_nvcomp(gp_config *c, const char *v, char *why, size_t n)
 
 static int gp_print_nvcomp(const gp_config *c, char *buf, size_t len)
 {
-    return snprintf(buf, len, "%s", c->nvcomp);
+    return snprintf(buf, len, "%s", c->nvcomp[0] ? c->nvcomp : "none");
 }
 
 static int gp_parse_threads(gp_config *c, const char *v, char *why, size_t n)
@@ -353,8 +387,10 @@ static int gp_print_threads(const gp_config *c, char *buf, size_t len)
     return snprintf(buf, len, "%d", c->offload_threads);
 }
 
+/* "none" is no tenant (the default), so that what is printed parses back. */
 static int gp_parse_tenant(gp_config *c, const char *v, char *why, size_t n)
 {
+    if (gp_ieq(v, "none")) return c->tenant[0] = '\0', 0;
     size_t k = strlen(v);
     if (k == 0 || k >= GP_TENANT_MAX) return snprintf(why, n, "it has %zu characters", k), -1;
     for (size_t i = 0; i < k; i++) {
@@ -369,7 +405,7 @@ static int gp_parse_tenant(gp_config *c, const char *v, char *why, size_t n)
 
 static int gp_print_tenant(const gp_config *c, char *buf, size_t len)
 {
-    return snprintf(buf, len, "%s", c->tenant);
+    return snprintf(buf, len, "%s", c->tenant[0] ? c->tenant : "none");
 }
 
 static int gp_parse_log(gp_config *c, const char *v, char *why, size_t n)
@@ -452,7 +488,7 @@ static int gp_parse_slack(gp_config *c, const char *v, char *why, size_t n)
 {
     gp_size_spec s;
     if (gp_ieq(v, "none")) return c->cache_slack = -1, 0;
-    if (gp_ieq(v, "0")) return c->cache_slack = 0, 0;
+    if (gp_ieq(v, "0") || gp_ieq(v, "0%")) return c->cache_slack = 0, 0;
     if (gp_size_scan(v, 1, &s, why, n) != 0) return -1;
     if (s.bytes) return snprintf(why, n, "it is a size, not a fraction"), -1;
     c->cache_slack = s.fraction;
@@ -462,7 +498,8 @@ static int gp_parse_slack(gp_config *c, const char *v, char *why, size_t n)
 static int gp_print_slack(const gp_config *c, char *buf, size_t len)
 {
     if (c->cache_slack < 0) return snprintf(buf, len, "none");
-    return snprintf(buf, len, "%.6g%%", c->cache_slack * 100);
+    if (c->cache_slack == 0) return snprintf(buf, len, "0");
+    return gp_percent_print(c->cache_slack, buf, len);
 }
 
 static int gp_parse_patch(gp_config *c, const char *v, char *why, size_t n)
@@ -512,7 +549,8 @@ static int gp_print_host_limit(const gp_config *c, char *buf, size_t len)
       gp_parse_mode, gp_print_mode)                                                       \
     X("GPUPOOL_RESERVE", "reserve", "80% (in reserve mode)",                              \
       GP_SIZE_TEXT "; none or 0 for the default",                                         \
-      "size of the pool in reserve mode (ignored in expandable mode)",                    \
+      "size of the pool in reserve mode; a size implies GPUPOOL_MODE=reserve (with "      \
+      "GPUPOOL_MODE=expandable it is an error)",                                          \
       gp_parse_reserve, gp_print_reserve)                                                 \
     X("GPUPOOL_LIMIT", "limit", "none", GP_SIZE_TEXT "; none or 0 for no limit",          \
       "cap on the bytes gpupool reserves on a device", gp_parse_limit, gp_print_limit)    \
@@ -523,19 +561,21 @@ static int gp_print_host_limit(const gp_config *c, char *buf, size_t len)
       "compression of memory offloaded to the host: auto is nvCOMP's ANS on a GPU (raw "  \
       "without nvCOMP) and zstd on byte planes on the host backend",                      \
       gp_parse_codec, gp_print_codec)                                                     \
-    X("GPUPOOL_NVCOMP", "nvcomp", "(empty)",                                              \
-      "the path of an existing libnvcomp.so.6 or of its folder",                          \
+    X("GPUPOOL_NVCOMP", "nvcomp", "none",                                                 \
+      "the path of an existing libnvcomp.so.6 or of its folder; none to search",          \
       "where to load nvCOMP 6 from; unset: the nvidia-libnvcomp-cu13 wheel, then the "    \
       "system's libnvcomp.so.6", gp_parse_nvcomp, gp_print_nvcomp)                        \
     X("GPUPOOL_OFFLOAD_THREADS", "offload_threads", "8", "an integer 1..64",              \
       "threads that map, unmap and checksum offloaded memory beside its copies",          \
       gp_parse_threads, gp_print_threads)                                                 \
-    X("GPUPOOL_TENANT", "tenant", "(empty)",                                              \
-      "1 to 63 characters of A-Z, a-z, 0-9, '_', '.' and '-'",                            \
+    X("GPUPOOL_TENANT", "tenant", "none",                                                 \
+      "1 to 63 characters of A-Z, a-z, 0-9, '_', '.' and '-'; none for no tenant",        \
       "group of processes sharing a GPU through the arbiter", gp_parse_tenant,            \
       gp_print_tenant)                                                                    \
     X("GPUPOOL_LOG", "log", "oom", "off, oom or all",                                     \
-      "what to print on stderr: nothing, out-of-memory reports, or all events",           \
+      "what to print on stderr: nothing; the report of each allocation PyTorch asked for " \
+      "that ran out of memory; or also each pool's creation and every map (growth), unmap " \
+      "(trim) and device synchronisation, with its duration (slow paths only)",          \
       gp_parse_log, gp_print_log)                                                         \
     X("GPUPOOL_TRACE", "trace", "0", GP_BOOL_TEXT,                                        \
       "record an alloc/free history for snapshots", gp_parse_trace, gp_print_trace)       \
@@ -557,7 +597,7 @@ static int gp_print_host_limit(const gp_config *c, char *buf, size_t len)
       "the device): a large unit makes growing cheap, a driver call per unit",            \
       gp_parse_large_chunk, gp_print_large_chunk)                                         \
     X("GPUPOOL_CACHE_SLACK", "cache_slack", "5%",                                         \
-      "a percentage such as 5% or a fraction such as 0.05; 0; none",                      \
+      "a percentage such as 5% or a fraction such as 0.05; 0 (or 0%); none",             \
       "free memory the pool may keep mapped, as a share of allocated bytes, when it must " \
       "grow: beyond it, cached chunks are given back (one device sync) before new ones "  \
       "are mapped; none keeps every cached chunk",                                        \
@@ -630,7 +670,7 @@ static void gp_option_list(int env, char *buf, size_t len)
 
 gp_status gp_config_set(gp_config *cfg, const char *name, const char *value)
 {
-    char list[512], why[96] = "";
+    char list[512], why[192] = "";
     if (!cfg || !name) return gp_error_set(GP_ERR_INVALID, "gp_config_set: cfg or name is NULL");
     int i = gp_option_find(name);
     if (i < 0) {
@@ -641,10 +681,13 @@ gp_status gp_config_set(gp_config *cfg, const char *name, const char *value)
     const gp_option_info *o = &gp_options[i];
     if (!value) return gp_error_set(GP_ERR_INVALID, "%s: no value given; expected %s", o->env, o->accepted);
     gp_config next = *cfg;
-    if (*value && gp_handlers[i].parse(&next, value, why, sizeof why) == 0) {
+    int rc = *value ? gp_handlers[i].parse(&next, value, why, sizeof why) : -1;
+    if (rc == 0) {
         *cfg = next;
         return GP_OK;
     }
+    if (rc == GP_CONFLICT)
+        return gp_error_set(GP_ERR_INVALID, "%s=" GP_QUOTE ": %s", o->env, GP_QUOTE_ARG(value), why);
     if (!*value) snprintf(why, sizeof why, "it is empty (unset it for the default)");
     return gp_error_set(GP_ERR_INVALID, "%s=" GP_QUOTE " is not valid: %s%sexpected %s", o->env,
                         GP_QUOTE_ARG(value), why, *why ? "; " : "", o->accepted);
@@ -682,6 +725,30 @@ gp_status gp_config_from_env(gp_config *cfg)
     }
     *cfg = next;
     return GP_OK;
+}
+
+gp_status gp_config_validate(const gp_config *cfg, uint64_t device_total)
+{
+    if (!cfg) return gp_error_set(GP_ERR_INVALID, "gp_config_validate: cfg is NULL");
+    gp_size_spec l = cfg->limit;
+    if (!l.bytes && !(l.fraction > 0)) return GP_OK; /* no limit */
+    if (!l.bytes && !device_total) return GP_OK;     /* a fraction of a device not known yet */
+    uint64_t bytes = gp_size_resolve(l, device_total);
+    if (bytes >= cfg->chunk) return GP_OK;
+    /* Below one chunk nothing can be mapped, so every allocation would fail
+     * (and a fraction that resolves to 0 would mean no limit at all). */
+    char given[64], chunk[32], dev[40] = "";
+    gp_spec_print(l, given, sizeof given);
+    gp_size_print(cfg->chunk, chunk, sizeof chunk);
+    if (!l.bytes) {
+        char total[32];
+        gp_size_print(device_total, total, sizeof total);
+        snprintf(dev, sizeof dev, " of %s", total);
+    }
+    return gp_error_set(GP_ERR_INVALID,
+                        "GPUPOOL_LIMIT=%s is %llu bytes%s%s, less than one chunk (GPUPOOL_CHUNK=%s): no "
+                        "allocation could succeed; give at least %s, or none for no limit",
+                        given, (unsigned long long)bytes, *dev ? " on a device" : "", dev, chunk, chunk);
 }
 
 gp_status gp_config_get(const gp_config *cfg, const char *name, char *buf, size_t len)

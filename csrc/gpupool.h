@@ -104,7 +104,10 @@ uint64_t gp_size_resolve(gp_size_spec s, uint64_t total);
  * applies one option by name, as enable(**opts) does. */
 typedef struct gp_config {
     gp_mode mode;            /* GPUPOOL_MODE        expandable|reserve        */
-    gp_size_spec reserve;    /* GPUPOOL_RESERVE     reserve-mode pool size    */
+    int mode_given;          /* GPUPOOL_MODE was set: a reserve no longer
+                                implies reserve mode, it must agree with it */
+    gp_size_spec reserve;    /* GPUPOOL_RESERVE     reserve-mode pool size;
+                                setting one implies reserve mode          */
     gp_size_spec limit;      /* GPUPOOL_LIMIT       cap on reserved bytes     */
     int priority;            /* GPUPOOL_PRIORITY    default priority          */
     char codec[GP_CODEC_MAX];/* GPUPOOL_CODEC       a codec.h name (auto)     */
@@ -142,6 +145,14 @@ gp_status gp_config_set(gp_config *cfg, const char *name, const char *value);
 /* Apply every GPUPOOL_* variable set in the environment.  An unknown
  * GPUPOOL_* variable is an error too (a typo must not pass silently). */
 gp_status gp_config_from_env(gp_config *cfg);
+
+/* What single options cannot check: a pool limit below one chunk
+ * (GPUPOOL_CHUNK), absolute or a fraction that resolves to less on a device
+ * of `device_total` bytes (0: not known yet, fractions are not checked), is
+ * refused -- nothing could be mapped under it (and a fraction that resolved
+ * to 0 would mean no limit).  GP_ERR_INVALID with a message naming the
+ * options and the smallest value accepted. */
+gp_status gp_config_validate(const gp_config *cfg, uint64_t device_total);
 
 /* The option table, for `python -m gpupool config` and documentation. */
 typedef struct gp_option_info {
@@ -281,6 +292,15 @@ gp_status gp_pool_lookup(gp_pool *pool, const void *ptr, gp_block_info *out);
  * Stops early when `fn` returns non-zero. */
 typedef int (*gp_block_fn)(void *arg, const gp_block_info *block);
 void gp_pool_walk(gp_pool *pool, gp_block_fn fn, void *arg);
+
+/* Copy every block of every arena, in address order (what gp_pool_walk
+ * visits), into out[0..max); returns how many blocks the pool holds, which
+ * may exceed max: then only the first max were copied (copy again into a
+ * larger array).  The lock is held for the copy only, so that the caller
+ * may do anything with the result -- build Python objects, whose allocation
+ * may run a garbage collector that frees pool memory.  out may be NULL when
+ * max is 0. */
+size_t gp_pool_blocks_read(gp_pool *pool, gp_block_info *out, size_t max);
 
 /* Tensor.record_stream: the live block at `ptr` (its start) is also used on
  * `stream`.  When it is freed, an event is recorded on every such stream and
@@ -487,42 +507,99 @@ gp_status gp_pool_in_process(gp_pool *pool);
 
 /* -------------------------------------------------------------- statistics */
 
+/* The figures, one list each, from which gp_stats / gp_tag_stats, the
+ * dicts of Pool.stats() and the keys of gpupool's torch.cuda.memory_stats()
+ * are all made: X(field, kind, PyTorch key).  The kind says how a figure
+ * behaves: GP_STAT_CURRENT a level now (or a setting), GP_STAT_PEAK the
+ * highest level since gp_pool_reset_peaks, GP_STAT_TOTAL a counter that only
+ * grows (reset_accumulated_memory_stats restarts PyTorch's from a
+ * baseline).  The key is that of torch.cuda.memory_stats() which reports the
+ * figure as it is, NULL if none does (figures PyTorch derives from several
+ * of ours are worked out in gpupool/_torch_patch.py). */
+enum { GP_STAT_CURRENT = 0, GP_STAT_PEAK = 1, GP_STAT_TOTAL = 2 };
+
+#define GP_STATS_FIELDS(X)                                                                      \
+    X(allocated, GP_STAT_CURRENT, "allocated_bytes.all.current")   /* bytes in live blocks (rounded) */ \
+    X(allocated_peak, GP_STAT_PEAK, "allocated_bytes.all.peak")                                 \
+    X(requested, GP_STAT_CURRENT, "requested_bytes.all.current")   /* bytes the callers asked for */ \
+    X(requested_peak, GP_STAT_PEAK, "requested_bytes.all.peak")                                 \
+    X(reserved, GP_STAT_CURRENT, "reserved_bytes.all.current")     /* bytes of mapped physical memory */ \
+    X(reserved_peak, GP_STAT_PEAK, "reserved_bytes.all.peak")                                   \
+    X(active_blocks, GP_STAT_CURRENT, "allocation.all.current")    /* live blocks */            \
+    X(active_blocks_peak, GP_STAT_PEAK, "allocation.all.peak")                                  \
+    X(n_alloc, GP_STAT_TOTAL, "allocation.all.allocated")          /* successful calls */       \
+    X(n_free, GP_STAT_TOTAL, "allocation.all.freed")                                            \
+    X(cache_hits, GP_STAT_TOTAL, NULL)             /* allocs served with no backend call */     \
+    X(n_map, GP_STAT_TOTAL, "num_device_alloc")    /* backend mapping calls */                  \
+    X(n_unmap, GP_STAT_TOTAL, "num_device_free")                                                \
+    X(n_map_fail, GP_STAT_TOTAL, NULL)             /* mapping calls that failed */              \
+    X(n_stream_waits, GP_STAT_TOTAL, NULL)         /* cross-stream reuses */                    \
+    X(n_sync, GP_STAT_TOTAL, "num_sync_all_streams") /* device synchronisations */              \
+    X(n_trim, GP_STAT_TOTAL, NULL)                 /* trims that released something */          \
+    X(n_oom, GP_STAT_TOTAL, "num_ooms")            /* allocations that failed for OOM / limit */ \
+    X(n_alloc_retries, GP_STAT_TOTAL, "num_alloc_retries") /* allocs that trimmed and retried */ \
+    X(segments, GP_STAT_CURRENT, "segment.all.current") /* maximal mapped address runs (full) */ \
+    X(free_blocks, GP_STAT_CURRENT, "inactive_split.all.current") /* free mapped blocks (full) */ \
+    X(free_bytes, GP_STAT_CURRENT, NULL)           /* reserved - allocated */                   \
+    X(largest_free, GP_STAT_CURRENT, NULL)         /* largest free mapped block (full) */       \
+    X(limit, GP_STAT_CURRENT, NULL)                /* pool limit, 0 = none */                   \
+    X(device_total, GP_STAT_CURRENT, NULL)         /* the backend's memory size */              \
+    X(chunk, GP_STAT_CURRENT, NULL)                /* physical mapping unit */                  \
+    X(offloaded, GP_STAT_CURRENT, NULL)            /* bytes of live blocks offloaded now */     \
+    X(allocated_total, GP_STAT_TOTAL, "allocated_bytes.all.allocated") /* bytes handed out, rounded */ \
+    X(requested_total, GP_STAT_TOTAL, "requested_bytes.all.allocated") /* bytes asked for */    \
+    X(mapped_total, GP_STAT_TOTAL, "reserved_bytes.all.allocated")    /* bytes mapped */        \
+    X(unmapped_total, GP_STAT_TOTAL, "reserved_bytes.all.freed")      /* bytes unmapped */      \
+    X(pending, GP_STAT_CURRENT, NULL)      /* freed bytes waiting for record_stream events */   \
+    X(n_capture_maps, GP_STAT_TOTAL, NULL) /* chunks mapped while a graph captured */
+
+/* Per tag. */
+#define GP_TAG_STATS_FIELDS(X)                                                  \
+    X(allocated, GP_STAT_CURRENT, NULL)                                         \
+    X(allocated_peak, GP_STAT_PEAK, NULL)                                       \
+    X(requested, GP_STAT_CURRENT, NULL)                                         \
+    X(active_blocks, GP_STAT_CURRENT, NULL)                                     \
+    X(n_alloc, GP_STAT_TOTAL, NULL)       /* stays with the tag that allocated */ \
+    X(limit, GP_STAT_CURRENT, NULL)       /* 0 = none */                        \
+    X(offloaded, GP_STAT_CURRENT, NULL)   /* bytes of its live blocks offloaded now */
+
+/* Per priority. */
+#define GP_PRIO_STATS_FIELDS(X)                                                 \
+    X(allocated, GP_STAT_CURRENT, NULL)                                         \
+    X(allocated_peak, GP_STAT_PEAK, NULL)
+
+#define GP_STAT_MEMBER(field, kind, torch_key) uint64_t field;
+
 typedef struct gp_stats {
-    uint64_t allocated, allocated_peak; /* bytes in live blocks (rounded)   */
-    uint64_t requested, requested_peak; /* bytes the callers asked for      */
-    uint64_t reserved, reserved_peak;   /* bytes of mapped physical memory  */
-    uint64_t active_blocks, active_blocks_peak;
-    uint64_t n_alloc, n_free;           /* successful calls                 */
-    uint64_t cache_hits;                /* allocs served with no backend call */
-    uint64_t n_map, n_unmap;            /* backend mapping calls            */
-    uint64_t n_map_fail;                /* mapping calls that failed        */
-    uint64_t n_stream_waits;            /* cross-stream reuses               */
-    uint64_t n_sync;                    /* device synchronisations           */
-    uint64_t n_trim;                    /* trims that released something    */
-    uint64_t n_oom;                     /* allocations that failed for OOM / limit */
-    uint64_t n_alloc_retries;           /* allocs that trimmed and retried   */
-    uint64_t segments;                  /* maximal mapped address runs      */
-    uint64_t free_blocks;               /* free mapped blocks               */
-    uint64_t free_bytes;                /* reserved - allocated             */
-    uint64_t largest_free;              /* largest free mapped block        */
-    uint64_t limit;                     /* pool limit, 0 = none             */
-    uint64_t device_total;              /* the backend's memory size        */
-    uint64_t chunk;                     /* physical mapping unit            */
-    uint64_t arena_size[GP_ARENA_COUNT];/* virtual bytes reserved per arena */
-    uint64_t offloaded;                 /* bytes of live blocks offloaded now */
-    uint64_t allocated_total;           /* bytes handed out, ever (rounded) */
-    uint64_t requested_total;           /* bytes asked for, ever            */
-    uint64_t mapped_total, unmapped_total; /* bytes mapped / unmapped, ever */
-    uint64_t pending;                   /* freed bytes waiting for record_stream events */
-    uint64_t n_capture_maps;            /* chunks mapped while a graph captured */
+    GP_STATS_FIELDS(GP_STAT_MEMBER)
+    /* Not a figure (the layout): virtual bytes reserved per arena. */
+    uint64_t arena_size[GP_ARENA_COUNT];
 } gp_stats;
 
 typedef struct gp_tag_stats {
-    uint64_t allocated, allocated_peak, requested;
-    uint64_t active_blocks, n_alloc;
-    uint64_t limit;
-    uint64_t offloaded;                 /* bytes of its live blocks offloaded now */
+    GP_TAG_STATS_FIELDS(GP_STAT_MEMBER)
 } gp_tag_stats;
+
+typedef struct gp_prio_stats {
+    GP_PRIO_STATS_FIELDS(GP_STAT_MEMBER)
+} gp_prio_stats;
+
+/* Every figure at one instant: the pool's, each tag's, each priority's and
+ * the history's, so that they agree with each other (the tags' allocated
+ * bytes add up to the pool's, ...).  About 64 KiB: allocate it. */
+typedef struct gp_figures {
+    gp_stats pool;                       /* as gp_pool_stats               */
+    gp_prio_stats prio[GP_PRIO_MAX + 1]; /* by priority                    */
+    size_t history_capacity, history_len; /* as gp_pool_history_info      */
+    uint64_t history_recorded;
+    unsigned n_tags;                     /* tags[0..n_tags): every tag
+                                            interned when copied           */
+    gp_tag_stats tags[GP_MAX_TAGS];
+} gp_figures;
+
+/* Copy every figure under one hold of the pool's lock; `full` as for
+ * gp_pool_stats. */
+void gp_pool_figures(gp_pool *pool, gp_figures *out, int full);
 
 /* A consistent copy of the pool's figures (taken under its lock; O(1) but
  * for `segments`, `free_blocks` and `largest_free`, which walk the arenas
@@ -632,6 +709,11 @@ gp_status gp_backend_host_create(uint64_t capacity, gp_backend **out);
  * dlopen on first use.  GP_ERR_BACKEND with a message when there is no
  * driver, no such device, or the device lacks virtual memory management. */
 gp_status gp_backend_cuda_create(int device, gp_backend **out);
+
+/* GPUPOOL_LOG=all: a backend that forwards to `inner` (which it then owns,
+ * also when this fails) and prints each map, unmap and device
+ * synchronisation on stderr, with its size and duration. */
+gp_status gp_backend_logged(gp_backend *inner, gp_backend **out);
 
 #ifdef __cplusplus
 }

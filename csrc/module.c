@@ -22,7 +22,7 @@ static PyObject *m_configure(PyObject *self, PyObject *args)
         return NULL;
     }
     gp_config cfg;
-    if (gp_config_from_py(opts, 1, &cfg) < 0) return NULL;
+    if (gp_config_from_py(opts, 1, 0, &cfg) < 0) return NULL;
     if (gp_registry_configure(&cfg) < 0) {
         PyErr_SetString(PyExc_RuntimeError,
                         "gpupool: configure() after a device pool was created; call gpupool.enable() "
@@ -229,33 +229,48 @@ static PyObject *m_build_info(PyObject *self, PyObject *noargs)
                          "lz4", lz4 ? Py_True : Py_False, "compiler", __VERSION__);
 }
 
-static PyObject *m_torch_oom_missing(PyObject *self, PyObject *noargs)
+static PyObject *m_torch_throw_missing(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-    const char *m = gp_torch_oom_missing();
+    const char *m = gp_torch_throw_missing();
     if (!m) Py_RETURN_NONE;
     return PyUnicode_FromString(m);
 }
 
+static PyObject *m_use_host_backend(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    uint64_t capacity;
+    if (gp_u64_arg(arg, "use_host_backend: capacity", 0, GP_U64_MAX, &capacity) < 0) return NULL;
+    if (gp_registry_use_host(capacity) < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "gpupool: use_host_backend() after a device pool was created");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* CUDAPluggableAllocator::cacheInfo, for cuDNN's benchmark mode (see
- * torch_abi.h).  PyTorch's allocator answers the larger of the driver's free
- * memory and its largest cached block; the pool's headroom is that, within
- * its limit.  A device without a pool leaves *largest as PyTorch set it. */
+ * torch_abi.h).  PyTorch's allocator answers the larger of its largest
+ * cached block and what it is given -- the driver's free memory when given
+ * 0.  The pool's headroom is that, within its limit.  It only reads: a
+ * device without a pool gets no pool (in reserve mode, making one would map
+ * most of the device), and the answer PyTorch's would give with nothing
+ * cached. */
 static void gp_cache_info(void *self, signed char device, size_t *largest)
 {
     (void)self;
-    gp_pool *p = gp_registry_pool(device);
-    if (!p) return;
-    uint64_t h = gp_pool_headroom(p);
+    gp_pool *p = gp_registry_get(device);
+    uint64_t h = p ? gp_pool_headroom(p) : *largest ? 0 : gp_registry_device_free(device);
     if (h > *largest) *largest = (size_t)h;
 }
 
-static PyObject *m_install_cache_info(PyObject *self, PyObject *noargs)
+static PyObject *m_set_cache_info(PyObject *self, PyObject *arg)
 {
     (void)self;
-    (void)noargs;
-    const char *why = gp_torch_set_cache_info(gp_cache_info);
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    const char *why = gp_torch_set_cache_info(on ? gp_cache_info : NULL);
     if (!why) Py_RETURN_NONE;
     return PyUnicode_FromString(why);
 }
@@ -292,10 +307,15 @@ static PyMethodDef module_methods[] = {
     {"build_info", m_build_info, METH_NOARGS, "how the extension was built"},
     {"stack_frames", m_stack_frames, METH_O,
      "stack_frames(stack_id) -> [{filename, line, name}], innermost first, of a history stack"},
-    {"torch_oom_missing", m_torch_oom_missing, METH_NOARGS,
-     "None when gpupool can raise torch.OutOfMemoryError, else the C++ symbol it lacks"},
-    {"install_cache_info", m_install_cache_info, METH_NOARGS,
-     "answer CUDAPluggableAllocator::cacheInfo (cuDNN benchmark) from gpupool: None when done, else why not"},
+    {"torch_throw_missing", m_torch_throw_missing, METH_NOARGS,
+     "None when allocation failures can raise through PyTorch (torch.OutOfMemoryError, "
+     "RuntimeError), else the C++ symbol gpupool lacks"},
+    {"use_host_backend", m_use_host_backend, METH_O,
+     "use_host_backend(capacity): for tests without a GPU, device pools made from now on run over "
+     "the host backend with capacity bytes each (0: CUDA again); before the first device pool"},
+    {"set_cache_info", m_set_cache_info, METH_O,
+     "set_cache_info(on): answer CUDAPluggableAllocator::cacheInfo (cuDNN benchmark) from gpupool, "
+     "or (False) give PyTorch's own back; None when done, else why not"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -314,7 +334,8 @@ PyMODINIT_FUNC PyInit__C(void)
     if (PyModule_AddObject(m, "Pool", (PyObject *)&gp_pool_type) < 0 ||
         PyModule_AddIntConstant(m, "MAX_TAGS", GP_MAX_TAGS) < 0 ||
         PyModule_AddIntConstant(m, "PRIO_MAX", GP_PRIO_MAX) < 0 ||
-        PyModule_AddIntConstant(m, "HISTORY_DEFAULT", GP_HISTORY_DEFAULT) < 0 || gp_pycodec_register(m) < 0) {
+        PyModule_AddIntConstant(m, "HISTORY_DEFAULT", GP_HISTORY_DEFAULT) < 0 ||
+        gp_stats_fields_add(m) < 0 || gp_pycodec_register(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

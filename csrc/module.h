@@ -24,6 +24,10 @@
 /* The configuration of device pools made from now on.  -1 (nothing changed)
  * once a device pool exists. */
 int gp_registry_configure(const gp_config *cfg);
+/* Tests without a GPU: device pools made from now on run over the host
+ * backend, `capacity` bytes each (0: the CUDA driver again).  -1 (nothing
+ * changed) once a device pool exists. */
+int gp_registry_use_host(uint64_t capacity);
 /* The configuration in force (the defaults until configured). */
 void gp_registry_config(gp_config *out);
 /* The pool of `device`, or NULL when it has none (no error set). */
@@ -31,6 +35,9 @@ gp_pool *gp_registry_get(int device);
 /* The pool of `device`, made on first use; NULL with the error set (and
  * kept for gp_registry_error) when it cannot be made. */
 gp_pool *gp_registry_pool(int device);
+/* The free memory of `device` as its driver sees it, without making a
+ * pool (0 when it cannot be asked).  A slow path. */
+uint64_t gp_registry_device_free(int device);
 /* Why the last pool creation failed ("" if none did). */
 const char *gp_registry_error(void);
 /* Frees PyTorch made that gpupool rejected. */
@@ -62,8 +69,16 @@ PyObject *gp_pool_wrap(gp_pool *p, int owned);
 /* Raise the Python exception for st with gp_last_error()'s message; NULL. */
 PyObject *gp_raise(gp_status st);
 /* A config from the defaults, GPUPOOL_* (when use_env) and a dict of
- * options; -1 with an exception set. */
-int gp_config_from_py(PyObject *opts, int use_env, gp_config *cfg);
+ * options, checked with gp_config_validate against a device of
+ * `device_total` bytes (0: not known yet); -1 with an exception set. */
+int gp_config_from_py(PyObject *opts, int use_env, uint64_t device_total, gp_config *cfg);
+/* An int argument in [lo, hi] into *out; -1 with ValueError (OverflowError
+ * past 64 bits) naming `what`, the value and the range. */
+#define GP_U64_MAX UINT64_MAX
+int gp_u64_arg(PyObject *o, const char *what, uint64_t lo, uint64_t hi, uint64_t *out);
+/* Add STATS_FIELDS and TAG_STATS_FIELDS (gpupool.h's lists as tuples of
+ * (name, kind, PyTorch key or None)) to the module; -1 with an exception. */
+int gp_stats_fields_add(PyObject *module);
 
 /* ---------------------------------------- pyoffload.c: offload's methods */
 

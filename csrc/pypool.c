@@ -3,7 +3,9 @@
  * pool (not owned) or a HostPool over the host backend (owned), with the
  * same methods, so that the whole Python API is tested without a GPU.
  */
+#include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "module.h"
 #include "pystack.h"
@@ -51,18 +53,39 @@ static void pool_dealloc(PoolObject *self)
     PyObject_Free(self);
 }
 
-/* Build a config from defaults, GPUPOOL_* (when use_env) and a dict. */
-int gp_config_from_py(PyObject *opts, int use_env, gp_config *cfg)
+/* o as an integer in [lo, hi] (at most 2**64-1), into *out; else -1 with
+ * the exception naming `what`, the value and the range: "K" and
+ * PyLong_AsUnsignedLongLong's masking variants silently cut 2**64 + 1 to 1. */
+int gp_u64_arg(PyObject *o, const char *what, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, got %.80s", what, Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    int fits = !(v == (unsigned long long)-1 && PyErr_Occurred());
+    if (!fits) PyErr_Clear();
+    if (fits && v >= lo && v <= hi) {
+        *out = v;
+        return 0;
+    }
+    PyErr_Format(fits ? PyExc_ValueError : PyExc_OverflowError, "%s %R is out of range: %llu..%llu",
+                 what, o, (unsigned long long)lo, (unsigned long long)hi);
+    return -1;
+}
+
+/* Build a config from defaults, GPUPOOL_* (when use_env) and a dict, and
+ * check what single options cannot (gp_config_validate). */
+int gp_config_from_py(PyObject *opts, int use_env, uint64_t device_total, gp_config *cfg)
 {
     gp_config_default(cfg);
     if (use_env && gp_config_from_env(cfg) != GP_OK) {
         gp_raise(GP_ERR_INVALID);
         return -1;
     }
-    if (!opts || opts == Py_None) return 0;
     PyObject *key, *value;
     Py_ssize_t pos = 0;
-    while (PyDict_Next(opts, &pos, &key, &value)) {
+    while (opts && opts != Py_None && PyDict_Next(opts, &pos, &key, &value)) {
         if (value == Py_None) continue;
         PyObject *text;
         if (PyBool_Check(value)) text = PyUnicode_FromString(value == Py_True ? "1" : "0");
@@ -77,6 +100,10 @@ int gp_config_from_py(PyObject *opts, int use_env, gp_config *cfg)
             return -1;
         }
     }
+    if (gp_config_validate(cfg, device_total) != GP_OK) {
+        gp_raise(GP_ERR_INVALID);
+        return -1;
+    }
     return 0;
 }
 
@@ -84,13 +111,15 @@ static PyObject *host_pool_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
     (void)type;
     static char *kwlist[] = {"capacity", "options", NULL};
-    unsigned long long capacity;
-    PyObject *opts = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "K|O!", kwlist, &capacity, &PyDict_Type, &opts)) return NULL;
+    PyObject *cap_o, *opts = NULL;
+    uint64_t capacity;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O!", kwlist, &cap_o, &PyDict_Type, &opts)) return NULL;
+    if (gp_u64_arg(cap_o, "HostPool capacity", 1, GP_U64_MAX, &capacity) < 0) return NULL;
     gp_config cfg;
-    if (gp_config_from_py(opts, 0, &cfg) < 0) return NULL;
+    if (gp_config_from_py(opts, 0, capacity, &cfg) < 0) return NULL;
     gp_backend *be;
     gp_status st = gp_backend_host_create(capacity, &be);
+    if (st == GP_OK && cfg.log == GP_LOG_ALL) st = gp_backend_logged(be, &be);
     if (st != GP_OK) return gp_raise(st);
     gp_pool *p;
     if ((st = gp_pool_create(be, &cfg, &p)) != GP_OK) return gp_raise(st);
@@ -99,9 +128,8 @@ static PyObject *host_pool_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 
 static int parse_stream(PyObject *o, gp_stream *out)
 {
-    if (!o || o == Py_None) { *out = NULL; return 1; }
-    unsigned long long v = PyLong_AsUnsignedLongLong(o);
-    if (PyErr_Occurred()) return 0;
+    uint64_t v = 0;
+    if (o && o != Py_None && gp_u64_arg(o, "stream", 0, UINTPTR_MAX, &v) < 0) return 0;
     *out = (gp_stream)(uintptr_t)v;
     return 1;
 }
@@ -117,6 +145,11 @@ static PyObject *pool_alloc(PoolObject *self, PyObject *args, PyObject *kw)
     if (!parse_stream(stream_o, &s)) return NULL;
     if (size <= 0) {
         PyErr_Format(PyExc_ValueError, "alloc size must be > 0 bytes, got %lld", size);
+        return NULL;
+    }
+    if (tag >= GP_MAX_TAGS || tag < -1) {
+        /* A cast to gp_tag would wrap 65536 + 5 to tag 5. */
+        PyErr_Format(PyExc_ValueError, "alloc: tag id %d is out of range (-1 or 0..%d)", tag, GP_MAX_TAGS - 1);
         return NULL;
     }
     gp_tag ctag;
@@ -147,56 +180,125 @@ static PyObject *pool_free(PoolObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-#define SET(d, k, v)                                                       \
-    do {                                                                   \
-        PyObject *_v = PyLong_FromUnsignedLongLong((unsigned long long)(v)); \
-        if (!_v || PyDict_SetItemString(d, k, _v) < 0) {                   \
-            Py_XDECREF(_v);                                                \
-            Py_DECREF(d);                                                  \
-            return NULL;                                                   \
-        }                                                                  \
-        Py_DECREF(_v);                                                     \
-    } while (0)
+/* ------------------------------------------------------------ statistics */
 
-static PyObject *stats_dict(gp_pool *p, int full)
+/* The figures as rows (gpupool.h's lists): the dicts of stats() and the
+ * tuples _C.STATS_FIELDS / _C.TAG_STATS_FIELDS are made from these. */
+typedef struct gp_field {
+    const char *name;
+    int kind;          /* GP_STAT_* */
+    const char *torch; /* torch.cuda.memory_stats() key, or NULL */
+    size_t offset;
+} gp_field;
+
+#define GP_POOL_ROW(f, kind, key) {#f, kind, key, offsetof(gp_stats, f)},
+#define GP_TAG_ROW(f, kind, key) {#f, kind, key, offsetof(gp_tag_stats, f)},
+#define GP_PRIO_ROW(f, kind, key) {#f, kind, key, offsetof(gp_prio_stats, f)},
+static const gp_field gp_pool_fields[] = {GP_STATS_FIELDS(GP_POOL_ROW)};
+static const gp_field gp_tag_fields[] = {GP_TAG_STATS_FIELDS(GP_TAG_ROW)};
+static const gp_field gp_prio_fields[] = {GP_PRIO_STATS_FIELDS(GP_PRIO_ROW)};
+#undef GP_POOL_ROW
+#undef GP_TAG_ROW
+#undef GP_PRIO_ROW
+#define GP_N_POOL_FIELDS (sizeof gp_pool_fields / sizeof gp_pool_fields[0])
+#define GP_N_TAG_FIELDS (sizeof gp_tag_fields / sizeof gp_tag_fields[0])
+#define GP_N_PRIO_FIELDS (sizeof gp_prio_fields / sizeof gp_prio_fields[0])
+
+/* The dict keys, interned once: stats() is meant to be called every step,
+ * and making the key strings anew for every tag was most of its cost. */
+static PyObject *g_pool_keys[GP_N_POOL_FIELDS], *g_tag_keys[GP_N_TAG_FIELDS],
+    *g_prio_keys[GP_N_PRIO_FIELDS];
+
+/* {name: value} of the n rows of `fields` read from the struct at src. */
+static PyObject *fields_dict(const gp_field *fields, size_t n, PyObject **keys, const void *src)
 {
-    gp_stats s;
-    gp_pool_stats(p, &s, full);
     PyObject *d = PyDict_New();
-    if (!d) return NULL;
-    SET(d, "allocated", s.allocated);
-    SET(d, "allocated_peak", s.allocated_peak);
-    SET(d, "requested", s.requested);
-    SET(d, "requested_peak", s.requested_peak);
-    SET(d, "reserved", s.reserved);
-    SET(d, "reserved_peak", s.reserved_peak);
-    SET(d, "active_blocks", s.active_blocks);
-    SET(d, "active_blocks_peak", s.active_blocks_peak);
-    SET(d, "n_alloc", s.n_alloc);
-    SET(d, "n_free", s.n_free);
-    SET(d, "cache_hits", s.cache_hits);
-    SET(d, "n_map", s.n_map);
-    SET(d, "n_unmap", s.n_unmap);
-    SET(d, "n_map_fail", s.n_map_fail);
-    SET(d, "n_stream_waits", s.n_stream_waits);
-    SET(d, "n_sync", s.n_sync);
-    SET(d, "n_trim", s.n_trim);
-    SET(d, "n_oom", s.n_oom);
-    SET(d, "n_alloc_retries", s.n_alloc_retries);
-    SET(d, "segments", s.segments);
-    SET(d, "free_blocks", s.free_blocks);
-    SET(d, "free_bytes", s.free_bytes);
-    SET(d, "largest_free", s.largest_free);
-    SET(d, "limit", s.limit);
-    SET(d, "device_total", s.device_total);
-    SET(d, "chunk", s.chunk);
-    SET(d, "offloaded", s.offloaded);
-    SET(d, "allocated_total", s.allocated_total);
-    SET(d, "requested_total", s.requested_total);
-    SET(d, "mapped_total", s.mapped_total);
-    SET(d, "unmapped_total", s.unmapped_total);
-    SET(d, "pending", s.pending);
-    SET(d, "n_capture_maps", s.n_capture_maps);
+    for (size_t i = 0; d && i < n; i++) {
+        if (!keys[i] && !(keys[i] = PyUnicode_InternFromString(fields[i].name))) break;
+        uint64_t v;
+        memcpy(&v, (const char *)src + fields[i].offset, sizeof v);
+        PyObject *x = PyLong_FromUnsignedLongLong((unsigned long long)v);
+        int rc = x ? PyDict_SetItem(d, keys[i], x) : -1;
+        Py_XDECREF(x);
+        if (rc < 0) Py_CLEAR(d);
+    }
+    if (d && PyErr_Occurred()) Py_CLEAR(d);
+    return d;
+}
+
+/* ((name, kind, torch key or None), ...) */
+static PyObject *fields_tuple(const gp_field *fields, size_t n)
+{
+    static const char *const kinds[] = {"current", "peak", "total"};
+    PyObject *t = PyTuple_New((Py_ssize_t)n);
+    for (size_t i = 0; t && i < n; i++) {
+        PyObject *row = Py_BuildValue("(ssz)", fields[i].name, kinds[fields[i].kind], fields[i].torch);
+        if (!row) Py_CLEAR(t);
+        else PyTuple_SET_ITEM(t, (Py_ssize_t)i, row);
+    }
+    return t;
+}
+
+/* PyModule_AddObject steals the reference only when it succeeds. */
+static int add_fields(PyObject *module, const char *name, const gp_field *fields, size_t n)
+{
+    PyObject *t = fields_tuple(fields, n);
+    if (t && PyModule_AddObject(module, name, t) == 0) return 0;
+    Py_XDECREF(t);
+    return -1;
+}
+
+int gp_stats_fields_add(PyObject *module)
+{
+    return add_fields(module, "STATS_FIELDS", gp_pool_fields, GP_N_POOL_FIELDS) < 0 ||
+                   add_fields(module, "TAG_STATS_FIELDS", gp_tag_fields, GP_N_TAG_FIELDS) < 0 ||
+                   add_fields(module, "PRIO_STATS_FIELDS", gp_prio_fields, GP_N_PRIO_FIELDS) < 0
+               ? -1 : 0;
+}
+
+static PyObject *history_dict(size_t cap, size_t len, uint64_t recorded, int stacks)
+{
+    return Py_BuildValue("{s:n,s:n,s:K,s:O}", "max_entries", (Py_ssize_t)cap, "len", (Py_ssize_t)len,
+                         "recorded", (unsigned long long)recorded, "stacks", stacks ? Py_True : Py_False);
+}
+
+/* Set d[key] = value and drop the reference to value; -1 on error. */
+static int set_new(PyObject *d, PyObject *key, PyObject *value)
+{
+    int rc = key && value ? PyDict_SetItem(d, key, value) : -1;
+    Py_XDECREF(value);
+    return rc;
+}
+
+/* stats(): every figure from one copy (gp_pool_figures), so that they agree:
+ * the pool's, then "tags" {name: {...}} for the tags ever used, "priorities"
+ * {priority: {...}} for those ever used, "history". */
+static PyObject *figures_dict(const gp_figures *f, int stacks)
+{
+    PyObject *d = fields_dict(gp_pool_fields, GP_N_POOL_FIELDS, g_pool_keys, &f->pool);
+    PyObject *tags = PyDict_New(), *prios = PyDict_New();
+    int rc = d && tags && prios ? 0 : -1;
+    for (unsigned t = 0; rc == 0 && t < f->n_tags; t++) {
+        const gp_tag_stats *ts = &f->tags[t];
+        if (!ts->n_alloc && !ts->limit && !ts->allocated_peak) continue; /* (retagged blocks) */
+        PyObject *name = PyUnicode_FromString(gp_tag_name((gp_tag)t));
+        rc = set_new(tags, name, fields_dict(gp_tag_fields, GP_N_TAG_FIELDS, g_tag_keys, ts));
+        Py_XDECREF(name);
+    }
+    for (int pr = 0; rc == 0 && pr <= GP_PRIO_MAX; pr++) {
+        if (!f->prio[pr].allocated_peak) continue;
+        PyObject *k = PyLong_FromLong(pr);
+        rc = set_new(prios, k, fields_dict(gp_prio_fields, GP_N_PRIO_FIELDS, g_prio_keys, &f->prio[pr]));
+        Py_XDECREF(k);
+    }
+    if (rc == 0) rc = PyDict_SetItemString(d, "tags", tags);
+    if (rc == 0) rc = PyDict_SetItemString(d, "priorities", prios);
+    if (rc == 0)
+        rc = set_new(d, PyUnicode_FromString("history"),
+                     history_dict(f->history_capacity, f->history_len, f->history_recorded, stacks));
+    Py_XDECREF(tags);
+    Py_XDECREF(prios);
+    if (rc < 0) Py_CLEAR(d);
     return d;
 }
 
@@ -204,89 +306,56 @@ static PyObject *pool_stats(PoolObject *self, PyObject *args)
 {
     int full = 1;
     if (!PyArg_ParseTuple(args, "|p", &full)) return NULL;
-    return stats_dict(self->pool, full);
+    gp_figures *f = PyMem_RawMalloc(sizeof *f);
+    if (!f) return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    gp_pool_figures(self->pool, f, full);
+    Py_END_ALLOW_THREADS
+    PyObject *d = figures_dict(f, gp_pool_history_stacks(self->pool));
+    PyMem_RawFree(f);
+    return d;
 }
 
-/* The keys of the per-tag dicts, made once: stats() is meant to be called
- * every step, and making these strings anew for every tag was most of it. */
-#define GP_TAG_KEYS 7
-static PyObject *g_tag_keys[GP_TAG_KEYS];
-
-static PyObject *pool_tag_stats(PoolObject *self, PyObject *noargs)
+static PyObject *block_tuple(const gp_block_info *b)
 {
-    (void)noargs;
-    static const char *const names[GP_TAG_KEYS] = {"allocated", "allocated_peak", "requested",
-                                                   "active_blocks", "n_alloc", "limit", "offloaded"};
-    for (int i = 0; i < GP_TAG_KEYS; i++)
-        if (!g_tag_keys[i] && !(g_tag_keys[i] = PyUnicode_InternFromString(names[i]))) return NULL;
-    PyObject *out = PyDict_New();
-    if (!out) return NULL;
-    unsigned n = gp_tag_count();
-    for (unsigned t = 0; t < n; t++) {
-        gp_tag_stats ts;
-        gp_pool_tag_stats(self->pool, (gp_tag)t, &ts);
-        if (!ts.n_alloc && !ts.limit && !ts.allocated_peak) continue; /* (retagged blocks) */
-        const uint64_t v[GP_TAG_KEYS] = {ts.allocated, ts.allocated_peak, ts.requested,
-                                         ts.active_blocks, ts.n_alloc, ts.limit, ts.offloaded};
-        PyObject *d = PyDict_New();
-        int rc = d ? 0 : -1;
-        for (int i = 0; rc == 0 && i < GP_TAG_KEYS; i++) {
-            PyObject *x = PyLong_FromUnsignedLongLong((unsigned long long)v[i]);
-            rc = x ? PyDict_SetItem(d, g_tag_keys[i], x) : -1;
-            Py_XDECREF(x);
-        }
-        if (rc == 0) rc = PyDict_SetItemString(out, gp_tag_name((gp_tag)t), d);
-        Py_XDECREF(d);
-        if (rc < 0) { Py_DECREF(out); return NULL; }
-    }
-    return out;
+    return Py_BuildValue("(KKKKiiiii)", (unsigned long long)b->addr, (unsigned long long)b->size,
+                         (unsigned long long)b->requested, (unsigned long long)(uintptr_t)b->stream,
+                         (int)b->tag, (int)b->priority, (int)b->state, (int)b->arena, (int)b->lifetime);
 }
 
-static PyObject *pool_prio_stats(PoolObject *self, PyObject *noargs)
-{
-    (void)noargs;
-    PyObject *out = PyDict_New();
-    if (!out) return NULL;
-    for (int pr = 0; pr <= GP_PRIO_MAX; pr++) {
-        uint64_t cur, peak;
-        gp_pool_prio_stats(self->pool, pr, &cur, &peak);
-        if (!peak) continue;
-        PyObject *v = Py_BuildValue("(KK)", (unsigned long long)cur, (unsigned long long)peak);
-        PyObject *k = PyLong_FromLong(pr);
-        int rc = v && k ? PyDict_SetItem(out, k, v) : -1;
-        Py_XDECREF(v);
-        Py_XDECREF(k);
-        if (rc < 0) { Py_DECREF(out); return NULL; }
-    }
-    return out;
-}
-
-static int walk_to_list(void *arg, const gp_block_info *b)
-{
-    PyObject *t = Py_BuildValue("(KKKKiiiii)", (unsigned long long)b->addr, (unsigned long long)b->size,
-                                (unsigned long long)b->requested, (unsigned long long)(uintptr_t)b->stream,
-                                (int)b->tag, (int)b->priority, (int)b->state, (int)b->arena,
-                                (int)b->lifetime);
-    if (!t) return 1;
-    int rc = PyList_Append((PyObject *)arg, t);
-    Py_DECREF(t);
-    return rc < 0;
-}
-
+/* The blocks are copied out under the pool's lock and the tuples built
+ * after: building them may run the garbage collector, whose finalizers may
+ * free pool memory (gp_free takes the lock). */
 static PyObject *pool_blocks(PoolObject *self, PyObject *noargs)
 {
     (void)noargs;
-    PyObject *l = PyList_New(0);
-    if (!l) return NULL;
-    gp_pool_walk(self->pool, walk_to_list, l);
-    if (PyErr_Occurred()) { Py_DECREF(l); return NULL; }
+    size_t cap = 256, n;
+    gp_block_info *info;
+    for (;;) {
+        if (!(info = PyMem_RawMalloc(cap * sizeof *info))) return PyErr_NoMemory();
+        Py_BEGIN_ALLOW_THREADS
+        n = gp_pool_blocks_read(self->pool, info, cap);
+        Py_END_ALLOW_THREADS
+        if (n <= cap) break;
+        PyMem_RawFree(info);
+        cap = n + n / 4; /* room for blocks made meanwhile */
+    }
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; l && i < n; i++) {
+        PyObject *t = block_tuple(&info[i]);
+        if (!t) Py_CLEAR(l);
+        else PyList_SET_ITEM(l, (Py_ssize_t)i, t);
+    }
+    PyMem_RawFree(info);
     return l;
 }
 
 static PyObject *pool_trim(PoolObject *self, PyObject *args)
 {
-    unsigned long long bytes = UINT64_MAX;
-    if (!PyArg_ParseTuple(args, "|K", &bytes)) return NULL;
+    PyObject *bytes_o = NULL;
+    uint64_t bytes = UINT64_MAX;
+    if (!PyArg_ParseTuple(args, "|O", &bytes_o)) return NULL;
+    if (bytes_o && gp_u64_arg(bytes_o, "trim: bytes", 0, GP_U64_MAX, &bytes) < 0) return NULL;
     uint64_t r;
     Py_BEGIN_ALLOW_THREADS
     r = gp_pool_trim(self->pool, bytes);
@@ -296,8 +365,8 @@ static PyObject *pool_trim(PoolObject *self, PyObject *args)
 
 static PyObject *pool_set_limit(PoolObject *self, PyObject *arg)
 {
-    unsigned long long v = PyLong_AsUnsignedLongLong(arg);
-    if (PyErr_Occurred()) return NULL;
+    uint64_t v;
+    if (gp_u64_arg(arg, "limit", 0, GP_U64_MAX, &v) < 0) return NULL;
     gp_pool_set_limit(self->pool, v);
     Py_RETURN_NONE;
 }
@@ -305,8 +374,11 @@ static PyObject *pool_set_limit(PoolObject *self, PyObject *arg)
 static PyObject *pool_set_tag_limit(PoolObject *self, PyObject *args)
 {
     int tag;
-    unsigned long long bytes;
-    if (!PyArg_ParseTuple(args, "iK", &tag, &bytes)) return NULL;
+    PyObject *bytes_o;
+    uint64_t bytes;
+    if (!PyArg_ParseTuple(args, "iO", &tag, &bytes_o)) return NULL;
+    if (gp_u64_arg(bytes_o, "tag limit", 0, GP_U64_MAX, &bytes) < 0) return NULL;
+    if (tag < 0 || tag >= GP_MAX_TAGS) tag = GP_MAX_TAGS; /* rejected, with its message, below */
     gp_status st = gp_pool_set_tag_limit(self->pool, (gp_tag)tag, bytes);
     if (st != GP_OK) return gp_raise(st);
     Py_RETURN_NONE;
@@ -367,13 +439,7 @@ static PyObject *pool_lookup(PoolObject *self, PyObject *arg)
     gp_block_info b;
     gp_status st = gp_pool_lookup(self->pool, ptr, &b);
     if (st != GP_OK) return gp_raise(st);
-    PyObject *l = PyList_New(0);
-    if (!l) return NULL;
-    if (walk_to_list(l, &b)) { Py_DECREF(l); return NULL; }
-    PyObject *t = PyList_GetItem(l, 0);
-    Py_INCREF(t);
-    Py_DECREF(l);
-    return t;
+    return block_tuple(&b);
 }
 
 static PyObject *pool_mem_info(PoolObject *self, PyObject *noargs)
@@ -411,9 +477,10 @@ static PyObject *pool_capture_prepare(PoolObject *self, PyObject *arg)
 
 static PyObject *pool_capture_begin(PoolObject *self, PyObject *args)
 {
-    unsigned long long key;
-    PyObject *stream_o;
-    if (!PyArg_ParseTuple(args, "KO", &key, &stream_o)) return NULL;
+    PyObject *key_o, *stream_o;
+    uint64_t key;
+    if (!PyArg_ParseTuple(args, "OO", &key_o, &stream_o)) return NULL;
+    if (gp_u64_arg(key_o, "graph pool key", 0, GP_U64_MAX, &key) < 0) return NULL;
     gp_stream s;
     if (!parse_stream(stream_o, &s)) return NULL;
     gp_status st = gp_pool_capture_begin(self->pool, key, s);
@@ -435,8 +502,8 @@ static PyObject *pool_capture_end(PoolObject *self, PyObject *arg)
 
 static PyObject *pool_capture_release(PoolObject *self, PyObject *arg)
 {
-    unsigned long long key = PyLong_AsUnsignedLongLong(arg);
-    if (PyErr_Occurred()) return NULL;
+    uint64_t key;
+    if (gp_u64_arg(arg, "graph pool key", 0, GP_U64_MAX, &key) < 0) return NULL;
     gp_status st;
     Py_BEGIN_ALLOW_THREADS
     st = gp_pool_capture_release(self->pool, key);
@@ -466,9 +533,7 @@ static PyObject *pool_history_info(PoolObject *self, PyObject *noargs)
     size_t cap, len;
     uint64_t recorded;
     gp_pool_history_info(self->pool, &cap, &len, &recorded);
-    return Py_BuildValue("{s:n,s:n,s:K,s:O}", "max_entries", (Py_ssize_t)cap, "len", (Py_ssize_t)len,
-                         "recorded", (unsigned long long)recorded, "stacks",
-                         gp_pool_history_stacks(self->pool) ? Py_True : Py_False);
+    return history_dict(cap, len, recorded, gp_pool_history_stacks(self->pool));
 }
 
 static PyObject *pool_history(PoolObject *self, PyObject *noargs)
@@ -502,8 +567,12 @@ static PyObject *pool_history(PoolObject *self, PyObject *noargs)
 static PyObject *pool_history_note(PoolObject *self, PyObject *args)
 {
     int action, tag, prio;
-    unsigned long long addr, size;
-    if (!PyArg_ParseTuple(args, "iKKii", &action, &addr, &size, &tag, &prio)) return NULL;
+    PyObject *addr_o, *size_o;
+    uint64_t addr, size;
+    if (!PyArg_ParseTuple(args, "iOOii", &action, &addr_o, &size_o, &tag, &prio)) return NULL;
+    if (gp_u64_arg(addr_o, "history note: address", 0, UINTPTR_MAX, &addr) < 0 ||
+        gp_u64_arg(size_o, "history note: size", 0, GP_U64_MAX, &size) < 0)
+        return NULL;
     if (tag < 0 || tag >= GP_MAX_TAGS) {
         PyErr_Format(PyExc_ValueError, "history note: tag id %d is out of range (0..%d)", tag, GP_MAX_TAGS - 1);
         return NULL;
@@ -518,9 +587,10 @@ static PyMethodDef pool_methods[] = {
     {"alloc", (PyCFunction)(void (*)(void))pool_alloc, METH_VARARGS | METH_KEYWORDS,
      "alloc(size, stream=0, tag=-1, priority=-1) -> address; tag/priority -1: this thread's context"},
     {"free", (PyCFunction)pool_free, METH_O, "free(address)"},
-    {"stats", (PyCFunction)pool_stats, METH_VARARGS, "stats(full=True) -> dict of the pool's figures"},
-    {"tag_stats", (PyCFunction)pool_tag_stats, METH_NOARGS, "tag_stats() -> {tag: dict}"},
-    {"prio_stats", (PyCFunction)pool_prio_stats, METH_NOARGS, "prio_stats() -> {priority: (allocated, peak)}"},
+    {"stats", (PyCFunction)pool_stats, METH_VARARGS,
+     "stats(full=True) -> dict of every figure, at one instant: the pool's (STATS_FIELDS), 'tags' "
+     "{name: TAG_STATS_FIELDS}, 'priorities' {int: PRIO_STATS_FIELDS}, 'history'; full: also "
+     "segments, free_blocks, largest_free (a walk of the arenas)"},
     {"blocks", (PyCFunction)pool_blocks, METH_NOARGS,
      "blocks() -> [(addr, size, requested, stream, tag, priority, state, arena)] in address order"},
     {"trim", (PyCFunction)pool_trim, METH_VARARGS, "trim(bytes=all) -> bytes released"},

@@ -57,6 +57,17 @@ out:
     pthread_mutex_unlock(&p->lock);
 }
 
+size_t gp_pool_blocks_read(gp_pool *p, gp_block_info *out, size_t max)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&p->lock);
+    for (unsigned k = 0; k < p->n_arenas; k++)
+        for (gp_block *b = p->arenas[k].first; b; b = b->next, n++)
+            if (n < max) gp_info_of(p, b, &out[n]);
+    pthread_mutex_unlock(&p->lock);
+    return n;
+}
+
 void gp_scan_locked(gp_pool *p, gp_stats *o)
 {
     for (unsigned k = 0; k < p->n_arenas; k++) {
@@ -90,12 +101,31 @@ uint64_t gp_pool_headroom(gp_pool *p)
     return best;
 }
 
-void gp_pool_stats(gp_pool *p, gp_stats *out, int full)
+static void gp_stats_locked(gp_pool *p, gp_stats *out, int full)
 {
-    pthread_mutex_lock(&p->lock);
     *out = p->st;
     out->free_bytes = p->st.reserved - p->st.allocated;
     if (full) gp_scan_locked(p, out);
+}
+
+void gp_pool_stats(gp_pool *p, gp_stats *out, int full)
+{
+    pthread_mutex_lock(&p->lock);
+    gp_stats_locked(p, out, full);
+    pthread_mutex_unlock(&p->lock);
+}
+
+void gp_pool_figures(gp_pool *p, gp_figures *out, int full)
+{
+    pthread_mutex_lock(&p->lock);
+    gp_stats_locked(p, &out->pool, full);
+    for (unsigned i = 0; i <= GP_PRIO_MAX; i++)
+        out->prio[i] = (gp_prio_stats){.allocated = p->prio_alloc[i], .allocated_peak = p->prio_peak[i]};
+    out->history_capacity = out->history_len = 0;
+    out->history_recorded = 0;
+    if (p->trace) gp_trace_info(p->trace, &out->history_capacity, &out->history_len, &out->history_recorded);
+    out->n_tags = gp_tag_count();
+    memcpy(out->tags, p->tags, out->n_tags * sizeof out->tags[0]);
     pthread_mutex_unlock(&p->lock);
 }
 

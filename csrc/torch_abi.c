@@ -1,6 +1,6 @@
 /*
  * torch_abi.c -- PyTorch's C++ ABI, reached from C: torch.OutOfMemoryError
- * from gpupool_malloc, and cacheInfo() for cuDNN.
+ * and RuntimeError from gpupool_malloc, and cacheInfo() for cuDNN.
  *
  * PyTorch's CUDAPluggableAllocator does not check what the malloc hook
  * returns (measured with torch 2.11): a NULL becomes a tensor whose data
@@ -13,10 +13,11 @@
  * as before.
  *
  * The thrown object is built by c10::Error's exported constructor
- * Error(SourceLocation, std::string); c10::OutOfMemoryError adds no member
- * to c10::Error, so that object thrown with OutOfMemoryError's type_info is
- * caught as one (catch clauses match on type_info; virtual calls go through
- * Error's vtable, which serves both).
+ * Error(SourceLocation, std::string) and thrown with c10::Error's type_info
+ * (PyTorch's bindings raise RuntimeError) or, for running out of memory,
+ * c10::OutOfMemoryError's: that class adds no member to c10::Error, so the
+ * object is caught as one (catch clauses match on type_info; virtual calls
+ * go through Error's vtable, which serves both).
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -54,7 +55,7 @@ static struct {
     string_ctor_fn str_ctor;
     string_dtor_fn str_dtor;
     error_ctor_fn err_ctor;
-    void *oom_typeinfo;
+    void *oom_typeinfo, *error_typeinfo;
 } gp_cxx;
 
 static pthread_once_t gp_cxx_once = PTHREAD_ONCE_INIT;
@@ -94,17 +95,18 @@ static void gp_cxx_init(void)
     gp_cxx.err_ctor = (error_ctor_fn)gp_cxx_need(
         "_ZN3c105ErrorC1ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE");
     gp_cxx.oom_typeinfo = gp_cxx_need("_ZTIN3c1016OutOfMemoryErrorE");
+    gp_cxx.error_typeinfo = gp_cxx_need("_ZTIN3c105ErrorE");
 }
 
-const char *gp_torch_oom_missing(void)
+const char *gp_torch_throw_missing(void)
 {
     pthread_once(&gp_cxx_once, gp_cxx_init);
     return gp_cxx_missing;
 }
 
-void gp_torch_throw_oom(const char *msg)
+void gp_torch_throw(int oom, const char *msg)
 {
-    if (gp_torch_oom_missing()) return;
+    if (gp_torch_throw_missing()) return;
     /* std::string of libstdc++'s new ABI: 32 bytes; room to spare. */
     _Alignas(16) unsigned char str[64];
     char alloc_tag = 0; /* std::allocator<char> is empty */
@@ -118,7 +120,7 @@ void gp_torch_throw_oom(const char *msg)
      * vtable begins with the complete-object destructor (Itanium C++ ABI:
      * ~exception is its first virtual function): take it from there. */
     void (*dtor)(void *) = (*(void (***)(void *))exc)[0];
-    gp_cxx.throw_exc(exc, gp_cxx.oom_typeinfo, dtor);
+    gp_cxx.throw_exc(exc, oom ? gp_cxx.oom_typeinfo : gp_cxx.error_typeinfo, dtor);
 }
 
 /*
@@ -162,19 +164,21 @@ const char *gp_torch_set_cache_info(gp_cache_info_fn fn)
 {
     static const char vt_name[] = "_ZTVN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocatorE";
     static const char ci_name[] = "_ZN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocator9cacheInfoEaPm";
+    static void *ours; /* the function in the entry now, if one of ours */
     void **vt = gp_cxx_sym(vt_name);
     void *theirs = gp_cxx_sym(ci_name);
     if (!vt) return vt_name;
     if (!theirs) return ci_name;
+    void *want = fn ? (void *)fn : theirs;
     const char *why = NULL;
     pthread_mutex_lock(&gp_vt_lock);
     /* Entries 0 and 1 are the offset to top and the type_info. */
     void **slot = NULL;
     for (int i = 2; i < GP_VT_SCAN && !slot; i++)
-        if (vt[i] == theirs || vt[i] == (void *)fn) slot = &vt[i];
+        if (vt[i] == theirs || (ours && vt[i] == ours)) slot = &vt[i];
     if (!slot) {
         why = "CUDAPluggableAllocator::cacheInfo is not in its class's vtable";
-    } else if (*slot != (void *)fn) {
+    } else if (*slot != want) {
         uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
         uintptr_t lo = (uintptr_t)slot & ~(page - 1);
         int prot = gp_page_prot((uintptr_t)slot);
@@ -183,8 +187,9 @@ const char *gp_torch_set_cache_info(gp_cache_info_fn fn)
         } else if (!(prot & PROT_WRITE) && mprotect((void *)lo, page, prot | PROT_WRITE) != 0) {
             why = "mprotect refused to make the vtable writable";
         } else {
-            __atomic_store_n(slot, (void *)fn, __ATOMIC_RELEASE);
+            __atomic_store_n(slot, want, __ATOMIC_RELEASE);
             if (!(prot & PROT_WRITE)) mprotect((void *)lo, page, prot);
+            ours = fn ? (void *)fn : NULL;
         }
     }
     pthread_mutex_unlock(&gp_vt_lock);

@@ -126,10 +126,10 @@ def select_allocator(allocator: str, device: str) -> bool:
         return False
     import gpupool
 
-    if allocator == "gpupool-reserve":
-        gpupool.enable(mode="reserve")
-    else:
-        gpupool.enable()
+    try:
+        gpupool.enable(**({"mode": "reserve"} if allocator == "gpupool-reserve" else {}))
+    except RuntimeError as e:  # no torch, no GPU: say what to do, as open_device() does
+        sys.exit(f"error: {e}; run with --device cpu (the allocator then stays PyTorch's)")
     return True
 
 

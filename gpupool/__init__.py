@@ -12,12 +12,14 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from . import _C
-from ._context import current_tag, priority_value, tag, tag_lifetime, tagged
+from ._context import current_tag, priority_value, tag, tag_lifetime
+from ._history import dump_snapshot, record_history, snapshot
 from ._offload import OffloadHandle, offload, offloadable, offloaded, prefetch, restore
 from ._plot import plot
 from ._pool import Block, HostPool, PoolView, format_bytes
-from ._snapshot import dump_snapshot, record_history, snapshot
-from ._torch import device_pool, disable_torch_patches, enable, is_enabled
+from ._registry import device_pool, is_enabled
+from ._tagged import tagged
+from ._torch import disable_torch_patches, enable
 
 __version__ = "0.1.0"
 

@@ -1,24 +1,20 @@
 """Tags and priorities: names interned once, the thread-local context that
 every allocation made on a thread is tagged with, the inherited context of
-threads without one (autograd's backward threads), tag lifetimes for
-placement, and re-tagging of tensors that exist already."""
+threads without one (autograd's backward threads), and tag lifetimes for
+placement.  Re-tagging tensors that exist already is ``_tagged``."""
 from __future__ import annotations
 
 import contextlib
 import functools
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, Optional, Tuple, TypeVar, Union
 
 from . import _C
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ._pool import PoolView
-
-__all__ = ["tag", "tagged", "tag_id", "tag_lifetime", "priority_value", "current_tag", "LIFETIMES"]
+__all__ = ["tag", "tag_id", "tag_lifetime", "priority_value", "current_tag", "LIFETIMES", "Priority"]
 
 Priority = Union[str, int]
 F = TypeVar("F", bound=Callable[..., Any])
-T = TypeVar("T")
 
 # Indexed by the C side's GP_LIFE_*.
 LIFETIMES: Tuple[str, str] = ("short", "long")
@@ -28,7 +24,8 @@ _ids: Dict[str, int] = {}
 
 def tag_id(name: str) -> int:
     """The small integer behind a tag name (interned on first use).  ValueError
-    for a bad name, MemoryError once all tags of the process are in use."""
+    for a bad name; RuntimeError (which says to reuse names) once all
+    1024 tags of the process are in use -- a full table, not a lack of memory."""
     i = _ids.get(name)
     if i is None:
         if not isinstance(name, str):
@@ -108,7 +105,13 @@ class tag(contextlib.ContextDecorator):
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        prev, inherited = self._local.saved.pop()
+        saved = getattr(self._local, "saved", None)
+        if not saved:
+            raise RuntimeError(
+                f"gpupool.tag({_C.tag_name(self._tag)!r}) exited on a thread that has not entered it "
+                f"(or more often than entered): a tag context belongs to the thread that enters it; "
+                f"enter and exit it on the same thread (a `with` block does)")
+        prev, inherited = saved.pop()
         if inherited is not None:
             _C.set_inherited(*inherited)
         _C.set_context(*prev)
@@ -121,61 +124,3 @@ class tag(contextlib.ContextDecorator):
             with tag(name, prio, inherit=inherit):
                 return fn(*a, **k)
         return inner  # type: ignore[return-value]
-
-
-def _tensors(obj: Any) -> List[Any]:
-    """The tensors of a module (parameters and buffers), a tensor, or an
-    iterable of tensors (None entries, such as missing .grad, skipped)."""
-    if hasattr(obj, "parameters") and hasattr(obj, "buffers"):
-        return [*obj.parameters(), *obj.buffers()]
-    if hasattr(obj, "data_ptr"):
-        return [obj]
-    try:
-        items = list(obj)
-    except TypeError:
-        raise TypeError(f"gpupool.tagged() takes a torch.nn.Module, a tensor or an iterable of tensors, "
-                        f"got {type(obj).__name__}") from None
-    for t in items:
-        if t is not None and not hasattr(t, "data_ptr"):
-            raise TypeError(f"gpupool.tagged(): every item must be a tensor, got {type(t).__name__}")
-    return [t for t in items if t is not None]
-
-
-def _address(t: Any) -> int:
-    """The start of the memory behind tensor t (its storage, not a view's offset)."""
-    storage = getattr(t, "untyped_storage", None)
-    return int(storage().data_ptr()) if storage is not None else int(t.data_ptr())
-
-
-def tagged(obj: T, tag: str, priority: Optional[Priority] = None, *, lifetime: Optional[str] = None,
-           pool: Optional["PoolView"] = None) -> T:
-    """Re-home tensors that exist already under `tag` (and `priority`; None
-    keeps each block's own)::
-
-        model = gpupool.tagged(model, "weights", priority="high")
-
-    `obj` is a torch.nn.Module (its parameters and buffers), a tensor or an
-    iterable of tensors; returns `obj`.  The blocks behind them move to the
-    tag in the statistics and reports, at once and exactly; where they lie
-    does not change (`lifetime`, if given, sets the tag's lifetime for later
-    allocations).  Tensors on a CUDA device are looked up in that device's
-    pool (gpupool must be enabled); others are left alone, unless `pool`
-    names the pool that holds them all (a HostPool, in tests).  ValueError
-    for a tensor whose memory gpupool does not hold; MemoryError past the
-    tag's limit (nothing is changed on that device then)."""
-    from ._torch import device_pool
-
-    if lifetime is not None:
-        tag_lifetime(tag, lifetime)
-    prio = None if priority is None else priority_value(priority)
-    groups: Dict[Optional[int], List[int]] = {}
-    for t in _tensors(obj):
-        if pool is None and getattr(t.device, "type", None) != "cuda":
-            continue
-        addr = _address(t)
-        if addr:  # an empty tensor holds no memory
-            groups.setdefault(None if pool is not None else t.device.index, []).append(addr)
-    for device, addrs in groups.items():
-        (pool if pool is not None else device_pool(device)).retag(addrs, tag, prio)
-    return obj
-

@@ -18,7 +18,9 @@ import weakref
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from . import _C
-from ._context import Priority, priority_value, tag_id, tag_lifetime, tagged
+from ._context import Priority, priority_value, tag_id, tag_lifetime
+from ._registry import device_pool
+from ._tagged import tagged
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._pool import PoolView
@@ -42,8 +44,6 @@ def _tag_ids(tags: Tags) -> List[int]:
 def _pool(device: Optional[int], pool: Optional["PoolView"]) -> "PoolView":
     if pool is not None:
         return pool
-    from ._torch import device_pool
-
     return device_pool(device)
 
 

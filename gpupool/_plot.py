@@ -118,7 +118,7 @@ def plot(path: str, device: Optional[int] = None,
     if not isinstance(top, int) or top < 1:
         raise ValueError(f"gpupool.plot: top must be an int >= 1, got {top!r}")
     if source is None:
-        from ._snapshot import snapshot
+        from ._history import snapshot  # the device's pool: above this module's layer
         snap = snapshot(device)
         device = None
     elif isinstance(source, dict):

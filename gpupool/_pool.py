@@ -7,6 +7,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional
 from . import _C
 from ._context import LIFETIMES, Priority, priority_value, tag_id
 from ._report import format_bytes, format_report
+from ._snapshot import pool_snapshot
 
 __all__ = ["Block", "PoolView", "HostPool", "format_bytes"]
 
@@ -52,23 +53,19 @@ class PoolView:
         host bytes holding them ('host_bytes'; 'offload': the offloader's
         figures, None before any offload), the
         history's state, per tag ('tags') and per priority ('priorities')."""
-        s: Dict[str, Any] = self._pool.stats(True)
+        s: Dict[str, Any] = self._pool.stats(True)  # one copy, under one hold of the lock
         n = s["n_alloc"]
         s["cache_hit_rate"] = s["cache_hits"] / n if n else 1.0
         s["fragmentation"] = 1.0 - s["largest_free"] / s["free_bytes"] if s["free_bytes"] else 0.0
         s["active"] = s["allocated"] + s["pending"]
         s["driver_calls"] = s["n_map"] + s["n_unmap"] + s["n_sync"]
-        s["history"] = self._pool.history_info()
-        s["tags"] = self._pool.tag_stats()
         # Offload's figures (an offloader exists once something offloaded or
-        # registered): host bytes of the pool and per tag.
+        # registered; its own lock): host bytes of the pool and per tag.
         off = self._pool.offload_stats()
         s["host_bytes"] = off["host_bytes"] if off else 0
         s["offload"] = off
         for name, t in s["tags"].items():
             t["host_bytes"] = off["tags"].get(name, {}).get("host_bytes", 0) if off else 0
-        s["priorities"] = {p: {"allocated": c, "allocated_peak": pk}
-                           for p, (c, pk) in self._pool.prio_stats().items()}
         return s
 
     def reset_peak_stats(self) -> None:
@@ -123,8 +120,6 @@ class PoolView:
     def snapshot(self, device: int = 0) -> Dict[str, Any]:
         """Segments, blocks and history in the format of
         torch.cuda.memory._snapshot(), filed under device index `device`."""
-        from ._snapshot import pool_snapshot
-
         return pool_snapshot(self, device, self.settings())
 
     def last_oom_report(self) -> str:

@@ -8,9 +8,9 @@ import warnings
 from typing import Any, Dict, Optional
 
 from . import _C, _torch_patch
-from ._pool import PoolView
+from ._registry import mark_enabled
 
-__all__ = ["enable", "is_enabled", "device_pool", "current_device", "disable_torch_patches"]
+__all__ = ["enable", "disable_torch_patches"]
 
 _lock = threading.Lock()
 _allocator: Any = None
@@ -49,8 +49,9 @@ def enable(**options: Any) -> None:
             return
         torch = _torch()
         if not torch.cuda.is_available():
-            raise RuntimeError("gpupool.enable(): torch sees no CUDA device "
-                               "(torch.cuda.is_available() is False)")
+            raise RuntimeError("gpupool.enable(): torch sees no CUDA device (torch.cuda.is_available() "
+                               "is False); gpupool holds GPU memory, so there is nothing to enable on "
+                               "this machine (gpupool.HostPool runs the allocator over host memory)")
         _C.configure(options)
         alloc = torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, "gpupool_malloc", "gpupool_free")
         try:
@@ -61,42 +62,26 @@ def enable(**options: Any) -> None:
                 "PyTorch's own allocator is already in use. Call it at the top of the script, "
                 "or use `python -m gpupool run script.py`.") from e
         _allocator, _options = alloc, dict(options)
-        # cuDNN's benchmark mode asks the allocator for its largest block; the
-        # pluggable allocator would throw (every convolution then fails).
-        why = _C.install_cache_info()
+        mark_enabled()
+        why = _C.torch_throw_missing()
         if why:
-            warnings.warn(f"gpupool: torch.backends.cudnn.benchmark=True will fail under this PyTorch "
-                          f"(cacheInfo not routed to gpupool: {why})", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"gpupool: a failed allocation cannot raise torch.OutOfMemoryError or "
+                          f"RuntimeError under this PyTorch (C++ symbol {why} not found); PyTorch "
+                          f"would get a tensor without memory", RuntimeWarning, stacklevel=2)
         _torch_patch.install_safety()
         if _C.config()["torch_patch"] == "1":
-            _torch_patch.install_api()
+            why = _torch_patch.install_api()
+            if why:
+                warnings.warn(f"gpupool: torch.backends.cudnn.benchmark=True will fail under this "
+                              f"PyTorch (cacheInfo not routed to gpupool: {why})", RuntimeWarning,
+                              stacklevel=2)
 
 
 def disable_torch_patches() -> None:
     """Give torch.cuda its own memory APIs back (memory_stats, empty_cache,
-    memory_snapshot, ...: under a pluggable allocator most of them then raise
-    or do nothing).  The record_stream and CUDA graph hooks stay: without
-    them memory would be reused under running kernels."""
+    memory_snapshot, ..., and the allocator's cacheInfo: under a pluggable
+    allocator most of them then raise or do nothing, and
+    torch.backends.cudnn.benchmark=True fails).  The record_stream and CUDA
+    graph hooks stay: without them memory would be reused under running
+    kernels."""
     _torch_patch.uninstall_api()
-
-
-def is_enabled() -> bool:
-    """True once enable() succeeded in this process."""
-    return _allocator is not None
-
-
-def current_device() -> int:
-    """torch's current CUDA device when torch is loaded, else 0."""
-    import sys
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        return int(torch.cuda.current_device())
-    return 0
-
-
-def device_pool(device: Optional[int] = None) -> PoolView:
-    """The pool of a CUDA device (the current one by default)."""
-    if not is_enabled():
-        raise RuntimeError("gpupool is not enabled: call gpupool.enable() first")
-    d = current_device() if device is None else int(device)
-    return PoolView(_C.device_pool(d, True), f"device {d}")

@@ -12,8 +12,9 @@ entry points to gpupool:
   statistics functions answer from gpupool under PyTorch's key names
   (``torch_memory_stats``), ``memory_summary`` prints gpupool's report,
   ``empty_cache`` trims, ``set_per_process_memory_fraction`` sets gpupool's
-  limit, and the snapshot functions give gpupool's snapshot in PyTorch's
-  format.  Each is set in both ``torch.cuda`` and ``torch.cuda.memory``, since
+  limit, the snapshot functions give gpupool's snapshot in PyTorch's
+  format, and the allocator's C++ ``cacheInfo`` (cuDNN's benchmark mode)
+  answers from gpupool (csrc/torch_abi.c).  Each is set in both ``torch.cuda`` and ``torch.cuda.memory``, since
   code calls both.
 * Correctness hooks (``install_safety``; always on while gpupool is enabled,
   since turning them off would let memory be reused under running kernels):
@@ -30,7 +31,7 @@ import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _C
+from . import _C, _history
 from ._pool import PoolView
 
 __all__ = ["torch_memory_stats", "install_api", "uninstall_api", "install_safety", "api_installed"]
@@ -44,11 +45,12 @@ _baseline: Dict[int, Dict[str, int]] = {}
 # PyTorch graph pool ids -> gpupool graph pool keys.
 _graph_keys: Dict[Tuple[Any, ...], int] = {}
 
-# gpupool's figures when a device has no pool yet.
-_ZERO_KEYS = ("allocated", "allocated_peak", "allocated_total", "requested", "requested_peak",
-              "requested_total", "reserved", "reserved_peak", "mapped_total", "unmapped_total",
-              "active_blocks", "active_blocks_peak", "n_alloc", "n_free", "pending", "free_bytes",
-              "free_blocks", "segments", "n_alloc_retries", "n_oom", "n_sync", "n_map", "n_unmap")
+# gpupool's figures (gpupool.h's GP_STATS_FIELDS): (name, kind, PyTorch key).
+_FIELDS: Tuple[Tuple[str, str, Optional[str]], ...] = _C.STATS_FIELDS
+# What a device without a pool yet reports.
+_ZERO: Dict[str, int] = {name: 0 for name, _, _ in _FIELDS}
+# The counters reset_accumulated_memory_stats restarts.
+_TOTALS = tuple(name for name, kind, _ in _FIELDS if kind == "total")
 
 
 def torch_memory_stats(s: Dict[str, int], base: Optional[Dict[str, int]] = None) -> "OrderedDict[str, int]":
@@ -58,50 +60,27 @@ def torch_memory_stats(s: Dict[str, int], base: Optional[Dict[str, int]] = None)
     it does not keep).  ``base`` holds the cumulative counters at the last
     reset_accumulated_memory_stats (subtracted)."""
     b = base or {}
-    alloc_total = s["allocated_total"] - b.get("allocated_total", 0)
-    freed_total = s["allocated_total"] - s["allocated"] - b.get("allocated_freed", 0)
-    req_total = s["requested_total"] - b.get("requested_total", 0)
-    req_freed = s["requested_total"] - s["requested"] - b.get("requested_freed", 0)
-    out = {
-        "allocated_bytes.all.current": s["allocated"],
-        "allocated_bytes.all.peak": s["allocated_peak"],
-        "allocated_bytes.all.allocated": alloc_total,
-        "allocated_bytes.all.freed": freed_total,
-        "requested_bytes.all.current": s["requested"],
-        "requested_bytes.all.peak": s["requested_peak"],
-        "requested_bytes.all.allocated": req_total,
-        "requested_bytes.all.freed": req_freed,
-        "reserved_bytes.all.current": s["reserved"],
-        "reserved_bytes.all.peak": s["reserved_peak"],
-        "reserved_bytes.all.allocated": s["mapped_total"] - b.get("mapped_total", 0),
-        "reserved_bytes.all.freed": s["unmapped_total"] - b.get("unmapped_total", 0),
+    out = {key: s[name] - (b.get(name, 0) if kind == "total" else 0)
+           for name, kind, key in _FIELDS if key is not None}
+    # The figures PyTorch derives from several of ours.
+    freed = s["allocated_total"] - s["allocated"] - b.get("allocated_freed", 0)
+    out.update({
+        "allocated_bytes.all.freed": freed,
+        "requested_bytes.all.freed": s["requested_total"] - s["requested"] - b.get("requested_freed", 0),
         # Active = allocated + freed blocks still waiting for record_stream
         # events, as PyTorch counts it.
         "active_bytes.all.current": s["allocated"] + s["pending"],
-        "active_bytes.all.allocated": alloc_total,
-        "active_bytes.all.freed": freed_total - s["pending"],
-        "allocation.all.current": s["active_blocks"],
-        "allocation.all.peak": s["active_blocks_peak"],
-        "allocation.all.allocated": s["n_alloc"] - b.get("n_alloc", 0),
-        "allocation.all.freed": s["n_free"] - b.get("n_free", 0),
+        "active_bytes.all.allocated": out["allocated_bytes.all.allocated"],
+        "active_bytes.all.freed": freed - s["pending"],
         "inactive_split_bytes.all.current": s["free_bytes"] - s["pending"],
-        "inactive_split.all.current": s["free_blocks"],
-        "segment.all.current": s["segments"],
-        "num_alloc_retries": s["n_alloc_retries"] - b.get("n_alloc_retries", 0),
-        "num_ooms": s["n_oom"] - b.get("n_oom", 0),
-        "num_sync_all_streams": s["n_sync"] - b.get("n_sync", 0),
-        "num_device_alloc": s["n_map"] - b.get("n_map", 0),
-        "num_device_free": s["n_unmap"] - b.get("n_unmap", 0),
         "max_split_size": -1,  # PyTorch's "no limit": gpupool splits any block
-    }
+    })
     return OrderedDict(sorted(out.items()))
 
 
 def _accumulated(s: Dict[str, int]) -> Dict[str, int]:
     """The cumulative counters that reset_accumulated_memory_stats zeroes."""
-    keys = ("allocated_total", "requested_total", "mapped_total", "unmapped_total", "n_alloc",
-            "n_free", "n_alloc_retries", "n_oom", "n_sync", "n_map", "n_unmap")
-    b = {k: s[k] for k in keys}
+    b = {k: s[k] for k in _TOTALS}
     b["allocated_freed"] = s["allocated_total"] - s["allocated"]
     b["requested_freed"] = s["requested_total"] - s["requested"]
     return b
@@ -128,7 +107,7 @@ def _pool(device: Any, create: bool = False) -> Optional[PoolView]:
 
 def _raw_stats(d: int) -> Dict[str, int]:
     p = _C.device_pool(d, False)
-    return p.stats(True) if p is not None else dict.fromkeys(_ZERO_KEYS, 0)
+    return p.stats(True) if p is not None else dict(_ZERO)
 
 
 # -------------------------------------------------------- the API routing
@@ -201,8 +180,7 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
 
 def _snapshot(device: Any = None, *args: Any, **kwargs: Any) -> Dict[str, Any]:
     """torch.cuda.memory._snapshot: gpupool's snapshot in PyTorch's format."""
-    from ._snapshot import snapshot
-    return snapshot(_device(device))
+    return _history.snapshot(_device(device))
 
 
 def memory_snapshot(*args: Any, **kwargs: Any) -> List[Dict[str, Any]]:
@@ -212,8 +190,7 @@ def memory_snapshot(*args: Any, **kwargs: Any) -> List[Dict[str, Any]]:
 
 def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
     """torch.cuda.memory._dump_snapshot: pickle gpupool's snapshot (memory_viz reads it)."""
-    from ._snapshot import dump_snapshot
-    dump_snapshot(filename)
+    _history.dump_snapshot(filename)
 
 
 # A ring of more events than this would take GiBs of host memory (40 B an
@@ -232,8 +209,6 @@ def _record_memory_history(enabled: Any = "all", context: Any = "all", stacks: A
     None) records Python stacks; C++ frames are not gathered.  ``max_entries``
     left out, or above 2**26 events (PyTorch's default, sys.maxsize, means
     "unbounded"), gives gpupool's default ring of 100,000 events."""
-    from ._snapshot import record_history
-
     if "trace_alloc_max_entries" in kwargs:  # the pre-2.1 keyword
         max_entries = kwargs.pop("trace_alloc_max_entries")
     on = enabled not in (None, False)
@@ -242,7 +217,7 @@ def _record_memory_history(enabled: Any = "all", context: Any = "all", stacks: A
     if not isinstance(max_entries, int) or max_entries <= 0:
         raise ValueError(f"_record_memory_history: max_entries must be an int > 0, got {max_entries!r}")
     with_stacks = context is not None and stacks in ("python", "all", True)
-    record_history(on, max_entries, with_stacks, None if device is None else _device(device))
+    _history.record_history(on, max_entries, with_stacks, None if device is None else _device(device))
 
 
 _API: Dict[str, Callable[..., Any]] = {
@@ -271,8 +246,11 @@ def _set(obj: Any, name: str, value: Any) -> None:
     setattr(obj, name, value)
 
 
-def install_api() -> None:
-    """Route torch.cuda's memory APIs to gpupool (idempotent)."""
+def install_api() -> Optional[str]:
+    """Route torch.cuda's memory APIs to gpupool, and the allocator's
+    cacheInfo, which cuDNN's benchmark mode asks for its workspace (the
+    pluggable allocator throws: every convolution would fail).  Idempotent.
+    Returns why cacheInfo could not be routed (None when it was)."""
     torch = _torch()
     with _lock:
         for name, fn in _API.items():
@@ -281,15 +259,17 @@ def install_api() -> None:
                     _set(mod, name, fn)
             if name not in _api_names:
                 _api_names.append(name)
+        return _C.set_cache_info(True)
 
 
 def uninstall_api() -> None:
-    """Give torch.cuda its own memory APIs back."""
+    """Give torch.cuda its own memory APIs and cacheInfo back."""
     with _lock:
         for (obj, name) in list(_saved):
             if name in _api_names:
                 setattr(obj, name, _saved.pop((obj, name)))
         _api_names.clear()
+        _C.set_cache_info(False)
 
 
 def api_installed() -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from typing import Dict, List, Set
 
 import pytest
 
@@ -211,3 +212,305 @@ def test_enable_without_torch_is_a_clear_error() -> None:
     code = "import sys; sys.modules['torch'] = None; import gpupool; gpupool.enable()"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env())
     assert r.returncode != 0 and "needs PyTorch" in r.stderr
+
+
+def test_blocks_survive_a_collector_that_frees_pool_memory() -> None:
+    # blocks() builds a tuple per block; on CPython <= 3.11 the cyclic
+    # collector may run inside any of those allocations.  A finalizer that
+    # frees pool memory then calls gp_free: if blocks() still held the
+    # pool's lock, the process froze there.
+    code = """
+import gc, gpupool
+p = gpupool.HostPool(64 << 20, chunk="256KiB")
+live = [p.alloc(4096) for _ in range(200)]
+freed = []
+class Holder:
+    def __init__(self, addr):
+        self.addr, self.me = addr, self   # a reference cycle: only the collector frees it
+    def __del__(self):
+        p.free(self.addr)
+        freed.append(self.addr)
+gc.set_threshold(50)
+for _ in range(5):
+    gc.collect()              # counts at 0: the next collection comes ~50 tuples into blocks()
+    Holder(live.pop())
+    p._pool.blocks()
+assert len(freed) == 5, freed
+used = {b.addr for b in p.blocks() if b.state == "used"}
+assert used == set(live), (len(used), len(live))
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(),
+                       timeout=30)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_a_reserve_implies_reserve_mode() -> None:
+    p = HostPool(64 * MiB, reserve="50%")  # no mode given
+    assert p.stats()["reserved"] == 32 * MiB
+    code = ("import gpupool._C as c; c.configure(None); cfg = c.config(); "
+            "print(cfg['mode'], cfg['reserve'])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=child_env({"GPUPOOL_RESERVE": "85%"}))
+    assert r.returncode == 0 and r.stdout.split() == ["reserve", "85%"], r.stderr
+    # A reserve with an explicit expandable mode contradicts it: refused,
+    # in either order, naming both.
+    for opts in ({"mode": "expandable", "reserve": "50%"}, {"reserve": "50%", "mode": "expandable"}):
+        with pytest.raises(ValueError, match="GPUPOOL_RESERVE.*GPUPOOL_MODE=expandable"):
+            HostPool(64 * MiB, **opts)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=child_env({"GPUPOOL_RESERVE": "85%", "GPUPOOL_MODE": "expandable"}))
+    assert r.returncode != 0 and "GPUPOOL_MODE=expandable" in r.stderr, r.stderr
+    # An explicit reserve mode and an explicit "none" reserve stay as given.
+    assert HostPool(64 * MiB, mode="reserve", reserve="none").stats()["reserved"] >= 48 * MiB  # 80%
+    assert HostPool(64 * MiB, mode="expandable", reserve="none").stats()["reserved"] == 0
+
+
+LOG_RUN = """
+import ctypes, sys
+sys.modules["torch"] = None          # gpupool_malloc then returns NULL instead of throwing
+from gpupool import _C
+_C.use_host_backend(64 << 20)        # device pools over host memory: no GPU needed
+_C.configure({"chunk": "2MiB", "large_chunk": "2MiB"})
+malloc = ctypes.CDLL(_C.__file__).gpupool_malloc
+malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+free = ctypes.CDLL(_C.__file__).gpupool_free
+free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+a = malloc(5 << 20, 0, None)
+free(a, 5 << 20, 0, None)
+print("HOT", file=sys.stderr)
+for _ in range(100):                 # cache hits: the hot path prints nothing
+    free(malloc(5 << 20, 0, None), 5 << 20, 0, None)
+print("TRIM", file=sys.stderr)
+_C.device_pool(0).trim()
+assert malloc(1 << 30, 0, None) is None
+"""
+
+
+@pytest.mark.parametrize("level", ["off", "oom", "all"])
+def test_log_levels(level: str) -> None:
+    r = subprocess.run([sys.executable, "-c", LOG_RUN], capture_output=True, text=True,
+                       env=child_env({"GPUPOOL_LOG": level}), timeout=60)
+    assert r.returncode == 0, r.stderr
+    err = r.stderr
+    oom = "gpupool: out of memory on device 0 allocating 1.00 GiB" in err
+    assert oom == (level != "off"), err
+    created = "gpupool: device 0 pool created (expandable mode" in err
+    maps = [ln for ln in err.splitlines() if ": map " in ln]
+    assert created == bool(maps) == (level == "all"), err
+    if level == "all":
+        before, hot, after = err.partition("HOT")[0], err.split("HOT")[1].split("TRIM")[0], err.split("TRIM")[1]
+        assert "device 0: map 2.00 MiB at 0x" in before and before.count(": map ") == 3, before
+        assert hot.strip() == "", hot
+        assert "device synchronize" in after and after.count(": unmap 2.00 MiB") == 3, after
+    elif level == "off":
+        assert err.replace("HOT", "").replace("TRIM", "").strip() == "", err
+
+
+def test_out_of_range_ints_are_refused_not_cut() -> None:
+    # 2**64 + n used to become n (PyArg "K" masks): an 8 MiB pool, a 1-byte
+    # limit, a 1-byte trim.
+    big = 2 ** 64 + 8 * MiB
+    with pytest.raises(OverflowError, match=f"capacity {big} is out of range: 1..{2 ** 64 - 1}"):
+        HostPool(big)
+    p = HostPool(64 * MiB, chunk="2MiB")
+    a = p.alloc(3 * MiB, tag="kept")
+    with pytest.raises(OverflowError, match=f"tag limit {2 ** 64 + 1} is out of range"):
+        p.set_limit(2 ** 64 + 1, tag="kept")
+    with pytest.raises(OverflowError, match=f"limit {2 ** 64 + 1} is out of range"):
+        p.set_limit(2 ** 64 + 1)
+    p.free(a)
+    with pytest.raises(OverflowError, match=f"trim: bytes {2 ** 64 + 1} is out of range"):
+        p.trim(2 ** 64 + 1)
+    s = p.stats()
+    assert s["limit"] == 0 and s["tags"]["kept"]["limit"] == 0 and s["reserved"] > 0  # nothing changed
+    with pytest.raises(OverflowError, match="stream"):
+        p._pool.alloc(4096, 2 ** 64 + 1)
+    with pytest.raises(ValueError, match="tag id 65541 is out of range"):
+        p._pool.alloc(4096, 0, 2 ** 16 + 5)  # a cast to uint16 made it tag 5
+    with pytest.raises(OverflowError, match="graph pool key"):
+        p._pool.capture_begin(2 ** 64 + 5, 1)
+    assert p.stats()["n_alloc"] == 1
+
+
+def test_a_never_interned_tag_id_is_refused_and_reports_keep_working() -> None:
+    p = HostPool(64 * MiB)
+    a = p.alloc(4096, tag="real")
+    unused = next(i for i in range(_C.MAX_TAGS - 1, 0, -1) if not _interned(i))
+    with pytest.raises(ValueError, match=f"tag id {unused} .*must be interned"):
+        p._pool.alloc(4096, 0, unused)
+    assert [b.tag for b in p.blocks() if b.state == "used"] == ["real"]
+    snap = p.snapshot()
+    assert [b["tag"] for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"] \
+        == ["real"]
+    assert "real" in p.report() and p.stats()["n_alloc"] == 1
+    p.free(a)
+
+
+def _interned(tag_id: int) -> bool:
+    try:
+        _C.tag_name(tag_id)
+    except ValueError:
+        return False
+    return True
+
+
+def test_limits_below_one_chunk_are_refused() -> None:
+    # GPUPOOL_LIMIT=2 meant 2 bytes: every allocation failed.  A fraction
+    # that resolved to 0 bytes meant no limit at all.
+    for limit in ("2", "1MiB", "0.000000001", "3%"):
+        with pytest.raises(ValueError, match=r"less than one chunk \(GPUPOOL_CHUNK=2MiB\).*at least 2MiB"):
+            HostPool(64 * MiB, chunk="2MiB", limit=limit)
+    assert HostPool(64 * MiB, chunk="512KiB", limit="1MiB").stats()["limit"] == MiB
+    assert HostPool(64 * MiB, chunk="1MiB", limit="3%").stats()["limit"] == int(0.03 * 64 * MiB)
+    r = subprocess.run([sys.executable, "-m", "gpupool", "config"], capture_output=True, text=True,
+                       env=child_env({"GPUPOOL_LIMIT": "2"}))
+    assert r.returncode == 2 and "GPUPOOL_LIMIT=2 is 2 bytes" in r.stderr, r.stderr
+    # A fraction is checked against the device, when its pool is made.
+    code = ("from gpupool import _C\n_C.use_host_backend(64 << 20)\n_C.configure({'limit': '0.01'})\n"
+            "try:\n    _C.device_pool(0, True)\nexcept RuntimeError as e:\n    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env())
+    assert "cannot create the pool of device 0: GPUPOOL_LIMIT=1% is 671088 bytes on a device of 64MiB" \
+        in r.stdout, (r.stdout, r.stderr)
+
+
+# Values of every option, to print and parse back.
+OPTION_SAMPLES = {
+    "mode": ["expandable", "reserve"],
+    "reserve": ["85%", "20GiB", "0.000000001", "12.345678912345%", "none", "123456789"],
+    "limit": ["3GiB", "0.5", "0.000000001", "37.5%", "none", "123456789"],
+    "priority": ["low", "critical", "200"],
+    "codec": ["raw", "auto", "zstd", "ans", "bitcomp"],
+    "nvcomp": ["none", "/"],
+    "offload_threads": ["1", "64"],
+    "tenant": ["none", "team-a.b_1"],
+    "log": ["off", "oom", "all"],
+    "trace": ["1", "no"],
+    "chunk": ["64KiB", "1GiB"],
+    "small_size": ["4KiB", "5000"],
+    "torch_patch": ["0", "on"],
+    "placement": ["none", "lifetime"],
+    "large_chunk": ["64KiB", "128MiB"],
+    "cache_slack": ["0", "0%", "none", "0.000000001", "5%", "33.3333333%"],
+    "host_limit": ["50%", "0.000000001", "64GiB", "none"],
+    "debug": ["0", "yes"],
+}
+
+
+def test_every_option_prints_what_it_parses_back() -> None:
+    # `python -m gpupool config` printed 0%, 1e-07% and an empty tenant,
+    # which no parser took back.
+    keys = [o[1] for o in _C.config_options()]
+    assert sorted(OPTION_SAMPLES) == sorted(keys), "give every option sample values"
+    try:
+        _C.configure({})
+        defaults = _C.config()
+        for key in keys:
+            for value in [defaults[key]] + OPTION_SAMPLES[key]:
+                opts = {"chunk": "64KiB"} if key == "limit" else {}  # small limits are refused below a chunk
+                _C.configure({**opts, key: value})
+                printed = _C.config()
+                _C.configure({**opts, key: printed[key]})
+                assert _C.config() == printed, (key, value, printed[key])
+    finally:
+        _C.configure(None)
+
+
+def test_cli_config_output_is_accepted_as_input() -> None:
+    env = {"GPUPOOL_LIMIT": "0.000000001", "GPUPOOL_CACHE_SLACK": "0", "GPUPOOL_CHUNK": "64KiB",
+           "GPUPOOL_RESERVE": "12.5%"}
+
+    def printed(extra: dict) -> dict:
+        r = subprocess.run([sys.executable, "-m", "gpupool", "config"], capture_output=True, text=True,
+                           env=child_env(extra))
+        assert r.returncode == 0, r.stderr
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("GPUPOOL_")]
+        return dict(ln.removesuffix(" (set)").split("=", 1) for ln in lines)
+
+    first = printed(env)
+    assert first["GPUPOOL_CACHE_SLACK"] == "0" and first["GPUPOOL_TENANT"] == "none"
+    assert first["GPUPOOL_LIMIT"] == "0.0000001%" and first["GPUPOOL_MODE"] == "reserve"
+    assert printed(first) == first  # every printed value, given back as the variable
+
+
+def _gpupool_imports() -> Dict[str, Set[str]]:
+    """Module -> the gpupool modules it imports, anywhere in it (functions
+    too: an import deferred into a function still runs the other way),
+    except under `if TYPE_CHECKING:`, which never runs.  "gpupool" is the
+    package's __init__."""
+    import ast
+    from pathlib import Path
+
+    pkg = Path(gpupool.__file__).parent
+    graph: Dict[str, Set[str]] = {}
+    for path in sorted(pkg.glob("*.py")):
+        name = "gpupool" if path.stem == "__init__" else path.stem
+        deps: Set[str] = set()
+        tree = ast.parse(path.read_text())
+        skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                and getattr(node.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                deps |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpupool"):
+                sub = node.module.split(".")[1:]
+                deps |= {sub[0]} if sub else {a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name.split(".")[1] if "." in a.name else "gpupool"
+                         for a in node.names if a.name.split(".")[0] == "gpupool"}
+        graph[name] = deps - {name}
+    return graph
+
+
+def test_package_imports_run_one_way() -> None:
+    graph = _gpupool_imports()
+    assert "_registry" in graph and graph["_context"] <= {"_C"}, graph
+    state: Dict[str, int] = {}
+
+    def visit(m: str, path: List[str]) -> None:
+        if state.get(m) == 1:
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(m):] + [m]))
+        if state.get(m) == 2 or m not in graph:
+            return
+        state[m] = 1
+        for d in sorted(graph[m]):
+            visit(d, path + [m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        visit(m, [])
+
+
+def test_every_module_imports_first_and_alone() -> None:
+    # Each module is imported first in a fresh interpreter, under a bare
+    # package (its __init__, which imports everything, does not run): what
+    # it needs at import time must come in on its own, without torch.
+    from pathlib import Path
+
+    pkg = str(Path(gpupool.__file__).parent)
+    modules = sorted(m for m in _gpupool_imports() if m not in ("gpupool", "__main__"))
+    code = ("import importlib, sys, types\nsys.modules['torch'] = None\n"
+            "pkg = types.ModuleType('gpupool'); pkg.__path__ = [sys.argv[1]]; sys.modules['gpupool'] = pkg\n"
+            "importlib.import_module('gpupool.' + sys.argv[2])\n"
+            "print(' '.join(sorted(m[8:] for m in sys.modules if m.startswith('gpupool.'))))\n")
+    graph = _gpupool_imports()
+    for m in modules:
+        r = subprocess.run([sys.executable, "-c", code, pkg, m], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, (m, r.stderr)
+        loaded = set(r.stdout.split())
+        assert m in loaded and loaded <= _closure(graph, m), (m, loaded)
+    r = subprocess.run([sys.executable, "-c", "import sys; sys.modules['torch'] = None; import gpupool"],
+                       capture_output=True, text=True, env=child_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def _closure(graph: Dict[str, Set[str]], m: str) -> Set[str]:
+    seen, todo = set(), [m]
+    while todo:
+        x = todo.pop()
+        if x not in seen:
+            seen.add(x)
+            todo += graph.get(x, ())
+    return seen

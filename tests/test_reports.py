@@ -573,3 +573,43 @@ def test_gpu_cli_run(tmp_path: Path) -> None:
     assert "argv ['--lr', '3']" in r.stdout
     assert "gpupool device 0:" in r.stderr and "limit 4.00 GiB" in r.stderr
     assert "history:" in r.stderr and "stacks on" in r.stderr
+
+
+def test_stats_is_one_instant_while_other_threads_allocate() -> None:
+    # The pool's, the tags' and the priorities' figures come from one copy:
+    # taken one lock hold after another, allocations made meanwhile by other
+    # threads (gp_alloc runs without the GIL) made them disagree.
+    import threading
+    p = gpupool.HostPool(1 << 30, chunk="256KiB")
+    stop = threading.Event()
+
+    def churn(seed: int) -> None:
+        rng = random.Random(seed)
+        live: List[int] = []
+        tags = [f"churn{seed}_{i}" for i in range(40)]
+        while not stop.is_set():
+            if live and rng.random() < 0.5:
+                p.free(live.pop(rng.randrange(len(live))))
+            else:
+                live.append(p.alloc(rng.choice([512, 4096, 70000]), tag=rng.choice(tags),
+                                    priority=rng.randrange(4)))
+
+    threads = [threading.Thread(target=churn, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    bad, calls, deadline = [], 0, time.monotonic() + 3
+    try:
+        while time.monotonic() < deadline and not bad:
+            s = p.stats()
+            calls += 1
+            for key in ("allocated", "requested", "active_blocks"):
+                by_tag = sum(t[key] for t in s["tags"].values())
+                if by_tag != s[key]:
+                    bad.append((key, s[key], by_tag))
+            if sum(v["allocated"] for v in s["priorities"].values()) != s["allocated"]:
+                bad.append(("priorities", s["allocated"]))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not bad and calls > 100, (calls, bad[:3])

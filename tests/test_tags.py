@@ -132,6 +132,29 @@ def test_threads_without_a_context_inherit() -> None:
     assert got["own"] == "mine"
 
 
+def test_tag_exited_on_another_thread_is_a_clear_error() -> None:
+    t = gpupool.tag("crossed")
+    t.__enter__()
+    errors: List[BaseException] = []
+
+    def other() -> None:
+        try:
+            t.__exit__(None, None, None)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    th = threading.Thread(target=other)
+    th.start()
+    th.join()
+    assert len(errors) == 1 and isinstance(errors[0], RuntimeError), errors
+    assert "'crossed'" in str(errors[0]) and "same thread" in str(errors[0])
+    assert gpupool.current_tag() == "crossed"  # the entering thread's context is untouched
+    t.__exit__(None, None, None)
+    assert gpupool.current_tag() == "untagged"
+    with pytest.raises(RuntimeError, match="more often than entered"):
+        t.__exit__(None, None, None)
+
+
 def test_tag_table_holds_1024_then_a_clear_error() -> None:
     code = """
 import gpupool
@@ -150,6 +173,7 @@ gpupool.tag("tag5")  # known names still resolve
     count, message = r.stdout.split(" ", 1)
     assert int(count) == 1024 >= 255
     assert "cannot create tag 'tag1023'" in message and "reuse names" in message
+    assert "RuntimeError" in gpupool._context.tag_id.__doc__  # what the docstring promises
 
 
 # -------------------------------------------------------------- tagged()

@@ -3,6 +3,10 @@ run each body in a fresh process (conftest.run_py); the others check the
 pure-Python parts and the C hooks on host pools, without CUDA."""
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+
 import pytest
 
 import gpupool
@@ -42,6 +46,61 @@ def test_key_mapping_follows_the_pool() -> None:
     assert t["allocated_bytes.all.allocated"] == 0
     assert t["allocated_bytes.all.freed"] == s["allocated"]
     assert t["allocated_bytes.all.current"] == 0
+
+
+# The keys of torch.cuda.memory_stats() that gpupool gives (PyTorch's names).
+TORCH_KEYS = {
+    "allocated_bytes.all.current", "allocated_bytes.all.peak", "allocated_bytes.all.allocated",
+    "allocated_bytes.all.freed", "requested_bytes.all.current", "requested_bytes.all.peak",
+    "requested_bytes.all.allocated", "requested_bytes.all.freed", "reserved_bytes.all.current",
+    "reserved_bytes.all.peak", "reserved_bytes.all.allocated", "reserved_bytes.all.freed",
+    "active_bytes.all.current", "active_bytes.all.allocated", "active_bytes.all.freed",
+    "allocation.all.current", "allocation.all.peak", "allocation.all.allocated", "allocation.all.freed",
+    "inactive_split_bytes.all.current", "inactive_split.all.current", "segment.all.current",
+    "num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free",
+    "max_split_size",
+}
+
+
+def test_figures_come_from_one_list() -> None:
+    # gpupool.h's GP_STATS_FIELDS / GP_TAG_STATS_FIELDS make the C structs,
+    # the dicts of stats() and PyTorch's key mapping.
+    p = gpupool.HostPool(256 * MiB, chunk="2MiB")
+    a = p.alloc(3 * MiB, tag="w")
+    p.free(p.alloc(5000, stream=7))
+    raw = p._pool.stats(True)
+    names = [name for name, _, _ in _C.STATS_FIELDS]
+    assert list(raw) == names + ["tags", "priorities", "history"]
+    assert list(raw["priorities"][1]) == [name for name, _, _ in _C.PRIO_STATS_FIELDS]
+    assert {kind for _, kind, _ in _C.STATS_FIELDS} == {"current", "peak", "total"}
+    assert list(raw["tags"]["w"]) == [name for name, _, _ in _C.TAG_STATS_FIELDS]
+    assert "offloaded" in raw["tags"]["w"]
+    # A device without a pool yet reports every figure, as zeros.
+    assert list(_torch_patch._ZERO) == names and not any(_torch_patch._ZERO.values())
+    zero = _torch_patch.torch_memory_stats(dict(_torch_patch._ZERO))
+    assert set(zero) == TORCH_KEYS and all(v == 0 for k, v in zero.items() if k != "max_split_size")
+    t = _torch_patch.torch_memory_stats(raw)
+    assert set(t) == TORCH_KEYS
+    for name, _, key in _C.STATS_FIELDS:
+        if key is not None:
+            assert t[key] == raw[name], key
+    # After reset_accumulated_memory_stats every PyTorch counter made from a
+    # cumulative figure restarts at 0; levels and peaks do not.
+    t = _torch_patch.torch_memory_stats(raw, _torch_patch._accumulated(raw))
+    for name, kind, key in _C.STATS_FIELDS:
+        if key is not None:
+            assert t[key] == (0 if kind == "total" else raw[name]), key
+    assert t["allocated_bytes.all.freed"] == t["requested_bytes.all.freed"] == 0
+    # reset_peak_stats sets every peak of the list to its level.
+    p.free(a)
+    p.reset_peak_stats()
+    s = p.stats()
+    for fields, figures in ((_C.STATS_FIELDS, [s]), (_C.TAG_STATS_FIELDS, list(s["tags"].values())),
+                           (_C.PRIO_STATS_FIELDS, list(s["priorities"].values()))):
+        peaks = [name for name, kind, _ in fields if kind == "peak"]
+        assert peaks and all(name.endswith("_peak") for name in peaks)
+        for f in figures:
+            assert all(f[name] == f[name[:-len("_peak")]] for name in peaks), f
 
 
 def test_record_stream_on_a_host_pool() -> None:
@@ -121,8 +180,16 @@ def test_patches_off_show_what_a_pluggable_allocator_breaks(run_py) -> None:
         torch.cuda.memory_allocated()
     except RuntimeError:
         print("RAISES")
+    # cacheInfo is PyTorch's again: cuDNN's benchmark mode fails as it does
+    # under a bare pluggable allocator.
+    torch.backends.cudnn.benchmark = True
+    try:
+        torch.nn.Conv2d(16, 32, 3, padding=1).cuda()(torch.randn(8, 16, 64, 64, device="cuda"))
+        torch.cuda.synchronize()
+    except RuntimeError as e:
+        print("CACHEINFO RAISES", "cacheInfo" in str(e))
     """)
-    assert "RAISES" in r.stdout
+    assert "RAISES" in r.stdout and "CACHEINFO RAISES True" in r.stdout, r.stdout
 
 
 @gpu
@@ -443,7 +510,7 @@ def test_compile_sdpa_cudnn_and_ddp_still_work(run_py) -> None:
     dist.destroy_process_group()
     # cuDNN's benchmark asks the allocator's cacheInfo(), which a bare
     # pluggable allocator throws from ("does not yet support cacheInfo").
-    assert gpupool._C.install_cache_info() is None
+    assert gpupool._C.set_cache_info(True) is None
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     conv = torch.nn.Conv2d(16, 32, 3, padding=1).cuda()
@@ -487,40 +554,65 @@ def test_cache_info_hook_says_what_it_lacks() -> None:
     import sys
     if "torch" in sys.modules:
         pytest.skip("torch is loaded in this process")
-    why = _C.install_cache_info()
+    why = _C.set_cache_info(True)
     assert isinstance(why, str) and "CUDAPluggableAllocator" in why, why
 
 
 CACHE_INFO_THROUGH_VTABLE = """
 import ctypes, os, torch
-from gpupool import _C
+from gpupool import _C, _torch_patch
 lib = os.path.join(os.path.dirname(torch.__file__), "lib")
 cuda = ctypes.CDLL(os.path.join(lib, "libtorch_cuda.so"))
 c10c = ctypes.CDLL(os.path.join(lib, "libc10_cuda.so"))
 theirs = ctypes.cast(cuda._ZN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocator9cacheInfoEaPm,
                      ctypes.c_void_p).value
+on_gpu = torch.cuda.is_available()
+if not on_gpu:
+    _C.use_host_backend(256 << 20)  # device pools over host memory: there is no GPU
+_C.configure({"mode": "reserve", "reserve": "50%"})
 alloc = torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, "gpupool_malloc", "gpupool_free")
 torch.cuda.memory.change_current_allocator(alloc)
 # The allocator PyTorch calls, and its class's vtable, as C++ sees them.
 cur = ctypes.c_void_p.in_dll(c10c, "_ZN3c104cuda20CUDACachingAllocator9allocatorE").value
 vt = ctypes.c_void_p.from_address(cur).value
-before = [ctypes.c_void_p.from_address(vt + 8 * i).value for i in range(200)]
+def entries():
+    return [ctypes.c_void_p.from_address(vt + 8 * i).value for i in range(200)]
+before = entries()
 slot = before.index(theirs)
 maps = open("/proc/self/maps").read()
-assert _C.install_cache_info() is None and _C.install_cache_info() is None  # idempotent
-after = [ctypes.c_void_p.from_address(vt + 8 * i).value for i in range(200)]
+assert _torch_patch.install_api() is None and _C.set_cache_info(True) is None  # idempotent
+after = entries()
 assert after[slot] != theirs and [a for i, a in enumerate(after) if i != slot] == \\
     [b for i, b in enumerate(before) if i != slot], "exactly the cacheInfo entry is rewritten"
 assert open("/proc/self/maps").read() == maps, "page protections are restored"
 # A virtual call, as cuDNN's makes it: PyTorch's would throw (through ctypes: abort).
-largest = ctypes.c_size_t(12345)
-ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_byte, ctypes.POINTER(ctypes.c_size_t))(after[slot])(
-    cur, 0, ctypes.byref(largest))
-if torch.cuda.is_available():
-    assert largest.value > 1 << 30, largest.value  # the device's free memory, at least
-else:
-    assert largest.value == 12345  # no pool without a GPU: PyTorch's value stays
-print("ok", slot, largest.value)
+call = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_byte, ctypes.POINTER(ctypes.c_size_t))(after[slot])
+def ask(given):
+    largest = ctypes.c_size_t(given)
+    call(cur, 0, ctypes.byref(largest))
+    return largest.value
+# No pool on the device: the hook makes none (in reserve mode that would map
+# half the device) and answers as PyTorch's allocator with nothing cached:
+# what it was given, or the driver's free memory when given 0.
+assert ask(12345) == 12345
+free = ask(0)
+assert free > (1 << 30 if on_gpu else 200 << 20), free
+assert _C.devices() == [], "cacheInfo made a pool"
+# With a pool: its headroom (reserve mode: its largest free block).
+p = _C.device_pool(0, True)
+a = p.alloc(1 << 20)
+reserved = p.stats(False)["reserved"]
+assert ask(0) == reserved - (1 << 20) and ask(1 << 62) == 1 << 62, (ask(0), reserved)
+# disable_torch_patches() gives PyTorch's entry back, and protections.
+_torch_patch.uninstall_api()
+assert entries() == before, "PyTorch's cacheInfo is back"
+def mapping(addr):
+    for line in open("/proc/self/maps"):
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        if lo <= addr < hi:
+            return line
+assert mapping(vt + 8 * slot) in maps.splitlines(keepends=True), "the vtable's protection is restored"
+print("ok", slot, free)
 """
 
 
@@ -532,11 +624,121 @@ def test_cache_info_is_answered_through_the_vtable(run_py) -> None:
     assert "ok" in run_py(CACHE_INFO_THROUGH_VTABLE).stdout
 
 
+# PyTorch's bindings turn c10::OutOfMemoryError into torch.OutOfMemoryError
+# and any other c10::Error into RuntimeError (torch/csrc/Exceptions.h,
+# CATCH_CORE_ERRORS, in this order).  This C++ caller catches as they do.
+CATCHER = r"""
+#include <c10/util/Exception.h>
+#include <cstdio>
+#include <sys/types.h>
+typedef void *(*malloc_fn)(ssize_t, int, void *);
+extern "C" int call(malloc_fn fn, long size, int device, void *stream, char *out, size_t n) {
+    try {
+        std::snprintf(out, n, "%p", fn(size, device, stream));
+        return 0;
+    } catch (const c10::OutOfMemoryError &e) {
+        std::snprintf(out, n, "%s", e.what_without_backtrace());
+        return 1;
+    } catch (const c10::Error &e) {
+        std::snprintf(out, n, "%s", e.what_without_backtrace());
+        return 2;
+    } catch (...) {
+        return 3;
+    }
+}
+"""
+
+MALLOC_THROWS = """
+import ctypes, sys, torch
+from gpupool import _C
+catcher = ctypes.CDLL(sys.argv[1])
+malloc = ctypes.cast(ctypes.CDLL(_C.__file__).gpupool_malloc, ctypes.c_void_p)
+def call(size, device=0, stream=0):
+    out = ctypes.create_string_buffer(4096)
+    kind = catcher.call(malloc, ctypes.c_long(size), device, ctypes.c_void_p(stream), out, 4096)
+    return ("ok", "OutOfMemoryError", "RuntimeError", "other")[kind], out.value.decode()
+if sys.argv[2] == "cuda":
+    # No GPU here: the pool cannot be made, which is no OOM.
+    kind, msg = call(1 << 20)
+    assert kind == "RuntimeError" and "cannot create the pool of device 0" in msg, (kind, msg)
+    print("ok")
+    sys.exit()
+_C.use_host_backend(64 << 20)
+_C.configure({"chunk": "2MiB", "limit": "32MiB"})
+assert call(1 << 20)[0] == "ok"
+kind, msg = call(48 << 20)               # over the pool's limit
+assert kind == "OutOfMemoryError" and msg.startswith("CUDA out of memory.") and "limit" in msg, (kind, msg)
+kind, msg = call(1 << 20, device=99)     # no such device
+assert kind == "RuntimeError" and "device 99" in msg, (kind, msg)
+for s in range(1, 200):                  # every stream gets bins: at most 64
+    kind, msg = call(4096, stream=s)
+    if kind != "ok":
+        break
+assert kind == "RuntimeError" and "stream" in msg and "out of memory" not in msg, (s, kind, msg)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("backend", ["host", "cuda"])
+def test_allocation_failures_reach_pytorch_as_the_right_exception(run_py, tmp_path, backend) -> None:
+    # Only running out of memory (or a limit) may be torch.OutOfMemoryError,
+    # which callers catch to retry with less; a driver error or too many
+    # streams is a RuntimeError.  gpupool_malloc is called as PyTorch's
+    # CUDAPluggableAllocator calls it, from C++ that catches as PyTorch does.
+    torch = pytest.importorskip("torch")
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    if backend == "cuda" and torch.cuda.is_available():
+        pytest.skip("a GPU is here: the pool can be made (test_gpu.py covers the CUDA path)")
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    (tmp_path / "catcher.cpp").write_text(CATCHER)
+    so = tmp_path / "catcher.so"
+    subprocess.run([cxx, "-std=c++17", "-shared", "-fPIC", f"-I{os.path.dirname(torch.__file__)}/include",
+                    str(tmp_path / "catcher.cpp"), f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}", "-o", str(so),
+                    f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}"], check=True)
+    code = f"import sys; sys.argv = ['x', {str(so)!r}, {backend!r}]\n" + MALLOC_THROWS
+    assert run_py(code).stdout.strip() == "ok"
+
+
+@gpu
+def test_gpu_non_oom_failures_are_runtime_errors(run_py) -> None:
+    # Too many streams is no lack of memory: RuntimeError, not
+    # torch.OutOfMemoryError (which a batch-size finder would answer by
+    # retrying smaller, forever); the process goes on working.
+    r = run_py("""
+    import torch, gpupool
+    gpupool.enable()
+    x = torch.ones(1 << 20, device="cuda")
+    streams = [torch.cuda.Stream() for _ in range(200)]
+    kept = []
+    for i, s in enumerate(streams):
+        try:
+            with torch.cuda.stream(s):
+                kept.append(torch.empty(4096, device="cuda"))
+        except torch.OutOfMemoryError as e:
+            raise AssertionError(f"stream {i}: OutOfMemoryError for a failure that is no OOM: {e}")
+        except RuntimeError as e:
+            assert "stream" in str(e), e
+            print("RUNTIME ERROR at stream", i)
+            break
+    else:
+        raise AssertionError("200 streams were all served")
+    try:
+        torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError as e:
+        assert str(e).startswith("CUDA out of memory."), e
+    y = torch.ones(1 << 20, device="cuda") + x
+    assert y.sum().item() == 2 * (1 << 20)
+    """)
+    assert "RUNTIME ERROR at stream" in r.stdout, r.stdout
+
+
 def test_record_memory_history_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     # torch.cuda.memory._record_memory_history's arguments, as gpupool.record_history takes them.
-    from gpupool import _snapshot
+    from gpupool import _history
     calls = []
-    monkeypatch.setattr(_snapshot, "record_history", lambda *a: calls.append(a))
+    monkeypatch.setattr(_history, "record_history", lambda *a: calls.append(a))
     rmh = _torch_patch._record_memory_history
     rmh()                                            # PyTorch's defaults: all, Python stacks
     rmh(max_entries=2 ** 63 - 1)                     # sys.maxsize: "unbounded"

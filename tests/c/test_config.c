@@ -127,10 +127,8 @@ static void test_table(void)
             env[8 + j] = (char)(o[i].key[j] >= 'a' && o[i].key[j] <= 'z' ? o[i].key[j] - 32 : o[i].key[j]);
         CHECK(strcmp(env, o[i].env) == 0);
         /* The documented default is what gp_config_default gives, but for
-         * the three whose default is "nothing set". */
+         * the reserve, whose default depends on the mode. */
         if (strcmp(o[i].key, "reserve") == 0) CHECK(get_is(&cfg, o[i].key, "none"));
-        else if (strcmp(o[i].key, "tenant") == 0 || strcmp(o[i].key, "nvcomp") == 0)
-            CHECK(get_is(&cfg, o[i].key, ""));
         else CHECK(get_is(&cfg, o[i].key, o[i].def));
     }
     CHECK(strstr(o[1].def, "80%") != NULL);
@@ -349,6 +347,7 @@ static void test_options(void)
     CHECK(set_bad("codec", "ans "));
     /* nvcomp: a path that exists and fits */
     CHECK(set_ok(&c, "nvcomp", "/tmp") && strcmp(c.nvcomp, "/tmp") == 0);
+    CHECK(set_ok(&c, "nvcomp", "none") && c.nvcomp[0] == '\0');
     CHECK(set_bad("nvcomp", "/nonexistent/libnvcomp.so.6") && has("No such file"));
     char long_path[GP_PATH_MAX + 1];
     memset(long_path, 'x', GP_PATH_MAX);
