@@ -105,6 +105,10 @@ typedef struct gp_config {
                                 a fraction of allocated; < 0: unbounded     */
     int torch_patch;         /* GPUPOOL_TORCH_PATCH patch torch.cuda APIs     */
     int placement;           /* GPUPOOL_PLACEMENT   GP_PLACE_* (lifetime|none) */
+    gp_size_spec device_limit; /* GPUPOOL_DEVICE_LIMIT the device as the tenant
+                                  group sees it (arbiter.h)                   */
+    uint64_t reclaim_timeout_ms; /* GPUPOOL_RECLAIM_TIMEOUT how long an
+                                  allocation waits for other tenants          */
 } gp_config;
 
 /* Lifetime-aware placement: with GP_PLACE_LIFETIME, blocks of long-lived
