@@ -57,6 +57,7 @@ ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0", "UBSAN_OPTIONS": 
     ("test_compat.c", []),
     ("test_prio.c", []),
     ("test_trace.c", []),
+    ("test_arbiter.c", []),
     ("test_model.c", [os.environ.get("GP_TEST_MODEL_OPS", "2000000")]),
     ("test_stress.c", ["100000"]),
 ])
