@@ -229,11 +229,11 @@ static int gp_reap(gp_arb_shm *r)
     return n;
 }
 
-static gp_status gp_lock(gp_arb_shm *r)
+static gp_status gp_lock_within(gp_arb_shm *r, int seconds)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += GP_ARB_LOCK_WAIT_S;
+    ts.tv_sec += seconds;
     int rc = pthread_mutex_timedlock(&r->lock, &ts);
     if (rc == EOWNERDEAD) {
         /* Its holder died inside: the sums are over slots, so the dead
@@ -246,13 +246,19 @@ static gp_status gp_lock(gp_arb_shm *r)
         r->owner = (int32_t)getpid();
         return GP_OK;
     }
-    if (rc == ETIMEDOUT)
-        return gp_error_set(GP_ERR_BACKEND, "gpupool: the tenant registry of group '%s' has been locked "
-                            "for %d s by process %d, which is alive (stopped?)", r->group,
-                            GP_ARB_LOCK_WAIT_S, (int)r->owner);
+    if (rc == ETIMEDOUT) {
+        int owner = r->owner, alive = owner > 0 && (kill(owner, 0) == 0 || errno == EPERM);
+        return gp_error_set(GP_ERR_BACKEND, "gpupool: the tenant registry of group '%s' on %s has been "
+                            "locked for %d s by process %d, %s", r->group, r->device, seconds, owner,
+                            alive ? "which is alive (stopped? stuck?)"
+                                  : "which is gone without releasing it: remove the registry (python -m "
+                                    "gpupool top lists it) once its tenants have stopped");
+    }
     return gp_error_set(GP_ERR_BACKEND, "gpupool: cannot lock the tenant registry of group '%s': %s",
                         r->group, strerror(rc));
 }
+
+static gp_status gp_lock(gp_arb_shm *r) { return gp_lock_within(r, GP_ARB_LOCK_WAIT_S); }
 
 static void gp_unlock(gp_arb_shm *r)
 {
@@ -314,7 +320,7 @@ static gp_status gp_map_shm(int fd, const char *name, int created, gp_arb_shm **
 
 /* Map the registry `name`, made if absent (when `create`), and lock it;
  * one that its last tenant removed meanwhile is left for a new one. */
-static gp_status gp_attach(const char *name, int create, gp_arb_shm **out)
+static gp_status gp_attach(const char *name, int create, int lock_s, gp_arb_shm **out)
 {
     for (int attempt = 0; attempt < 100; attempt++) {
         int created = 0;
@@ -334,7 +340,7 @@ static gp_status gp_attach(const char *name, int create, gp_arb_shm **out)
         gp_status st = gp_map_shm(fd, name, created, &r);
         close(fd);
         if (st != GP_OK) return st;
-        if ((st = gp_lock(r)) != GP_OK) {
+        if ((st = gp_lock_within(r, lock_s)) != GP_OK) {
             munmap(r, sizeof *r);
             return st;
         }
@@ -363,6 +369,8 @@ static void gp_default_name(char *buf, size_t n)
     size_t at = (size_t)snprintf(buf, n, "%s", base);
     for (ssize_t i = (ssize_t)strlen(cmd) + 1; i < k && at + 1 < n; i += (ssize_t)strlen(cmd + i) + 1)
         at += (size_t)snprintf(buf + at, n - at, " %s", cmd + i);
+    for (char *c = buf; *c; c++)
+        if ((unsigned char)*c < ' ') *c = ' '; /* one line in a table */
 }
 
 gp_status gp_arbiter_open(const gp_arbiter_params *pr, gp_arbiter **out)
@@ -381,7 +389,7 @@ gp_status gp_arbiter_open(const gp_arbiter_params *pr, gp_arbiter **out)
     a->timeout_ns = pr->timeout_ms * MS;
     pthread_mutex_init(&a->answering, NULL);
     gp_arb_shm *r;
-    if ((st = gp_attach(name, 1, &r)) != GP_OK) {
+    if ((st = gp_attach(name, 1, GP_ARB_LOCK_WAIT_S, &r)) != GP_OK) {
         pthread_mutex_destroy(&a->answering);
         free(a);
         return st;
@@ -511,8 +519,9 @@ gp_status gp_arbiter_take(gp_arbiter *a, uint64_t size, gp_backend *inner)
                           gp_fmt(held, b[2], sizeof b[2]), gp_fmt(ahead, b[3], sizeof b[3]),
                           size <= avail ? " (the device itself is short)" : "");
     } else {
+        /* (Its want stays whole until its wait ends: a map of part of it
+         * may yet be rolled back.) */
         me->held += size;
-        me->wanted -= me->wanted < size ? me->wanted : size;
         me->heartbeat = gp_now();
     }
     gp_unlock(r);
@@ -548,21 +557,23 @@ void gp_arbiter_set_reclaim(gp_arbiter *a, gp_reclaim_fn fn, void *arg)
     pthread_mutex_unlock(&a->answering);
 }
 
-/* The pools of this process bound to an arbiter, for gp_arbiter_of. */
+/* The pools of this process bound to an arbiter, for gp_arbiter_of and
+ * gp_arbiter_poll_all (readers, which may nest: a reclaim callback may
+ * look an arbiter up). */
 #define GP_ARB_BOUND 256
 static struct { gp_pool *pool; gp_arbiter *a; } g_bound[GP_ARB_BOUND];
-static pthread_mutex_t g_bound_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_rwlock_t g_bound_lock = PTHREAD_RWLOCK_INITIALIZER;
 
 static void gp_bound_set(gp_pool *old, gp_pool *pool, gp_arbiter *a)
 {
-    pthread_mutex_lock(&g_bound_lock);
+    pthread_rwlock_wrlock(&g_bound_lock);
     for (size_t i = 0; i < GP_ARB_BOUND; i++) {
         if (g_bound[i].pool != old) continue;
         g_bound[i].pool = pool;
         g_bound[i].a = pool ? a : NULL;
         break;
     }
-    pthread_mutex_unlock(&g_bound_lock);
+    pthread_rwlock_unlock(&g_bound_lock);
 }
 
 void gp_arbiter_bind(gp_arbiter *a, gp_pool *pool)
@@ -824,8 +835,18 @@ gp_status gp_arbiter_read(const char *group, const char *device, gp_group_info *
     gp_status st = gp_arbiter_shm_name(group, device, name, sizeof name);
     if (st != GP_OK) return st;
     gp_arb_shm *r;
-    if ((st = gp_attach(name, 0, &r)) != GP_OK) return st;
+    if ((st = gp_attach(name, 0, 1, &r)) != GP_OK) return st; /* a reader does not wait long */
     if (gp_reap(r)) gp_changed(r);
+    int live = 0;
+    for (int i = 0; i < GP_ARB_SLOTS; i++) live += r->slots[i].pid != 0;
+    if (!live) {
+        /* Its tenants all died: nobody else would remove it. */
+        r->dead = 1;
+        shm_unlink(name);
+        gp_unlock(r);
+        munmap(r, sizeof *r);
+        return gp_error_set(GP_ERR_FOREIGN, "gpupool: no tenant registry %s (its tenants had died)", name);
+    }
     uint64_t now = gp_now();
     memset(g, 0, sizeof *g);
     snprintf(g->group, sizeof g->group, "%s", r->group);
@@ -918,11 +939,21 @@ gp_status gp_arbiter_pool_create(gp_backend *be, const gp_config *cfg, const cha
 gp_arbiter *gp_arbiter_of(gp_pool *pool)
 {
     gp_arbiter *found = NULL;
-    pthread_mutex_lock(&g_bound_lock);
+    pthread_rwlock_rdlock(&g_bound_lock);
     for (size_t i = 0; i < GP_ARB_BOUND && !found; i++)
         if (pool && g_bound[i].pool == pool) found = g_bound[i].a;
-    pthread_mutex_unlock(&g_bound_lock);
+    pthread_rwlock_unlock(&g_bound_lock);
     return found;
+}
+
+uint64_t gp_arbiter_poll_all(void)
+{
+    uint64_t given = 0;
+    pthread_rwlock_rdlock(&g_bound_lock);
+    for (size_t i = 0; i < GP_ARB_BOUND; i++)
+        if (g_bound[i].a) given += gp_arbiter_poll(g_bound[i].a);
+    pthread_rwlock_unlock(&g_bound_lock);
+    return given;
 }
 
 /* ------------------------------------------------------------ test hooks */

@@ -91,6 +91,11 @@ void gp_arbiter_publish(gp_arbiter *a, uint64_t offloadable, uint64_t offloaded)
  * pool lock is held: before an allocation, after a free, at a step's end. */
 uint64_t gp_arbiter_poll(gp_arbiter *a);
 
+/* gp_arbiter_poll of every arbiter of this process's pools: a yield point
+ * (gpupool.yield_point(), a training step's end).  A reclaim callback run
+ * from here must not destroy a pool. */
+uint64_t gp_arbiter_poll_all(void);
+
 /* gp_alloc under the arbiter: polls first; when the allocation fails for
  * lack of memory, posts the want, asks others and waits up to the timeout,
  * retrying.  On final failure: GP_ERR_OOM, and gp_last_error() holds the

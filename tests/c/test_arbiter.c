@@ -611,9 +611,24 @@ static void test_device_limit(void)
     done(p);
 }
 
-int main(void)
+/* test_arbiter ask GROUP PRIORITY LIMIT MiB TIMEOUT_MS: a tenant that asks
+ * for MiB and exits 0 when it got them (tests/test_arbiter.py). */
+static int ask_main(char **argv)
+{
+    snprintf(g_group, sizeof g_group, "%s", argv[2]);
+    gp_pool *p = tenant(g_group, atoi(argv[3]), argv[4], (unsigned)atoi(argv[6]));
+    gp_status st;
+    void *x = A(p, (uint64_t)atoi(argv[5]) * MiB, &st);
+    if (!x) fprintf(stderr, "%s\n", gp_last_error());
+    else gp_free(p, x);
+    gp_pool_destroy(p);
+    return x ? 0 : 1;
+}
+
+int main(int argc, char **argv)
 {
     alarm(300); /* a stuck protocol fails the run rather than hanging it */
+    if (argc == 7 && strcmp(argv[1], "ask") == 0) return ask_main(argv);
     test_one_tenant();
     test_bad_input();
     test_churn();
