@@ -33,7 +33,7 @@
 #include "error.h"
 
 #define GP_ARB_MAGIC 0x3174696272617067ull /* "gparbit1" */
-#define GP_ARB_VERSION 1
+#define GP_ARB_VERSION 2
 #define GP_ARB_LOCK_WAIT_S 10              /* a live holder longer: an error     */
 #define GP_ARB_INIT_WAIT_NS 2000000000ull  /* a creator still initialising       */
 #define GP_ARB_REAP_NS 100000000ull        /* dead tenants looked for, waiting   */
@@ -49,6 +49,9 @@ typedef struct gp_arb_slot {
     char name[GP_ARB_NAME_MAX];
     uint64_t quota, held, cached, offloadable, offloaded;
     uint64_t wanted, want_since; /* bytes waited for, since (0: none)      */
+    int32_t granted;            /* the want is a step's lease, admitted:
+                                   ahead of every want not yet admitted     */
+    int32_t pad;
     uint64_t heartbeat;
     /* Asks to this tenant: askers raise ask_bytes/ask_level and bump
      * ask_seq; the tenant sees ask_seq move on its hot path and answers
@@ -88,6 +91,7 @@ struct gp_arbiter {
     void *reclaim_arg;
     _Atomic(gp_pool *) pool;
     uint64_t next_reap;
+    uint64_t step_peak;         /* the most held since the last yield (under the lock) */
 };
 
 /* ------------------------------------------------------------- helpers */
@@ -475,6 +479,7 @@ static int gp_ahead(const gp_arb_shm *r, int j, int i)
 {
     const gp_arb_slot *a = &r->slots[j], *b = &r->slots[i];
     if (j == i || !a->pid || !a->wanted) return 0;
+    if (a->granted != b->granted) return a->granted;
     if (a->priority != b->priority) return a->priority > b->priority;
     if (!b->want_since) return 1;
     if (a->want_since != b->want_since) return a->want_since < b->want_since;
@@ -522,6 +527,9 @@ gp_status gp_arbiter_take(gp_arbiter *a, uint64_t size, gp_backend *inner)
         /* (Its want stays whole until its wait ends: a map of part of it
          * may yet be rolled back.) */
         me->held += size;
+        /* A lease is spent as the step maps. */
+        if (me->granted) me->wanted -= me->wanted < size ? me->wanted : size;
+        if (me->held > a->step_peak) a->step_peak = me->held;
         me->heartbeat = gp_now();
     }
     gp_unlock(r);
@@ -558,7 +566,7 @@ void gp_arbiter_set_reclaim(gp_arbiter *a, gp_reclaim_fn fn, void *arg)
 }
 
 /* The pools of this process bound to an arbiter, for gp_arbiter_of and
- * gp_arbiter_poll_all (readers, which may nest: a reclaim callback may
+ * gp_arbiter_yield_all (readers, which may nest: a reclaim callback may
  * look an arbiter up). */
 #define GP_ARB_BOUND 256
 static struct { gp_pool *pool; gp_arbiter *a; } g_bound[GP_ARB_BOUND];
@@ -744,75 +752,173 @@ size_t gp_arbiter_report(gp_arbiter *a, char *buf, size_t len)
     return at;
 }
 
+/* One wait for room in the group: an allocation's, or a step's lease. */
+typedef struct gp_wait {
+    gp_asked v[GP_ARB_SLOTS];
+    uint64_t t0, deadline, want;
+} gp_wait;
+
+/* Post the want: queued behind every earlier one of its priority (a lease
+ * granted before keeps its place). */
+static gp_status gp_wait_begin(gp_arbiter *a, gp_wait *w, uint64_t want)
+{
+    gp_arb_shm *r = a->r;
+    gp_arb_slot *me = &r->slots[a->slot];
+    memset(w->v, 0, sizeof w->v);
+    w->t0 = gp_now();
+    w->deadline = w->t0 + a->timeout_ns;
+    w->want = want;
+    gp_status st = gp_lock(r);
+    if (st != GP_OK) return st;
+    me->wanted = want;
+    me->granted = 0; /* more than its lease: in line again, keeping its age */
+    if (!me->want_since) me->want_since = w->t0;
+    me->n_waits++;
+    gp_unlock(r);
+    gp_changed(r);
+    return GP_OK;
+}
+
+/* One look: answer the asks to this tenant, reclaim dead ones, take in the
+ * answers to this wait's asks and ask for what is still short.  *short_b:
+ * the bytes the group cannot give now; *gen: to sleep on. */
+static gp_status gp_wait_look(gp_arbiter *a, gp_wait *w, uint64_t *short_b, uint32_t *gen)
+{
+    gp_arb_shm *r = a->r;
+    gp_arbiter_poll(a); /* asked meanwhile by a higher priority */
+    uint64_t now = gp_now();
+    gp_status st = gp_lock(r);
+    if (st != GP_OK) return st;
+    if (now >= a->next_reap) {
+        if (gp_reap(r)) gp_changed(r);
+        a->next_reap = now + GP_ARB_REAP_NS;
+    }
+    *gen = atomic_load(&r->gen);
+    uint64_t avail = gp_avail(r, a->slot, NULL, NULL);
+    *short_b = w->want > avail ? w->want - avail : 0;
+    gp_collect(r, &r->slots[a->slot], w->v, now);
+    if (*short_b) gp_ask(r, a->slot, w->v, *short_b, now);
+    gp_unlock(r);
+    if (*short_b) gp_changed(r); /* an asked tenant may sleep in its own wait */
+    return GP_OK;
+}
+
+static void gp_wait_sleep(gp_arbiter *a, gp_wait *w, uint32_t gen, uint64_t until)
+{
+    uint64_t now = gp_now();
+    if (now + GP_ARB_NAP_NS < until) until = now + GP_ARB_NAP_NS;
+    if (w->deadline < until) until = w->deadline;
+    if (until > now) gp_sleep(a->r, gen, until - now);
+}
+
+/* The wait is over: `granted` keeps the want as the step's lease. */
+static void gp_wait_end(gp_arbiter *a, gp_wait *w, int ok, int granted)
+{
+    gp_arb_shm *r = a->r;
+    gp_arb_slot *me = &r->slots[a->slot];
+    uint64_t dt = gp_now() - w->t0;
+    if (gp_lock(r) != GP_OK) return;
+    gp_collect(r, me, w->v, w->t0 + dt);
+    me->granted = granted;
+    if (!granted) me->wanted = 0, me->want_since = 0;
+    me->wait_ns += dt;
+    if (dt > me->wait_max_ns) me->wait_max_ns = dt;
+    if (!ok) me->n_wait_fail++;
+    gp_unlock(r);
+    gp_changed(r);
+}
+
 /* The slow path of gp_arbiter_alloc: post the want, ask, wait, retry. */
 static void *gp_wait_alloc(gp_arbiter *a, gp_pool *pool, size_t size, gp_stream stream, gp_tag tag,
                            int priority, gp_status *st)
 {
-    gp_arb_shm *r = a->r;
-    gp_arb_slot *me = &r->slots[a->slot];
-    uint64_t t0 = gp_now(), deadline = t0 + a->timeout_ns, next_try = t0;
     uint64_t unit = atomic_load(&a->unit);
     if (!unit) unit = 2 * 1024 * 1024;
-    uint64_t want = (size + unit - 1) / unit * unit;
-    gp_asked v[GP_ARB_SLOTS];
-    memset(v, 0, sizeof v);
-    if ((*st = gp_lock(r)) != GP_OK) return NULL;
-    me->wanted = want;
-    if (!me->want_since) me->want_since = t0;
-    me->n_waits++;
-    gp_unlock(r);
-    gp_changed(r);
+    gp_wait w;
+    if ((*st = gp_wait_begin(a, &w, (size + unit - 1) / unit * unit)) != GP_OK) return NULL;
     void *p = NULL;
     int was_short = 1;
+    uint64_t next_try = w.t0;
     for (;;) {
-        gp_arbiter_poll(a); /* asked meanwhile by a higher priority */
+        uint64_t short_b;
+        uint32_t gen;
+        if ((*st = gp_wait_look(a, &w, &short_b, &gen)) != GP_OK) break;
         uint64_t now = gp_now();
-        if ((*st = gp_lock(r)) != GP_OK) break;
-        if (now >= a->next_reap) {
-            if (gp_reap(r)) gp_changed(r);
-            a->next_reap = now + GP_ARB_REAP_NS;
-        }
-        uint32_t gen = atomic_load(&r->gen);
-        uint64_t avail = gp_avail(r, a->slot, NULL, NULL);
-        uint64_t short_b = want > avail ? want - avail : 0;
-        gp_collect(r, me, v, now);
-        if (short_b) gp_ask(r, a->slot, v, short_b, now);
-        gp_unlock(r);
-        if (short_b) gp_changed(r); /* an asked tenant may sleep in its own wait */
         /* Retry as soon as the registry has room, else now and then (the
          * device, or this process's own frees, may have made some). */
         if (!short_b && was_short) next_try = now;
         was_short = short_b != 0;
-        int last = now >= deadline;
+        int last = now >= w.deadline;
         if (last || now >= next_try) {
             p = gp_alloc(pool, size, stream, tag, priority, st);
             if (p || *st != GP_ERR_OOM || last) break;
             next_try = gp_now() + GP_ARB_RETRY_NS;
             continue;
         }
-        uint64_t until = now + GP_ARB_NAP_NS;
-        if (next_try < until) until = next_try;
-        if (deadline < until) until = deadline;
-        gp_sleep(r, gen, until - now);
+        gp_wait_sleep(a, &w, gen, next_try);
     }
-    uint64_t dt = gp_now() - t0;
-    if (gp_lock(r) == GP_OK) {
-        gp_collect(r, me, v, t0 + dt);
-        me->wanted = 0;
-        me->want_since = 0;
-        me->wait_ns += dt;
-        if (dt > me->wait_max_ns) me->wait_max_ns = dt;
-        if (!p) me->n_wait_fail++;
-        gp_unlock(r);
-        gp_changed(r);
-    }
+    gp_wait_end(a, &w, p != NULL, 0);
     if (!p && *st == GP_ERR_OOM) {
         char tenants[2048];
         gp_arbiter_report(a, tenants, sizeof tenants);
         gp_error_set(GP_ERR_OOM, "%s\n  waited %.2f s for other tenants (GPUPOOL_RECLAIM_TIMEOUT); %s",
-                     gp_pool_last_oom(pool), (double)dt / 1e9, tenants);
+                     gp_pool_last_oom(pool), (double)(gp_now() - w.t0) / 1e9, tenants);
     }
     return p;
+}
+
+uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need)
+{
+    if (!a) return 0;
+    uint64_t given = gp_arbiter_poll(a);
+    gp_arb_shm *r = a->r;
+    gp_arb_slot *me = &r->slots[a->slot];
+    if (gp_lock(r) != GP_OK) return given;
+    /* The last step's lease ends here. */
+    me->wanted = 0, me->want_since = 0, me->granted = 0;
+    uint64_t peak = a->step_peak;
+    int behind = 0;
+    for (int j = 0; j < GP_ARB_SLOTS; j++) behind |= gp_ahead(r, j, a->slot) && !r->slots[j].granted;
+    me->heartbeat = gp_now();
+    gp_unlock(r);
+    gp_changed(r);
+    /* Someone waits ahead of this tenant: its cache goes to them now, at
+     * a point where it holds no step's memory. */
+    gp_pool *pool = atomic_load(&a->pool);
+    if (behind && pool) given += gp_pool_trim(pool, UINT64_MAX);
+    if (gp_lock(r) != GP_OK) return given;
+    uint64_t target = need > peak ? need : peak;
+    uint64_t lease = target > me->held ? target - me->held : 0;
+    a->step_peak = me->held;
+    gp_unlock(r);
+    if (!lease) return given;
+    /* Wait for the step's memory, in line, before the step takes any. */
+    gp_wait w;
+    if (gp_wait_begin(a, &w, lease) != GP_OK) return given;
+    int granted = 0;
+    for (;;) {
+        uint64_t short_b;
+        uint32_t gen;
+        if (gp_wait_look(a, &w, &short_b, &gen) != GP_OK) break;
+        if (!short_b) {
+            granted = 1;
+            break;
+        }
+        if (gp_now() >= w.deadline) break;
+        gp_wait_sleep(a, &w, gen, w.deadline);
+    }
+    gp_wait_end(a, &w, granted, granted);
+    return given;
+}
+
+uint64_t gp_arbiter_yield_all(uint64_t need)
+{
+    uint64_t given = 0;
+    pthread_rwlock_rdlock(&g_bound_lock);
+    for (size_t i = 0; i < GP_ARB_BOUND; i++)
+        if (g_bound[i].a) given += gp_arbiter_yield(g_bound[i].a, need);
+    pthread_rwlock_unlock(&g_bound_lock);
+    return given;
 }
 
 void *gp_arbiter_alloc(gp_arbiter *a, gp_pool *pool, size_t size, gp_stream stream, gp_tag tag,
@@ -868,6 +974,7 @@ gp_status gp_arbiter_read(const char *group, const char *device, gp_group_info *
             memcpy(o->name, s->name, sizeof o->name);
             o->quota = s->quota, o->held = s->held, o->cached = s->cached;
             o->offloadable = s->offloadable, o->offloaded = s->offloaded, o->wanted = s->wanted;
+            o->leased = s->granted;
             o->waiting_ns = s->want_since ? now - s->want_since : 0;
             o->seen_ns = now > s->heartbeat ? now - s->heartbeat : 0;
             o->asked = s->answer_seq != atomic_load(&s->ask_seq) ? s->ask_bytes : 0;
@@ -944,16 +1051,6 @@ gp_arbiter *gp_arbiter_of(gp_pool *pool)
         if (pool && g_bound[i].pool == pool) found = g_bound[i].a;
     pthread_rwlock_unlock(&g_bound_lock);
     return found;
-}
-
-uint64_t gp_arbiter_poll_all(void)
-{
-    uint64_t given = 0;
-    pthread_rwlock_rdlock(&g_bound_lock);
-    for (size_t i = 0; i < GP_ARB_BOUND; i++)
-        if (g_bound[i].a) given += gp_arbiter_poll(g_bound[i].a);
-    pthread_rwlock_unlock(&g_bound_lock);
-    return given;
 }
 
 /* ------------------------------------------------------------ test hooks */

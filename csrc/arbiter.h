@@ -91,10 +91,19 @@ void gp_arbiter_publish(gp_arbiter *a, uint64_t offloadable, uint64_t offloaded)
  * pool lock is held: before an allocation, after a free, at a step's end. */
 uint64_t gp_arbiter_poll(gp_arbiter *a);
 
-/* gp_arbiter_poll of every arbiter of this process's pools: a yield point
- * (gpupool.yield_point(), a training step's end).  A reclaim callback run
- * from here must not destroy a pool. */
-uint64_t gp_arbiter_poll_all(void);
+/* A safe point between steps (gpupool.yield_point()): answers pending
+ * asks; if a tenant waits ahead of this one, gives its cache back; then
+ * takes a lease for the coming step -- waits (up to the timeout, in line
+ * like any want) until the group can give what the step will need beyond
+ * what this tenant holds: the larger of `need` (bytes held at the step's
+ * peak, 0: unknown) and the most it held during the last step.  The lease
+ * keeps that room for it until its next yield point, so that two steps
+ * never both stall half way, each holding what the other needs.  Returns
+ * the bytes given back. */
+uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need);
+/* gp_arbiter_yield of every arbiter of this process's pools.  A reclaim
+ * callback run from here must not destroy a pool. */
+uint64_t gp_arbiter_yield_all(uint64_t need);
 
 /* gp_alloc under the arbiter: polls first; when the allocation fails for
  * lack of memory, posts the want, asks others and waits up to the timeout,
@@ -137,7 +146,8 @@ typedef struct gp_tenant_info {
     int self;                   /* this process                            */
     char name[GP_ARB_NAME_MAX];
     uint64_t quota, held, cached, offloadable, offloaded;
-    uint64_t wanted;            /* bytes it waits for now                  */
+    uint64_t wanted;            /* bytes it waits for now, or its lease    */
+    int leased;                 /* `wanted` is the rest of a step's lease  */
     uint64_t waiting_ns;        /* since when it waits (0: not waiting)    */
     uint64_t seen_ns;           /* since its last sign of life             */
     uint64_t asked;             /* bytes asked of it, not yet answered     */

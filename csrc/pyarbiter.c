@@ -13,12 +13,14 @@
 #include "arbiter.h"
 #include "module.h"
 
-static PyObject *a_yield_point(PyObject *self, PyObject *noargs)
+static PyObject *a_yield_point(PyObject *self, PyObject *args)
 {
-    (void)self, (void)noargs;
+    (void)self;
+    unsigned long long need = 0;
+    if (!PyArg_ParseTuple(args, "|K", &need)) return NULL;
     uint64_t given;
     Py_BEGIN_ALLOW_THREADS
-    given = gp_arbiter_poll_all();
+    given = gp_arbiter_yield_all(need);
     Py_END_ALLOW_THREADS
     return PyLong_FromUnsignedLongLong(given);
 }
@@ -46,7 +48,7 @@ static PyObject *tenant_dict(const gp_tenant_info *t)
         put(d, "priority", PyLong_FromLong(t->priority)) || put(d, "self", PyBool_FromLong(t->self)) ||
         put_u(d, "quota", t->quota) || put_u(d, "held", t->held) || put_u(d, "cached", t->cached) ||
         put_u(d, "offloadable", t->offloadable) || put_u(d, "offloaded", t->offloaded) ||
-        put_u(d, "wanted", t->wanted) || put(d, "waiting_s", PyFloat_FromDouble(t->waiting_ns / 1e9)) ||
+        put_u(d, "wanted", t->wanted) || put(d, "leased", PyBool_FromLong(t->leased)) || put(d, "waiting_s", PyFloat_FromDouble(t->waiting_ns / 1e9)) ||
         put(d, "seen_s", PyFloat_FromDouble(t->seen_ns / 1e9)) || put_u(d, "asked", t->asked) ||
         put_u(d, "waits", t->n_waits) || put_u(d, "wait_failures", t->n_wait_fail) ||
         put(d, "wait_s", PyFloat_FromDouble(t->wait_ns / 1e9)) ||
@@ -160,8 +162,9 @@ static PyObject *a_host_pool(PyObject *self, PyObject *args)
 }
 
 static PyMethodDef arbiter_methods[] = {
-    {"yield_point", a_yield_point, METH_NOARGS,
-     "yield_point() -> bytes given: answer the reclaim requests pending for this process's tenants"},
+    {"yield_point", a_yield_point, METH_VARARGS,
+     "yield_point(need=0) -> bytes given: a safe point between steps of this process's tenants "
+     "(gp_arbiter_yield)"},
     {"read", a_read, METH_VARARGS,
      "read(group, device) -> {group, device, limit, total, registered, reaped, tenants: [...]} or None"},
     {"registries", a_registries, METH_NOARGS, "[(group, device)] of the registries on this machine"},

@@ -40,11 +40,17 @@ def _load() -> Any:
 _c = _load()
 
 
-def yield_point() -> int:
-    """Answer the reclaim requests pending for this process now; returns the
-    bytes given back.  Costs one memory load per tenant pool when nothing is
-    asked, so it can run every step."""
-    return int(_c.yield_point())
+def yield_point(need: int = 0) -> int:
+    """A safe point between two steps of this process (it holds no step's
+    memory now): answer the reclaim requests pending for it, give its cache
+    to a tenant waiting ahead of it, then wait in line until the group can
+    give the coming step its memory -- ``need`` bytes held at the step's
+    peak, or (0) as much as the last step held -- and keep that room for
+    the step (a lease, until the next yield point), so that two steps never
+    both stall half way.  Returns the bytes given back.  Without a tenant
+    group it does nothing; with nothing asked or short, it costs one lock
+    of the registry per tenant pool."""
+    return int(_c.yield_point(int(need)))
 
 
 class _Hook:
@@ -57,11 +63,12 @@ class _Hook:
         self._handle.remove()
 
 
-def install_yield_point(obj: Any) -> _Hook:
-    """Make every step of `obj` a yield point: after each ``step()`` of a
-    torch optimizer, before each forward of an ``nn.Module``."""
+def install_yield_point(obj: Any, need: int = 0) -> _Hook:
+    """Make every step of `obj` a yield point (``yield_point(need)``): after
+    each ``step()`` of a torch optimizer, before each forward of an
+    ``nn.Module``."""
     def hook(*args: Any, **kwargs: Any) -> None:
-        yield_point()
+        yield_point(need)
 
     if hasattr(obj, "register_step_post_hook"):
         return _Hook(obj.register_step_post_hook(hook))
@@ -101,7 +108,8 @@ def format_tenants(info: Dict[str, Any], fmt: Callable[[int], str]) -> str:
             "waits", "given", "received", "answer med/max")
     rows = [head]
     for t in sorted(info["tenants"], key=lambda t: (-t["priority"], -t["held"])):
-        wanted = f"{fmt(t['wanted'])} {t['waiting_s']:.1f}s" if t["wanted"] else "-"
+        wanted = (f"{fmt(t['wanted'])} lease" if t["leased"] else
+                  f"{fmt(t['wanted'])} {t['waiting_s']:.1f}s" if t["wanted"] else "-")
         latency = (f"{1e3 * t['latency_median_s']:.1f}/{1e3 * t['latency_max_s']:.1f}ms"
                    if t["latencies_s"] else "-")
         rows.append((str(t["pid"]), t["name"][:24], _prio(t["priority"]),

@@ -571,6 +571,55 @@ static void test_equal_share(void)
     CHECK(!registry_exists());
 }
 
+/* Steps of two allocations: alone, two such tenants can both hold their
+ * first half and wait for each other's second; a lease at each yield point
+ * makes them take turns. */
+static int two_halves(int ctl, int out, void *arg)
+{
+    int rounds = *(int *)arg, fails = 0;
+    gp_pool *p = tenant(g_group, NORMAL, "24MiB", 2000);
+    gp_arbiter *a = gp_arbiter_of(p);
+    say(out, 1);
+    char go;
+    if (!stopped(ctl, 10000) || read(ctl, &go, 1) != 1) return 1;
+    for (int i = 0; i < rounds; i++) {
+        /* The first step says what it will hold at its peak; later ones
+         * lease what the last one held. */
+        gp_arbiter_yield(a, i == 0 ? 20 * MiB : 0);
+        void *x = A(p, 10 * MiB, NULL);
+        nap_ms(3);
+        void *y = x ? A(p, 10 * MiB, NULL) : NULL;
+        nap_ms(3);
+        fails += !x || !y;
+        if (y) gp_free(p, y);
+        if (x) gp_free(p, x);
+    }
+    gp_group_info g;
+    gp_tenant_info t[4];
+    const gp_tenant_info *me = read_group(&g, t, 4) ? find_pid(t, g.n_tenants, getpid()) : NULL;
+    say(out, me ? me->n_waits : UINT64_MAX);
+    say(out, (uint64_t)fails);
+    gp_pool_destroy(p);
+    return 0;
+}
+
+static void test_leases(void)
+{
+    new_group();
+    int rounds = 20;
+    child c[2];
+    for (int i = 0; i < 2; i++) c[i] = spawn(two_halves, &rounds);
+    for (int i = 0; i < 2; i++) CHECK(hear(&c[i], 10000) == 1);
+    for (int i = 0; i < 2; i++) CHECK(write(c[i].ctl, "g", 1) == 1);
+    for (int i = 0; i < 2; i++) {
+        uint64_t waits = hear(&c[i], 60000), fails = hear(&c[i], 1000);
+        CHECK(fails == 0);                       /* no step stalled half way */
+        CHECK(waits > 0 && waits != UINT64_MAX); /* they took turns */
+        CHECK(finish(&c[i], 10000) == 0);
+    }
+    CHECK(!registry_exists());
+}
+
 /* Take 1 MiB blocks until the group says no; say how many; hold them. */
 static int greedy(int ctl, int out, void *arg)
 {
@@ -638,6 +687,7 @@ int main(int argc, char **argv)
     test_low_queues();
     test_high_never_fails();
     test_equal_share();
+    test_leases();
     test_device_limit();
     return check_done();
 }
