@@ -179,3 +179,74 @@ def test_no_group_no_registry() -> None:
     pool.free(pool.alloc(MiB))
     assert _arbiter.registries() == before
     assert gpupool.format_bytes(0) == "0 B"
+
+
+def test_multi_tenant_example_checks_its_jobs() -> None:
+    """The example's coordinator (tests/test_gpu.py runs it on a GPU) refuses a
+    job it cannot start, before it imports torch."""
+    script = str(ROOT / "examples" / "multi_tenant.py")
+    r = subprocess.run([sys.executable, script, "--jobs", "lora:urgent"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "'lora:urgent' is not KIND:PRIORITY" in r.stderr
+    r = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "GPUPOOL_TENANT" in r.stdout and "--limit" in r.stdout
+
+
+# -------------------------------------------------------------------- GPU
+
+GPU_TENANT = """
+import os, sys, time, torch, gpupool
+gpupool.enable()
+x = torch.empty({mib} << 20, dtype=torch.uint8, device="cuda")
+{then}
+print("done", flush=True)
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_low_gives_cache_to_high(group: str) -> None:
+    """Two processes on the GPU under a 1 GiB group limit: a high one gets the
+    memory a low one cached, at the low one's yield point; then the low one
+    asks again and waits (queues) until the high one is gone."""
+    from conftest import child_env
+
+    env = {"GPUPOOL_TENANT": group, "GPUPOOL_DEVICE_LIMIT": "1GiB", "GPUPOOL_RECLAIM_TIMEOUT": "60"}
+    low = subprocess.Popen([sys.executable, "-c", GPU_TENANT.format(mib=768, then="""
+del x  # cached: the pool keeps it
+print("cached", flush=True)
+while not os.path.exists(sys.argv[1]):
+    gpupool.yield_point()
+    time.sleep(0.01)
+y = torch.empty(768 << 20, dtype=torch.uint8, device="cuda")  # waits for the high one to go
+""")], env=child_env(dict(env, GPUPOOL_PRIORITY="low")), stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    flag = Path(f"/tmp/{group}.done")
+    try:
+        assert low.stdout.readline().strip() == "cached"
+        high = subprocess.run([sys.executable, "-c", GPU_TENANT.format(mib=768, then=f"""
+s = gpupool.stats()
+assert s["reserved"] >= 768 << 20 and s["device_total"] == 1 << 30, s
+open({str(flag)!r}, "w").close()
+time.sleep(1)
+""")], env=child_env(dict(env, GPUPOOL_PRIORITY="high")), capture_output=True, text=True, cwd=ROOT,
+                              timeout=120)
+        assert high.returncode == 0, high.stderr
+        assert low.stdout.readline().strip() == "done"
+        assert low.wait(60) == 0
+    finally:
+        low.kill()
+        flag.unlink(missing_ok=True)
+
+
+@pytest.mark.gpu
+def test_gpu_multi_tenant_example_tiny() -> None:
+    """The example end to end with tiny models: every job finishes."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from conftest import child_env
+
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "multi_tenant.py"), "--size", "tiny",
+                        "--lora-batch", "2", "--lora-len", "128", "--gen-batch", "2", "--gen-len", "64",
+                        "--gen-new", "8", "--limit", "1GiB", "--quota", "512MiB", "--quick"],
+                       capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "all jobs finished without running out of memory" in r.stdout
