@@ -526,6 +526,37 @@ static void test_high_never_fails(void)
     done(p);
 }
 
+/* Two tenants taking turns: the end of one, which says how often it waited
+ * and how often it failed. */
+static int turns_done(int out, gp_pool *p, int fails)
+{
+    gp_group_info g;
+    gp_tenant_info t[4];
+    const gp_tenant_info *me = read_group(&g, t, 4) ? find_pid(t, g.n_tenants, getpid()) : NULL;
+    say(out, me ? me->n_waits : UINT64_MAX);
+    say(out, (uint64_t)fails);
+    gp_pool_destroy(p);
+    return 0;
+}
+
+/* Run two `fn` tenants from the same start: neither may fail, and both
+ * must have waited (they did contend). */
+static void take_turns(child_fn fn, int rounds)
+{
+    new_group();
+    child c[2];
+    for (int i = 0; i < 2; i++) c[i] = spawn(fn, &rounds);
+    for (int i = 0; i < 2; i++) CHECK(hear(&c[i], 10000) == 1);
+    for (int i = 0; i < 2; i++) CHECK(write(c[i].ctl, "g", 1) == 1);
+    for (int i = 0; i < 2; i++) {
+        uint64_t waits = hear(&c[i], 60000), fails = hear(&c[i], 1000);
+        CHECK(fails == 0);
+        CHECK(waits > 0 && waits != UINT64_MAX);
+        CHECK(finish(&c[i], 10000) == 0);
+    }
+    CHECK(!registry_exists());
+}
+
 /* Equal priorities: each alternately needs 16 MiB of a 24 MiB group. */
 static int equal_worker(int ctl, int out, void *arg)
 {
@@ -545,31 +576,10 @@ static int equal_worker(int ctl, int out, void *arg)
         nap_ms(20);
         gp_free(p, x); /* into the cache: kept unless asked */
     }
-    gp_group_info g;
-    gp_tenant_info t[4];
-    const gp_tenant_info *me = read_group(&g, t, 4) ? find_pid(t, g.n_tenants, getpid()) : NULL;
-    say(out, me ? me->n_waits : UINT64_MAX);
-    say(out, (uint64_t)fails);
-    gp_pool_destroy(p);
-    return 0;
+    return turns_done(out, p, fails);
 }
 
-static void test_equal_share(void)
-{
-    new_group();
-    int rounds = 60;
-    child c[2];
-    for (int i = 0; i < 2; i++) c[i] = spawn(equal_worker, &rounds);
-    for (int i = 0; i < 2; i++) CHECK(hear(&c[i], 10000) == 1);
-    for (int i = 0; i < 2; i++) CHECK(write(c[i].ctl, "g", 1) == 1);
-    for (int i = 0; i < 2; i++) {
-        uint64_t waits = hear(&c[i], 40000), fails = hear(&c[i], 1000);
-        CHECK(fails == 0);                 /* neither starved */
-        CHECK(waits > 0 && waits != UINT64_MAX); /* and they did contend */
-        CHECK(finish(&c[i], 10000) == 0);
-    }
-    CHECK(!registry_exists());
-}
+static void test_equal_share(void) { take_turns(equal_worker, 60); }
 
 /* Steps of two allocations: alone, two such tenants can both hold their
  * first half and wait for each other's second; a lease at each yield point
@@ -594,31 +604,10 @@ static int two_halves(int ctl, int out, void *arg)
         if (y) gp_free(p, y);
         if (x) gp_free(p, x);
     }
-    gp_group_info g;
-    gp_tenant_info t[4];
-    const gp_tenant_info *me = read_group(&g, t, 4) ? find_pid(t, g.n_tenants, getpid()) : NULL;
-    say(out, me ? me->n_waits : UINT64_MAX);
-    say(out, (uint64_t)fails);
-    gp_pool_destroy(p);
-    return 0;
+    return turns_done(out, p, fails);
 }
 
-static void test_leases(void)
-{
-    new_group();
-    int rounds = 20;
-    child c[2];
-    for (int i = 0; i < 2; i++) c[i] = spawn(two_halves, &rounds);
-    for (int i = 0; i < 2; i++) CHECK(hear(&c[i], 10000) == 1);
-    for (int i = 0; i < 2; i++) CHECK(write(c[i].ctl, "g", 1) == 1);
-    for (int i = 0; i < 2; i++) {
-        uint64_t waits = hear(&c[i], 60000), fails = hear(&c[i], 1000);
-        CHECK(fails == 0);                       /* no step stalled half way */
-        CHECK(waits > 0 && waits != UINT64_MAX); /* they took turns */
-        CHECK(finish(&c[i], 10000) == 0);
-    }
-    CHECK(!registry_exists());
-}
+static void test_leases(void) { take_turns(two_halves, 20); }
 
 /* Take 1 MiB blocks until the group says no; say how many; hold them. */
 static int greedy(int ctl, int out, void *arg)
