@@ -81,7 +81,6 @@ typedef struct gp_arb_shm {
 struct gp_arbiter {
     gp_arb_shm *r;
     int slot;
-    int priority;
     char shm[160];
     uint64_t timeout_ns;
     _Atomic uint64_t unit;      /* the largest map size seen: wants round to it */
@@ -340,7 +339,7 @@ static gp_status gp_attach(const char *name, int create, int lock_s, gp_arb_shm 
             return gp_error_set(GP_ERR_BACKEND, "gpupool: cannot open the tenant registry %s: %s", name,
                                 strerror(errno));
         }
-        gp_arb_shm *r;
+        gp_arb_shm *r = NULL;
         gp_status st = gp_map_shm(fd, name, created, &r);
         close(fd);
         if (st != GP_OK) return st;
@@ -389,10 +388,9 @@ gp_status gp_arbiter_open(const gp_arbiter_params *pr, gp_arbiter **out)
     gp_arbiter *a = calloc(1, sizeof *a);
     if (!a) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the arbiter");
     snprintf(a->shm, sizeof a->shm, "%s", name);
-    a->priority = pr->priority;
     a->timeout_ns = pr->timeout_ms * MS;
     pthread_mutex_init(&a->answering, NULL);
-    gp_arb_shm *r;
+    gp_arb_shm *r = NULL;
     if ((st = gp_attach(name, 1, GP_ARB_LOCK_WAIT_S, &r)) != GP_OK) {
         pthread_mutex_destroy(&a->answering);
         free(a);
@@ -756,11 +754,12 @@ size_t gp_arbiter_report(gp_arbiter *a, char *buf, size_t len)
 typedef struct gp_wait {
     gp_asked v[GP_ARB_SLOTS];
     uint64_t t0, deadline, want;
+    int counted;             /* a wait in the tenant's counters            */
 } gp_wait;
 
 /* Post the want: queued behind every earlier one of its priority (a lease
  * granted before keeps its place). */
-static gp_status gp_wait_begin(gp_arbiter *a, gp_wait *w, uint64_t want)
+static gp_status gp_wait_begin(gp_arbiter *a, gp_wait *w, uint64_t want, int counted)
 {
     gp_arb_shm *r = a->r;
     gp_arb_slot *me = &r->slots[a->slot];
@@ -768,12 +767,13 @@ static gp_status gp_wait_begin(gp_arbiter *a, gp_wait *w, uint64_t want)
     w->t0 = gp_now();
     w->deadline = w->t0 + a->timeout_ns;
     w->want = want;
+    w->counted = counted;
     gp_status st = gp_lock(r);
     if (st != GP_OK) return st;
     me->wanted = want;
     me->granted = 0; /* more than its lease: in line again, keeping its age */
     if (!me->want_since) me->want_since = w->t0;
-    me->n_waits++;
+    me->n_waits += (uint64_t)counted;
     gp_unlock(r);
     gp_changed(r);
     return GP_OK;
@@ -821,9 +821,11 @@ static void gp_wait_end(gp_arbiter *a, gp_wait *w, int ok, int granted)
     gp_collect(r, me, w->v, w->t0 + dt);
     me->granted = granted;
     if (!granted) me->wanted = 0, me->want_since = 0;
-    me->wait_ns += dt;
-    if (dt > me->wait_max_ns) me->wait_max_ns = dt;
-    if (!ok) me->n_wait_fail++;
+    if (w->counted) {
+        me->wait_ns += dt;
+        if (dt > me->wait_max_ns) me->wait_max_ns = dt;
+        if (!ok) me->n_wait_fail++;
+    }
     gp_unlock(r);
     gp_changed(r);
 }
@@ -835,7 +837,7 @@ static void *gp_wait_alloc(gp_arbiter *a, gp_pool *pool, size_t size, gp_stream 
     uint64_t unit = atomic_load(&a->unit);
     if (!unit) unit = 2 * 1024 * 1024;
     gp_wait w;
-    if ((*st = gp_wait_begin(a, &w, (size + unit - 1) / unit * unit)) != GP_OK) return NULL;
+    if ((*st = gp_wait_begin(a, &w, (size + unit - 1) / unit * unit, 1)) != GP_OK) return NULL;
     void *p = NULL;
     int was_short = 1;
     uint64_t next_try = w.t0;
@@ -894,7 +896,7 @@ uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need)
     if (!lease) return given;
     /* Wait for the step's memory, in line, before the step takes any. */
     gp_wait w;
-    if (gp_wait_begin(a, &w, lease) != GP_OK) return given;
+    if (gp_wait_begin(a, &w, lease, 0) != GP_OK) return given;
     int granted = 0;
     for (;;) {
         uint64_t short_b;
@@ -903,6 +905,11 @@ uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need)
         if (!short_b) {
             granted = 1;
             break;
+        }
+        if (!w.counted && gp_lock(r) == GP_OK) { /* it does wait: a wait */
+            me->n_waits++;
+            w.counted = 1;
+            gp_unlock(r);
         }
         if (gp_now() >= w.deadline) break;
         gp_wait_sleep(a, &w, gen, w.deadline);
@@ -940,7 +947,7 @@ gp_status gp_arbiter_read(const char *group, const char *device, gp_group_info *
     char name[160];
     gp_status st = gp_arbiter_shm_name(group, device, name, sizeof name);
     if (st != GP_OK) return st;
-    gp_arb_shm *r;
+    gp_arb_shm *r = NULL;
     if ((st = gp_attach(name, 0, 1, &r)) != GP_OK) return st; /* a reader does not wait long */
     if (gp_reap(r)) gp_changed(r);
     int live = 0;
