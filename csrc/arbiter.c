@@ -861,10 +861,11 @@ static void *gp_wait_alloc(gp_arbiter *a, gp_pool *pool, size_t size, gp_stream 
     }
     gp_wait_end(a, &w, p != NULL, 0);
     if (!p && *st == GP_ERR_OOM) {
-        char tenants[2048];
+        char report[2048], tenants[2048];
+        gp_pool_last_oom(pool, report, sizeof report);
         gp_arbiter_report(a, tenants, sizeof tenants);
         gp_error_set(GP_ERR_OOM, "%s\n  waited %.2f s for other tenants (GPUPOOL_RECLAIM_TIMEOUT); %s",
-                     gp_pool_last_oom(pool), (double)(gp_now() - w.t0) / 1e9, tenants);
+                     report, (double)(gp_now() - w.t0) / 1e9, tenants);
     }
     return p;
 }

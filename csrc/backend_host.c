@@ -18,6 +18,7 @@
 #include <sys/mman.h>
 
 #include "backend_host.h"
+#include "checksum.h"
 
 typedef struct host_map {
     uintptr_t addr;
@@ -319,6 +320,26 @@ static gp_status host_copy(gp_backend *be, void *dst, const void *src, uint64_t 
     return st;
 }
 
+static gp_status host_checksum(gp_backend *be, const void *ptr, uint64_t size, uint64_t seed, void *out,
+                               gp_stream stream)
+{
+    host_backend *h = HOST(be);
+    (void)stream;
+    gp_status st = GP_OK;
+    pthread_mutex_lock(&h->lock);
+    if (size % 8)
+        st = gp_error_set(GP_ERR_INVALID, "host checksum of %llu bytes: not a multiple of 8", (unsigned long long)size);
+    else if (host_mapped_in(h, (uintptr_t)ptr, size) != size || host_mapped_in(h, (uintptr_t)out, 8) != 8)
+        st = gp_error_set(GP_ERR_BACKEND, "host checksum of %llu bytes at %p into %p: device memory not mapped",
+                          (unsigned long long)size, ptr, out);
+    pthread_mutex_unlock(&h->lock);
+    if (st == GP_OK) {
+        uint64_t sum = gp_checksum_words(ptr, size, seed);
+        memcpy(out, &sum, 8);
+    }
+    return st;
+}
+
 static gp_status host_event_wait(gp_backend *be, uint64_t event)
 {
     host_backend *h = HOST(be);
@@ -361,6 +382,7 @@ gp_status gp_backend_host_create(uint64_t capacity, gp_backend **out)
         .synchronize = host_synchronize, .mem_info = host_mem_info, .destroy = host_destroy,
         .host_alloc = host_host_alloc, .host_free = host_host_free, .stream_create = host_stream_create,
         .stream_destroy = host_stream_destroy, .copy = host_copy, .event_wait = host_event_wait,
+        .checksum = host_checksum,
     };
     *out = &h->be;
     return GP_OK;

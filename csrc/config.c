@@ -33,6 +33,8 @@ extern char **environ;
 #define GP_SIZE_TEXT "a size such as 512MiB, 20GB, 4096, 80% or 0.8" GP_SIZE_UNITS
 #define GP_ABS_SIZE_TEXT "a size such as 512MiB, 20GB or 4096" GP_SIZE_UNITS
 #define GP_BOOL_TEXT "0, 1, true, false, yes, no, on or off"
+#define GP_STR(x) #x
+#define GP_XSTR(x) GP_STR(x)
 #define GP_PRIO_TEXT "low, normal, high, critical or an integer 0..255"
 
 /* A parser writes its option into `cfg` only when `v` is valid; otherwise it
@@ -386,6 +388,17 @@ static int gp_print_trace(const gp_config *c, char *buf, size_t len)
     return snprintf(buf, len, "%d", c->trace != 0);
 }
 
+static int gp_parse_debug(gp_config *c, const char *v, char *why, size_t n)
+{
+    (void)why, (void)n;
+    return gp_bool(&c->debug, v);
+}
+
+static int gp_print_debug(const gp_config *c, char *buf, size_t len)
+{
+    return snprintf(buf, len, "%d", c->debug != 0);
+}
+
 static int gp_parse_chunk(gp_config *c, const char *v, char *why, size_t n)
 {
     return gp_abs_parse(&c->chunk, v, 64 * KiB, GiB, 1, why, n);
@@ -462,6 +475,16 @@ static int gp_print_placement(const gp_config *c, char *buf, size_t len)
     return snprintf(buf, len, "%s", gp_placement_names[c->placement == GP_PLACE_LIFETIME]);
 }
 
+static int gp_parse_host_limit(gp_config *c, const char *v, char *why, size_t n)
+{
+    return gp_spec_parse(&c->host_limit, v, why, n);
+}
+
+static int gp_print_host_limit(const gp_config *c, char *buf, size_t len)
+{
+    return gp_spec_print(c->host_limit, buf, len);
+}
+
 static int gp_parse_device_limit(gp_config *c, const char *v, char *why, size_t n)
 {
     return gp_spec_parse(&c->device_limit, v, why, n);
@@ -526,8 +549,9 @@ static int gp_print_timeout(const gp_config *c, char *buf, size_t len)
     X("GPUPOOL_CODEC", "codec", "none",                                                   \
       "none, lz4, zstd, bytesplit, bytesplit+lz4 or bytesplit+zstd",                      \
       "compression of blocks offloaded to host memory", gp_parse_codec, gp_print_codec)   \
-    X("GPUPOOL_OFFLOAD_THREADS", "offload_threads", "4", "an integer 1..64",              \
-      "offload worker threads", gp_parse_threads, gp_print_threads)                       \
+    X("GPUPOOL_OFFLOAD_THREADS", "offload_threads", "8", "an integer 1..64",              \
+      "threads that map, unmap and checksum offloaded memory beside its copies",          \
+      gp_parse_threads, gp_print_threads)                                                 \
     X("GPUPOOL_TENANT", "tenant", "(empty)",                                              \
       "1 to 63 characters of A-Z, a-z, 0-9, '_', '.' and '-'",                            \
       "group of processes sharing a GPU: they register in a shared tenant registry and "  \
@@ -561,6 +585,14 @@ static int gp_print_timeout(const gp_config *c, char *buf, size_t len)
       "grow: beyond it, cached chunks are given back (one device sync) before new ones "  \
       "are mapped; none keeps every cached chunk",                                        \
       gp_parse_slack, gp_print_slack)                                                     \
+    X("GPUPOOL_HOST_LIMIT", "host_limit", "50%", GP_SIZE_TEXT "; none or 0 for no limit", \
+      "cap on the pinned host memory that offloaded memory may take; a percentage or "    \
+      "fraction is of the host's physical memory", gp_parse_host_limit,                  \
+      gp_print_host_limit)                                                                \
+    X("GPUPOOL_DEBUG", "debug", "0", GP_BOOL_TEXT,                                        \
+      "check the pool's integrity every " GP_XSTR(GP_DEBUG_EVERY) " allocations and frees " \
+      "(slow); abort with the violation on stderr if it is corrupt",                      \
+      gp_parse_debug, gp_print_debug)                                                     \
     X("GPUPOOL_DEVICE_LIMIT", "device_limit", "none", GP_SIZE_TEXT "; none or 0 for the device", \
       "with GPUPOOL_TENANT: the memory the whole group may map on the device, enforced "  \
       "across its processes (e.g. 24GiB: the group sees a 24 GB card)",                   \
@@ -596,7 +628,7 @@ void gp_config_default(gp_config *cfg)
         .mode = GP_MODE_EXPANDABLE,
         .priority = GP_PRIO_NORMAL,
         .codec = "none",
-        .offload_threads = 4,
+        .offload_threads = 8,
         .log = GP_LOG_OOM,
         .chunk = 2 * MiB,
         .small_size = 1 * MiB,
@@ -604,6 +636,7 @@ void gp_config_default(gp_config *cfg)
         .cache_slack = 0.05,
         .torch_patch = 1,
         .placement = GP_PLACE_LIFETIME,
+        .host_limit = {.fraction = 0.5},
         .reclaim_timeout_ms = 30000,
     };
 }

@@ -57,6 +57,8 @@ ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0", "UBSAN_OPTIONS": 
     ("test_compat.c", []),
     ("test_prio.c", []),
     ("test_trace.c", []),
+    ("test_offload_pool.c", []),
+    ("test_offload.c", []),
     ("test_arbiter.c", []),
     ("test_model.c", [os.environ.get("GP_TEST_MODEL_OPS", "2000000")]),
     ("test_stress.c", ["100000"]),
@@ -66,9 +68,11 @@ def test_c_asan_ubsan(tmp_path: Path, test: str, args: List[str]) -> None:
     assert "passed" in out
 
 
-def test_c_stress_tsan(tmp_path: Path) -> None:
-    exe = build(tmp_path, "test_stress.c", ["-fsanitize=thread"])
-    run(exe, ["20000"], {"TSAN_OPTIONS": "halt_on_error=1"})
+@pytest.mark.parametrize("test,args", [("test_stress.c", ["20000"]), ("test_offload.c", [])])
+def test_c_tsan(tmp_path: Path, test: str, args: List[str]) -> None:
+    # The threaded parts: the pool under concurrent callers, offload's workers.
+    exe = build(tmp_path, test, ["-fsanitize=thread"])
+    run(exe, args, {"TSAN_OPTIONS": "halt_on_error=1"})
 
 
 @pytest.mark.parametrize("bench", ["bench_hotpath.c", "bench_frag.c"])

@@ -27,7 +27,7 @@ static int cfg_eq(const gp_config *a, const gp_config *b)
            strcmp(a->tenant, b->tenant) == 0 && a->log == b->log && a->trace == b->trace &&
            a->chunk == b->chunk && a->small_size == b->small_size &&
            a->large_chunk == b->large_chunk && a->cache_slack == b->cache_slack &&
-           a->torch_patch == b->torch_patch && a->placement == b->placement &&
+           a->torch_patch == b->torch_patch && a->placement == b->placement && a->debug == b->debug &&
            a->device_limit.bytes == b->device_limit.bytes &&
            a->device_limit.fraction == b->device_limit.fraction &&
            a->reclaim_timeout_ms == b->reclaim_timeout_ms;
@@ -113,7 +113,7 @@ static void test_table(void)
 {
     size_t n = 0;
     const gp_option_info *o = gp_config_options(&n);
-    CHECK(n == 17);
+    CHECK(n == 19);
     gp_config cfg;
     gp_config_default(&cfg);
     for (size_t i = 0; i < n; i++) {
@@ -133,9 +133,9 @@ static void test_table(void)
     CHECK(strstr(o[1].def, "80%") != NULL);
     const char *keys[] = {"mode", "reserve", "limit", "priority", "codec", "offload_threads",
                           "tenant", "log", "trace", "chunk", "small_size", "torch_patch",
-                          "placement", "large_chunk", "cache_slack", "device_limit",
-                          "reclaim_timeout"};
-    for (size_t i = 0; i < n && i < 17; i++) CHECK(strcmp(o[i].key, keys[i]) == 0);
+                          "placement", "large_chunk", "cache_slack", "host_limit", "debug",
+                          "device_limit", "reclaim_timeout"};
+    for (size_t i = 0; i < n && i < 19; i++) CHECK(strcmp(o[i].key, keys[i]) == 0);
 }
 
 static void test_defaults(void)
@@ -148,7 +148,7 @@ static void test_defaults(void)
     CHECK(c.limit.bytes == 0 && c.limit.fraction == 0);
     CHECK(c.priority == GP_PRIO_NORMAL);
     CHECK(strcmp(c.codec, "none") == 0);
-    CHECK(c.offload_threads == 4);
+    CHECK(c.offload_threads == 8);
     CHECK(c.tenant[0] == '\0');
     CHECK(c.log == GP_LOG_OOM);
     CHECK(c.trace == 0);
@@ -157,6 +157,7 @@ static void test_defaults(void)
     CHECK(c.large_chunk == 64 * MiB);
     CHECK(c.cache_slack == 0.05);
     CHECK(c.torch_patch == 1);
+    CHECK(c.debug == 0);
     CHECK(c.device_limit.bytes == 0 && c.device_limit.fraction == 0);
     CHECK(c.reclaim_timeout_ms == 30000);
 }
@@ -386,15 +387,18 @@ static void test_options(void)
     for (int i = 0; yes[i]; i++) {
         CHECK(set_ok(&c, "trace", yes[i]) && c.trace == 1);
         CHECK(set_ok(&c, "torch_patch", yes[i]) && c.torch_patch == 1);
+        CHECK(set_ok(&c, "GPUPOOL_DEBUG", yes[i]) && c.debug == 1);
     }
     for (int i = 0; no[i]; i++) {
         CHECK(set_ok(&c, "trace", no[i]) && c.trace == 0);
         CHECK(set_ok(&c, "torch_patch", no[i]) && c.torch_patch == 0);
+        CHECK(set_ok(&c, "debug", no[i]) && c.debug == 0);
     }
     const char *notbool[] = {"2", "maybe", "y", "n", "01", "", " 1", NULL};
     for (int i = 0; notbool[i]; i++) {
         CHECK(set_bad("trace", notbool[i]));
         CHECK(set_bad("torch_patch", notbool[i]));
+        CHECK(set_bad("debug", notbool[i]));
     }
     /* chunk: absolute, a power of two in [64KiB, 1GiB] */
     CHECK(set_ok(&c, "chunk", "64KiB") && c.chunk == 64 * KiB);
@@ -521,7 +525,7 @@ static void test_get(void)
                             {"priority", "42"},      {"codec", "BYTESPLIT"}, {"offload_threads", "9"},
                             {"tenant", "x.y-z"},     {"log", "all"},         {"trace", "on"},
                             {"chunk", "128KiB"},     {"small_size", "12345"}, {"torch_patch", "off"},
-                            {"device_limit", "24GiB"}, {"reclaim_timeout", "250ms"}};
+                            {"debug", "yes"}, {"device_limit", "24GiB"}, {"reclaim_timeout", "250ms"}};
     for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) CHECK(gp_config_set(&a, set[i][0], set[i][1]) == GP_OK);
     size_t n;
     const gp_option_info *o = gp_config_options(&n);
