@@ -91,7 +91,18 @@ struct gp_arbiter {
     _Atomic(gp_pool *) pool;
     uint64_t next_reap;
     uint64_t step_peak;         /* the most held since the last yield (under the lock) */
+    unsigned fork_gen;          /* g_fork_gen when made: another one is a forked child's */
 };
+
+/* Bumped in every forked child: an arbiter made before the fork belongs to
+ * the parent (its slot, its pool); in the child it answers nothing, waits
+ * for nothing, and closing it frees host memory only. */
+static atomic_uint g_fork_gen;
+
+static int gp_forked(const gp_arbiter *a)
+{
+    return a->fork_gen != atomic_load_explicit(&g_fork_gen, memory_order_relaxed);
+}
 
 /* ------------------------------------------------------------- helpers */
 
@@ -385,8 +396,10 @@ gp_status gp_arbiter_open(const gp_arbiter_params *pr, gp_arbiter **out)
     if (pr->priority < 0 || pr->priority > GP_PRIO_MAX)
         return gp_error_set(GP_ERR_INVALID, "gpupool: tenant priority %d is not in 0..%d", pr->priority,
                             GP_PRIO_MAX);
+    gp_arbiter_atfork_install();
     gp_arbiter *a = calloc(1, sizeof *a);
     if (!a) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the arbiter");
+    a->fork_gen = atomic_load(&g_fork_gen);
     snprintf(a->shm, sizeof a->shm, "%s", name);
     a->timeout_ns = pr->timeout_ms * MS;
     pthread_mutex_init(&a->answering, NULL);
@@ -447,8 +460,13 @@ gp_status gp_arbiter_open(const gp_arbiter_params *pr, gp_arbiter **out)
 void gp_arbiter_close(gp_arbiter *a)
 {
     if (!a) return;
-    gp_arbiter_bind(a, NULL);
     gp_arb_shm *r = a->r;
+    if (gp_forked(a)) { /* the parent's tenant: not ours to end */
+        munmap(r, sizeof *r);
+        free(a);
+        return;
+    }
+    gp_arbiter_bind(a, NULL);
     if (gp_lock(r) == GP_OK) {
         gp_slot_clear(&r->slots[a->slot]);
         gp_reap(r);
@@ -653,7 +671,7 @@ static uint64_t gp_answer(gp_arbiter *a)
 
 uint64_t gp_arbiter_poll(gp_arbiter *a)
 {
-    if (!a) return 0;
+    if (!a || gp_forked(a)) return 0;
     uint32_t seq = atomic_load_explicit(&a->r->slots[a->slot].ask_seq, memory_order_relaxed);
     if (seq == atomic_load_explicit(&a->answered, memory_order_relaxed)) return 0;
     return gp_answer(a);
@@ -872,7 +890,7 @@ static void *gp_wait_alloc(gp_arbiter *a, gp_pool *pool, size_t size, gp_stream 
 
 uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need)
 {
-    if (!a) return 0;
+    if (!a || gp_forked(a)) return 0;
     uint64_t given = gp_arbiter_poll(a);
     gp_arb_shm *r = a->r;
     gp_arb_slot *me = &r->slots[a->slot];
@@ -921,12 +939,42 @@ uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need)
 
 uint64_t gp_arbiter_yield_all(uint64_t need)
 {
-    uint64_t given = 0;
+    /* Copied out: a yield may wait, and the table's lock must not be held
+     * meanwhile (a fork takes it). */
+    gp_arbiter *as[GP_ARB_BOUND];
+    size_t n = 0;
     pthread_rwlock_rdlock(&g_bound_lock);
     for (size_t i = 0; i < GP_ARB_BOUND; i++)
-        if (g_bound[i].a) given += gp_arbiter_yield(g_bound[i].a, need);
+        if (g_bound[i].a) as[n++] = g_bound[i].a;
     pthread_rwlock_unlock(&g_bound_lock);
+    uint64_t given = 0;
+    for (size_t i = 0; i < n; i++) given += gp_arbiter_yield(as[i], need);
     return given;
+}
+
+/* Fork: the table's lock is held across it (never for long), and the
+ * child starts with an empty table and a new generation. */
+static void gp_arb_prepare(void) { pthread_rwlock_wrlock(&g_bound_lock); }
+static void gp_arb_parent(void) { pthread_rwlock_unlock(&g_bound_lock); }
+static void gp_arb_child(void)
+{
+    memset(g_bound, 0, sizeof g_bound);
+    atomic_fetch_add(&g_fork_gen, 1);
+    /* A new lock, not an unlock: the writer it knows is the parent's
+     * thread id, which the child's thread does not have. */
+    pthread_rwlock_init(&g_bound_lock, NULL);
+}
+
+static void gp_arb_atfork(void)
+{
+    gp_pool_atfork_install(); /* first: ours then run before the pools' */
+    pthread_atfork(gp_arb_prepare, gp_arb_parent, gp_arb_child);
+}
+
+void gp_arbiter_atfork_install(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, gp_arb_atfork);
 }
 
 void *gp_arbiter_alloc(gp_arbiter *a, gp_pool *pool, size_t size, gp_stream stream, gp_tag tag,
@@ -936,7 +984,7 @@ void *gp_arbiter_alloc(gp_arbiter *a, gp_pool *pool, size_t size, gp_stream stre
     if (!status) status = &dummy;
     gp_arbiter_poll(a);
     void *p = gp_alloc(pool, size, stream, tag, priority, status);
-    if (p || *status != GP_ERR_OOM || !a) return p;
+    if (p || *status != GP_ERR_OOM || !a || gp_forked(a)) return p;
     return gp_wait_alloc(a, pool, size, stream, tag, priority, status);
 }
 

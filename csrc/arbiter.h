@@ -101,9 +101,17 @@ uint64_t gp_arbiter_poll(gp_arbiter *a);
  * never both stall half way, each holding what the other needs.  Returns
  * the bytes given back. */
 uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need);
-/* gp_arbiter_yield of every arbiter of this process's pools.  A reclaim
- * callback run from here must not destroy a pool. */
+/* gp_arbiter_yield of every arbiter of this process's pools (no pool of
+ * them may be destroyed meanwhile). */
 uint64_t gp_arbiter_yield_all(uint64_t need);
+
+/* fork(): an arbiter belongs to the process that opened it.  In a forked
+ * child the parent's arbiters answer nothing, wait for nothing and yield
+ * nothing (the child's allocations on the parent's pools are refused by
+ * the pool anyway), and closing one there frees host memory only: the
+ * parent's tenant stays registered.  Arbiters opened in the child work.
+ * Installed by the first gp_arbiter_open; idempotent. */
+void gp_arbiter_atfork_install(void);
 
 /* gp_alloc under the arbiter: polls first; when the allocation fails for
  * lack of memory, posts the want, asks others and waits up to the timeout,

@@ -663,6 +663,48 @@ static int ask_main(char **argv)
     return x ? 0 : 1;
 }
 
+/* In a child forked from a tenant: the parent's pool and arbiter are not
+ * the child's (nothing the child does changes the parent's entry), and the
+ * child can be a tenant of its own. */
+static gp_pool *g_parent_pool;
+static gp_arbiter *g_parent_arb;
+
+static int forked_child(int ctl, int out, void *arg)
+{
+    (void)ctl, (void)out, (void)arg;
+    gp_arbiter *pa = gp_arbiter_of(g_parent_pool); /* the table starts empty */
+    int bad = pa != NULL;
+    gp_status st;
+    void *x = A(g_parent_pool, 1 * MiB, &st); /* the pool refuses it */
+    bad += x != NULL || st != GP_ERR_INVALID;
+    bad += gp_arbiter_poll(g_parent_arb) != 0 || gp_arbiter_yield(g_parent_arb, 64 * MiB) != 0;
+    gp_arbiter_close(g_parent_arb); /* frees the child's copy only */
+    gp_pool *mine = tenant(g_group, LOW, "32MiB", 0);
+    bad += A(mine, 2 * MiB, NULL) == NULL;
+    gp_group_info g;
+    gp_tenant_info t[4];
+    bad += !read_group(&g, t, 4) || g.n_tenants != 2 || !find_pid(t, 2, getppid());
+    gp_pool_destroy(mine);
+    return bad;
+}
+
+static void test_fork(void)
+{
+    new_group();
+    g_parent_pool = tenant(g_group, NORMAL, "32MiB", 0);
+    gp_arbiter *a = g_parent_arb = gp_arbiter_of(g_parent_pool);
+    void *x = A(g_parent_pool, 8 * MiB, NULL);
+    child c = spawn(forked_child, NULL);
+    CHECK(finish(&c, 20000) == 0);
+    gp_group_info g;
+    gp_tenant_info t[4];
+    CHECK(read_group(&g, t, 4) && g.n_tenants == 1 && t[0].pid == getpid() && t[0].held == 8 * MiB);
+    CHECK(gp_arbiter_of(g_parent_pool) == a); /* the parent's table is its own */
+    gp_free(g_parent_pool, x);
+    done(g_parent_pool);
+    CHECK(!registry_exists());
+}
+
 int main(int argc, char **argv)
 {
     alarm(300); /* a stuck protocol fails the run rather than hanging it */
@@ -678,5 +720,6 @@ int main(int argc, char **argv)
     test_equal_share();
     test_leases();
     test_device_limit();
+    test_fork();
     return check_done();
 }
