@@ -799,8 +799,10 @@ static gp_status gp_wait_begin(gp_arbiter *a, gp_wait *w, uint64_t want, int cou
 
 /* One look: answer the asks to this tenant, reclaim dead ones, take in the
  * answers to this wait's asks and ask for what is still short.  *short_b:
- * the bytes the group cannot give now; *gen: to sleep on. */
-static gp_status gp_wait_look(gp_arbiter *a, gp_wait *w, uint64_t *short_b, uint32_t *gen)
+ * the bytes neither the group nor the tenant's own cache (`have`, which
+ * its pool keeps when it fails from the figures) can give now; *gen: to
+ * sleep on. */
+static gp_status gp_wait_look(gp_arbiter *a, gp_wait *w, uint64_t have, uint64_t *short_b, uint32_t *gen)
 {
     gp_arb_shm *r = a->r;
     gp_arbiter_poll(a); /* asked meanwhile by a higher priority */
@@ -812,7 +814,7 @@ static gp_status gp_wait_look(gp_arbiter *a, gp_wait *w, uint64_t *short_b, uint
         a->next_reap = now + GP_ARB_REAP_NS;
     }
     *gen = atomic_load(&r->gen);
-    uint64_t avail = gp_avail(r, a->slot, NULL, NULL);
+    uint64_t avail = gp_avail(r, a->slot, NULL, NULL) + have;
     *short_b = w->want > avail ? w->want - avail : 0;
     gp_collect(r, &r->slots[a->slot], w->v, now);
     if (*short_b) gp_ask(r, a->slot, w->v, *short_b, now);
@@ -857,12 +859,15 @@ static void *gp_wait_alloc(gp_arbiter *a, gp_pool *pool, size_t size, gp_stream 
     gp_wait w;
     if ((*st = gp_wait_begin(a, &w, (size + unit - 1) / unit * unit, 1)) != GP_OK) return NULL;
     void *p = NULL;
-    int was_short = 1;
+    int was_short = 1, count_cache = 1;
     uint64_t next_try = w.t0;
     for (;;) {
         uint64_t short_b;
         uint32_t gen;
-        if ((*st = gp_wait_look(a, &w, &short_b, &gen)) != GP_OK) break;
+        gp_stats s;
+        gp_pool_stats(pool, &s, 0);
+        uint64_t have = count_cache ? s.reserved - s.allocated : 0;
+        if ((*st = gp_wait_look(a, &w, have, &short_b, &gen)) != GP_OK) break;
         uint64_t now = gp_now();
         /* Retry as soon as the registry has room, else now and then (the
          * device, or this process's own frees, may have made some). */
@@ -872,6 +877,9 @@ static void *gp_wait_alloc(gp_arbiter *a, gp_pool *pool, size_t size, gp_stream 
         if (last || now >= next_try) {
             p = gp_alloc(pool, size, stream, tag, priority, st);
             if (p || *st != GP_ERR_OOM || last) break;
+            /* Its cache was not enough (some of it is another priority's):
+             * from now on ask for all of it. */
+            if (!short_b) count_cache = 0;
             next_try = gp_now() + GP_ARB_RETRY_NS;
             continue;
         }
@@ -920,7 +928,7 @@ uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need)
     for (;;) {
         uint64_t short_b;
         uint32_t gen;
-        if (gp_wait_look(a, &w, &short_b, &gen) != GP_OK) break;
+        if (gp_wait_look(a, &w, 0, &short_b, &gen) != GP_OK) break;
         if (!short_b) {
             granted = 1;
             break;
