@@ -45,7 +45,7 @@ def can_link(header: str, lib: str, call: str) -> bool:
 
 
 macros = []
-libraries = ["pthread", "dl"]
+libraries = ["pthread", "dl", "rt"]  # rt: shm_open (in libc itself from glibc 2.34)
 if os.environ.get("GP_BUILD_NO_ZSTD") != "1" and can_link("zstd.h", "zstd", "ZSTD_versionNumber()"):
     macros.append(("GP_HAVE_ZSTD", "1"))
     libraries.append("zstd")

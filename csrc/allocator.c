@@ -16,6 +16,7 @@
 #include <sys/types.h>
 
 #include "backend.h"
+#include "arbiter.h"
 #include "module.h"
 #include "pystack.h"
 #include "torch_abi.h"
@@ -25,6 +26,9 @@ static int g_configured;
 static uint64_t g_host_capacity; /* non-zero: device pools over the host backend (tests) */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic(gp_pool *) g_pools[GP_MAX_DEVICES];
+/* The tenant of each device's pool (GPUPOOL_TENANT), NULL without: set
+ * before the pool is published, read on the hot path without a lock. */
+static gp_arbiter *g_arbs[GP_MAX_DEVICES];
 static atomic_ullong g_free_errors;
 static char g_create_error[1024];
 
@@ -98,7 +102,14 @@ gp_pool *gp_registry_pool(int device)
             st = GP_ERR_INVALID;
         }
         if (st == GP_OK && g_cfg.log == GP_LOG_ALL) st = gp_backend_logged(be, &be);
-        if (st == GP_OK) st = gp_pool_create(be, &g_cfg, &p);
+        /* The device's name in the tenant registry: the same GPU in every
+         * process, whatever its CUDA_VISIBLE_DEVICES. */
+        char id[64] = "host";
+        if (st == GP_OK && !g_host_capacity && g_cfg.tenant[0] &&
+            (st = gp_backend_cuda_uuid(device, id, sizeof id)) != GP_OK)
+            be->destroy(be);
+        if (st == GP_OK) st = gp_arbiter_pool_create(be, &g_cfg, id, &p);
+        if (st == GP_OK) g_arbs[device] = gp_arbiter_of(p);
         if (st != GP_OK) {
             snprintf(g_create_error, sizeof g_create_error, "%s", gp_last_error());
             p = NULL;
@@ -217,7 +228,9 @@ __attribute__((visibility("default"))) void *gpupool_malloc(ssize_t size, int de
     /* History with stacks: the Python stack, taken before the pool's lock. */
     int stacks = gp_pool_history_stacks(p);
     if (stacks) gp_set_context(gp_pystack_capture());
-    void *r = gp_alloc(p, (size_t)size, stream, tag, prio, &st);
+    gp_arbiter *a = g_arbs[device & (GP_MAX_DEVICES - 1)];
+    void *r = a ? gp_arbiter_alloc(a, p, (size_t)size, stream, tag, prio, &st)
+                : gp_alloc(p, (size_t)size, stream, tag, prio, &st);
     if (stacks) gp_set_context(0);
     if (r) return r;
     /* Out of memory and limits are torch.OutOfMemoryError, which callers
@@ -259,6 +272,7 @@ __attribute__((visibility("default"))) void gpupool_free(void *ptr, ssize_t size
     if (stacks) gp_set_context(gp_pystack_capture());
     gp_status st = gp_free(p, ptr);
     if (stacks) gp_set_context(0);
+    if (g_arbs[device]) gp_arbiter_poll(g_arbs[device]); /* a free is an allocator call too */
     if (st != GP_OK) {
         /* PyTorch's deleter cannot take an error: count it and say it. */
         atomic_fetch_add(&g_free_errors, 1);

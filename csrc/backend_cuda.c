@@ -88,6 +88,7 @@ typedef CUresult (CUDAAPI *cu_pfn_module_unload)(CUmodule);
 typedef CUresult (CUDAAPI *cu_pfn_launch_kernel)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
                                                  unsigned int, unsigned int, unsigned int, CUstream, void **, void **);
 typedef CUresult (CUDAAPI *cu_pfn_memset_d8_async)(CUdeviceptr, unsigned char, size_t, CUstream);
+typedef CUresult (CUDAAPI *cu_pfn_device_get_uuid)(CUuuid *, CUdevice);
 
 /* field, ABI symbol.  The symbol is spelled out (not left to cuda.h's
  * #define cuX cuX_v2) so that what dlsym looks up is visible here. */
@@ -133,7 +134,8 @@ typedef CUresult (CUDAAPI *cu_pfn_memset_d8_async)(CUdeviceptr, unsigned char, s
     X(module_get_function, cuModuleGetFunction)        \
     X(module_unload, cuModuleUnload)                   \
     X(launch_kernel, cuLaunchKernel)                   \
-    X(memset_d8_async, cuMemsetD8Async)
+    X(memset_d8_async, cuMemsetD8Async)                \
+    X(device_get_uuid, cuDeviceGetUuid)
 
 /* A typo in a typedef or a symbol name that cuda.h does not declare fails
  * the build here rather than corrupting the stack at run time.  _Generic does
@@ -819,5 +821,22 @@ gp_status gp_backend_cuda_create(int device, gp_backend **out)
     }
     be->granularity = gran;
     *out = be;
+    return GP_OK;
+}
+
+gp_status gp_backend_cuda_uuid(int device, char *buf, size_t len)
+{
+    pthread_once(&cu_load_once, cu_load);
+    if (cu_load_status != GP_OK) return gp_error_set(cu_load_status, "%s", cu_load_msg);
+    CUresult r = cu_api.init(0);
+    CUdevice dev;
+    if (r == CUDA_SUCCESS) r = cu_api.device_get(&dev, device);
+    CUuuid u;
+    if (r == CUDA_SUCCESS) r = cu_api.device_get_uuid(&u, dev);
+    if (r != CUDA_SUCCESS) return CU_FAIL(r, device, "%s", "cuDeviceGetUuid()");
+    /* As nvidia-smi writes it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx. */
+    const unsigned char *b = (const unsigned char *)u.bytes;
+    snprintf(buf, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+             b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
     return GP_OK;
 }

@@ -540,6 +540,51 @@ static int gp_print_host_limit(const gp_config *c, char *buf, size_t len)
     return gp_spec_print(c->host_limit, buf, len);
 }
 
+static int gp_parse_device_limit(gp_config *c, const char *v, char *why, size_t n)
+{
+    return gp_spec_parse(&c->device_limit, v, why, n);
+}
+
+static int gp_print_device_limit(const gp_config *c, char *buf, size_t len)
+{
+    return gp_spec_print(c->device_limit, buf, len);
+}
+
+/* A duration: digits with an optional fraction, then ms, s (the default
+ * unit) or min; at most a day, in milliseconds. */
+static int gp_parse_timeout(gp_config *c, const char *v, char *why, size_t n)
+{
+    static const struct { const char *name; uint64_t ms; } units[] = {{"", 1000}, {"s", 1000},
+                                                                      {"ms", 1}, {"min", 60000}};
+    uint64_t whole = 0, num = 0, den = 1;
+    const char *s = v;
+    if (!gp_digit(*s)) return snprintf(why, n, "it must start with a digit"), -1;
+    for (; gp_digit(*s); s++) {
+        whole = whole * 10 + (uint64_t)(*s - '0');
+        if (whole > 86400000) return snprintf(why, n, "it is longer than a day"), -1;
+    }
+    if (*s == '.') {
+        if (!gp_digit(*++s)) return snprintf(why, n, "a digit must follow the point"), -1;
+        for (int k = 0; gp_digit(*s); s++, k++)
+            if (k < 6) num = num * 10 + (uint64_t)(*s - '0'), den *= 10;
+    }
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (!gp_ieq(s, units[i].name)) continue;
+        uint64_t ms = whole * units[i].ms + num * units[i].ms / den;
+        if (ms > 86400000) return snprintf(why, n, "it is longer than a day"), -1;
+        c->reclaim_timeout_ms = ms;
+        return 0;
+    }
+    return snprintf(why, n, "the unit is not ms, s or min"), -1;
+}
+
+static int gp_print_timeout(const gp_config *c, char *buf, size_t len)
+{
+    uint64_t ms = c->reclaim_timeout_ms;
+    if (ms % 1000) return snprintf(buf, len, "%llums", (unsigned long long)ms);
+    return snprintf(buf, len, "%llus", (unsigned long long)(ms / 1000));
+}
+
 /* The table: variable, keyword, default, accepted values, meaning, parser,
  * printer.  The variable is always GPUPOOL_ and the keyword in upper case. */
 #define GP_OPTIONS(X)                                                                     \
@@ -570,8 +615,9 @@ static int gp_print_host_limit(const gp_config *c, char *buf, size_t len)
       gp_parse_threads, gp_print_threads)                                                 \
     X("GPUPOOL_TENANT", "tenant", "none",                                                 \
       "1 to 63 characters of A-Z, a-z, 0-9, '_', '.' and '-'; none for no tenant",        \
-      "group of processes sharing a GPU through the arbiter", gp_parse_tenant,            \
-      gp_print_tenant)                                                                    \
+      "group of processes sharing a GPU: they register in a shared tenant registry and "  \
+      "give memory back to higher priorities when asked (no group: no registry)",         \
+      gp_parse_tenant, gp_print_tenant)                                                   \
     X("GPUPOOL_LOG", "log", "oom", "off, oom or all",                                     \
       "what to print on stderr: nothing; the report of each allocation PyTorch asked for " \
       "that ran out of memory; or also each pool's creation and every map (growth), unmap " \
@@ -609,7 +655,15 @@ static int gp_print_host_limit(const gp_config *c, char *buf, size_t len)
     X("GPUPOOL_DEBUG", "debug", "0", GP_BOOL_TEXT,                                        \
       "check the pool's integrity every " GP_XSTR(GP_DEBUG_EVERY) " allocations and frees " \
       "(slow); abort with the violation on stderr if it is corrupt",                      \
-      gp_parse_debug, gp_print_debug)
+      gp_parse_debug, gp_print_debug)                                                     \
+    X("GPUPOOL_DEVICE_LIMIT", "device_limit", "none", GP_SIZE_TEXT "; none or 0 for the device", \
+      "with GPUPOOL_TENANT: the memory the whole group may map on the device, enforced "  \
+      "across its processes (e.g. 24GiB: the group sees a 24 GB card)",                   \
+      gp_parse_device_limit, gp_print_device_limit)                                       \
+    X("GPUPOOL_RECLAIM_TIMEOUT", "reclaim_timeout", "30s",                                \
+      "a duration such as 30, 2.5s, 500ms or 2min (at most a day); 0: do not wait",       \
+      "with GPUPOOL_TENANT: how long an allocation waits for other tenants to give "      \
+      "memory back before it fails", gp_parse_timeout, gp_print_timeout)
 
 #define GP_INFO(env, key, def, accepted, help, parse, print) {env, key, def, accepted, help},
 static const gp_option_info gp_options[] = {GP_OPTIONS(GP_INFO)};
@@ -646,6 +700,7 @@ void gp_config_default(gp_config *cfg)
         .torch_patch = 1,
         .placement = GP_PLACE_LIFETIME,
         .host_limit = {.fraction = 0.5},
+        .reclaim_timeout_ms = 30000,
     };
 }
 

@@ -127,6 +127,10 @@ typedef struct gp_config {
                                 offload; a fraction is of the host's RAM   */
     int debug;               /* GPUPOOL_DEBUG       gp_pool_check every
                                 GP_DEBUG_EVERY allocs+frees; abort if corrupt */
+    gp_size_spec device_limit; /* GPUPOOL_DEVICE_LIMIT the device as the tenant
+                                  group sees it (arbiter.h)                   */
+    uint64_t reclaim_timeout_ms; /* GPUPOOL_RECLAIM_TIMEOUT how long an
+                                  allocation waits for other tenants          */
 } gp_config;
 
 /* Lifetime-aware placement: with GP_PLACE_LIFETIME, blocks of long-lived
@@ -709,6 +713,10 @@ gp_status gp_backend_host_create(uint64_t capacity, gp_backend **out);
  * dlopen on first use.  GP_ERR_BACKEND with a message when there is no
  * driver, no such device, or the device lacks virtual memory management. */
 gp_status gp_backend_cuda_create(int device, gp_backend **out);
+/* The UUID of CUDA device `device`, as nvidia-smi writes it
+ * ("GPU-xxxxxxxx-xxxx-..."): what names a device across processes whatever
+ * their CUDA_VISIBLE_DEVICES (the tenant registry's key). */
+gp_status gp_backend_cuda_uuid(int device, char *buf, size_t len);
 
 /* GPUPOOL_LOG=all: a backend that forwards to `inner` (which it then owns,
  * also when this fails) and prints each map, unmap and device

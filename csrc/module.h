@@ -87,6 +87,9 @@ int gp_stats_fields_add(PyObject *module);
 struct gp_offloader *gp_pool_offloader(gp_pool *p, int create);
 /* Destroy p's offloader, if any (before p goes). */
 void gp_offloader_forget(gp_pool *p);
+/* Tell p's tenant registry (if p has one) what p could offload now and has
+ * offloaded (shown by `top`, weighed by askers). */
+void gp_tenant_publish(gp_pool *p);
 
 PyObject *gp_py_offload(gp_pool_object *self, PyObject *args, PyObject *kw);
 PyObject *gp_py_restore(gp_pool_object *self, PyObject *args);
@@ -119,5 +122,11 @@ PyObject *gp_py_offload_corrupt(gp_pool_object *self, PyObject *arg);
 /* Add the codec functions (nvcomp_search_dir, nvcomp_load, codec_names,
  * checksum) to module m; -1 with an exception set. */
 int gp_pycodec_register(PyObject *m);
+
+/* ---------------------------------------------- pyarbiter.c: the tenants */
+
+/* Add tenant_yield, tenant_read, tenant_registries, tenant_unlink and the
+ * TENANT_SLOTS / RECLAIM_* constants to module m; -1 with an exception. */
+int gp_pyarbiter_register(PyObject *m);
 
 #endif /* GP_MODULE_H */

@@ -184,16 +184,39 @@ gp_status gp_reclaim_locked(gp_offloader *o, uint64_t needed, int below, const g
     return GP_OK;
 }
 
-static uint64_t gp_pressure_cb(void *arg, gp_pool *pool, uint64_t needed, int priority)
+uint64_t gp_offload_reclaim(gp_offloader *o, uint64_t needed, int below)
 {
-    (void)pool;
-    gp_offloader *o = arg;
     uint64_t got = 0;
     if (t_operating == o) return 0; /* (an allocation of its own operation) */
     gp_op_lock(o);
-    gp_reclaim_locked(o, needed, priority, NULL, &got);
+    gp_reclaim_locked(o, needed, below, NULL, &got);
     gp_op_unlock(o);
     return got;
+}
+
+static uint64_t gp_pressure_cb(void *arg, gp_pool *pool, uint64_t needed, int priority)
+{
+    (void)pool;
+    return gp_offload_reclaim(arg, needed, priority);
+}
+
+void gp_offload_figures(gp_offloader *o, uint64_t *offloadable, uint64_t *offloaded)
+{
+    uint8_t idle[GP_MAX_TAGS];
+    pthread_mutex_lock(&o->lock);
+    for (unsigned t = 0; t < GP_MAX_TAGS; t++) idle[t] = o->reg[t].prio >= 0 && !o->reg[t].busy;
+    pthread_mutex_unlock(&o->lock);
+    *offloadable = 0;
+    unsigned nt = gp_tag_count();
+    for (unsigned t = 0; t < nt; t++) {
+        if (!idle[t]) continue;
+        gp_tag_stats ts;
+        gp_pool_tag_stats(o->pool, (gp_tag)t, &ts);
+        *offloadable += ts.allocated;
+    }
+    gp_stats s;
+    gp_pool_stats(o->pool, &s, 0);
+    *offloaded = s.offloaded;
 }
 
 /* ---------------------------------------------------------------- API */

@@ -107,6 +107,16 @@ gp_status gp_offload_register(gp_offloader *o, gp_tag tag, int priority, unsigne
  * (its last use is now). */
 gp_status gp_offload_use(gp_offloader *o, gp_tag tag, int busy);
 
+/* Offload idle registered tags of priority below `below`, the lowest
+ * first, then the least recently used, until `needed` bytes were released
+ * (the pressure callback does this for the pool; the tenant registry asks
+ * it for other processes).  Returns the bytes released; 0 when called from
+ * within an offload or restore of the same thread. */
+uint64_t gp_offload_reclaim(gp_offloader *o, uint64_t needed, int below);
+/* Bytes of idle registered tags still on the device (what a reclaim could
+ * offload now) and of live memory offloaded now. */
+void gp_offload_figures(gp_offloader *o, uint64_t *offloadable, uint64_t *offloaded);
+
 /* Figures of the offloader. */
 typedef struct gp_offload_stats {
     uint64_t host_bytes;     /* bytes of offloaded data on the host now   */

@@ -8,6 +8,7 @@
  */
 #include <unistd.h>
 
+#include "arbiter.h"
 #include "codec.h"
 #include "module.h"
 #include "offload.h"
@@ -24,6 +25,28 @@ static uint64_t gp_host_ram(void)
 {
     long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
     return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+}
+
+/* The tenant registry's reclaim (arbiter.h) for a pool with an offloader:
+ * its cache first, then, when asked for it, idle offloadable tags. */
+static uint64_t gp_tenant_reclaim(void *arg, uint64_t bytes, int level)
+{
+    gp_pool *p = arg;
+    uint64_t got = gp_pool_trim(p, bytes);
+    gp_offloader *o = gp_pool_offloader(p, 0);
+    if (o && level == GP_RECLAIM_OFFLOAD && got < bytes) got += gp_offload_reclaim(o, bytes - got, GP_PRIO_MAX + 1);
+    gp_tenant_publish(p);
+    return got;
+}
+
+void gp_tenant_publish(gp_pool *p)
+{
+    gp_arbiter *a = gp_arbiter_of(p);
+    gp_offloader *o = a ? gp_pool_offloader(p, 0) : NULL;
+    if (!o) return;
+    uint64_t offloadable, offloaded;
+    gp_offload_figures(o, &offloadable, &offloaded);
+    gp_arbiter_publish(a, offloadable, offloaded);
 }
 
 gp_offloader *gp_pool_offloader(gp_pool *p, int create)
@@ -44,6 +67,8 @@ gp_offloader *gp_pool_offloader(gp_pool *p, int create)
                                        (unsigned)cfg.offload_threads, cfg.nvcomp, &o) == GP_OK) {
             g_off[free_slot].pool = p;
             g_off[free_slot].o = o;
+            gp_arbiter *a = gp_arbiter_of(p);
+            if (a) gp_arbiter_set_reclaim(a, gp_tenant_reclaim, p);
         }
     }
     pthread_mutex_unlock(&g_off_lock);
@@ -132,6 +157,7 @@ PyObject *gp_py_offload(gp_pool_object *self, PyObject *args, PyObject *kw)
     st = gp_offload_tags(o, tags, n, &opts, &r);
     Py_END_ALLOW_THREADS
     if (st != GP_OK) return gp_raise(st);
+    gp_tenant_publish(self->pool);
     return gp_result(&r);
 }
 
@@ -150,6 +176,7 @@ PyObject *gp_py_restore(gp_pool_object *self, PyObject *args)
     st = gp_restore_tags(o, tags, n, &r);
     Py_END_ALLOW_THREADS
     if (st != GP_OK) return gp_raise(st);
+    gp_tenant_publish(self->pool);
     return gp_result(&r);
 }
 
@@ -180,6 +207,7 @@ PyObject *gp_py_offload_register(gp_pool_object *self, PyObject *args)
     if (!o) return NULL;
     gp_status st = gp_offload_register(o, (gp_tag)tag, prio, elem);
     if (st != GP_OK) return gp_raise(st);
+    gp_tenant_publish(self->pool);
     Py_RETURN_NONE;
 }
 

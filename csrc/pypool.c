@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "arbiter.h"
 #include "module.h"
 #include "pystack.h"
 
@@ -122,7 +123,8 @@ static PyObject *host_pool_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     if (st == GP_OK && cfg.log == GP_LOG_ALL) st = gp_backend_logged(be, &be);
     if (st != GP_OK) return gp_raise(st);
     gp_pool *p;
-    if ((st = gp_pool_create(be, &cfg, &p)) != GP_OK) return gp_raise(st);
+    /* (a tenant of group cfg.tenant on device "host" when one is set) */
+    if ((st = gp_arbiter_pool_create(be, &cfg, "host", &p)) != GP_OK) return gp_raise(st);
     return gp_pool_wrap(p, 1);
 }
 
@@ -160,8 +162,11 @@ static PyObject *pool_alloc(PoolObject *self, PyObject *args, PyObject *kw)
     void *r;
     int stacks = gp_pool_history_stacks(self->pool);
     if (stacks) gp_set_context(gp_pystack_capture());
+    gp_arbiter *a = gp_arbiter_of(self->pool);
+    gp_tag t = tag >= 0 ? (gp_tag)tag : ctag;
+    int pr = prio >= 0 ? prio : cprio;
     Py_BEGIN_ALLOW_THREADS
-    r = gp_alloc(self->pool, (size_t)size, s, tag >= 0 ? (gp_tag)tag : ctag, prio >= 0 ? prio : cprio, &st);
+    r = a ? gp_arbiter_alloc(a, self->pool, (size_t)size, s, t, pr, &st) : gp_alloc(self->pool, (size_t)size, s, t, pr, &st);
     Py_END_ALLOW_THREADS
     if (stacks) gp_set_context(0);
     if (!r) return gp_raise(st);
@@ -176,6 +181,12 @@ static PyObject *pool_free(PoolObject *self, PyObject *arg)
     if (stacks) gp_set_context(gp_pystack_capture());
     gp_status st = gp_free(self->pool, ptr);
     if (stacks) gp_set_context(0);
+    gp_arbiter *a = gp_arbiter_of(self->pool);
+    if (a) { /* a free is an allocator call too: answer what others asked */
+        Py_BEGIN_ALLOW_THREADS
+        gp_arbiter_poll(a);
+        Py_END_ALLOW_THREADS
+    }
     if (st != GP_OK) return gp_raise(st);
     Py_RETURN_NONE;
 }

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from . import _C
+from ._arbiter import install_yield_point, registries, tenants, yield_point
 from ._context import current_tag, priority_value, tag, tag_lifetime
 from ._history import dump_snapshot, record_history, snapshot
 from ._offload import OffloadHandle, offload, offloadable, offloaded, prefetch, restore
@@ -30,6 +31,7 @@ __all__ = [
     "tagged", "tag_lifetime",
     "disable_torch_patches", "snapshot", "dump_snapshot", "record_history", "plot",
     "offload", "restore", "prefetch", "offloaded", "offloadable", "OffloadHandle",
+    "yield_point", "install_yield_point", "tenants", "registries",
 ]
 
 

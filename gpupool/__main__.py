@@ -3,8 +3,11 @@
   python -m gpupool run script.py [args...]   enable gpupool (GPUPOOL_* apply),
                                               run the unmodified script, print
                                               the report at exit
-  python -m gpupool report [--device N]       the processes on the GPUs and the
-                                              memory each uses (NVML), once
+  python -m gpupool report [--group G]        the tenants of gpupool's groups
+                            [--device N]      (GPUPOOL_TENANT: priority, held,
+                                              offloaded, wanted, waits, reclaims)
+                                              and the processes on the GPUs with
+                                              their memory (NVML), once
   python -m gpupool top [--interval S]        the same, refreshed every S seconds
   python -m gpupool config [--markdown]       every GPUPOOL_* option: value,
                                               default, accepted values, meaning
@@ -18,10 +21,10 @@ import os
 import runpy
 import sys
 import time
-from typing import Any, List, Optional, TextIO
+from typing import Any, List, Optional, TextIO, Tuple
 
 import gpupool
-from gpupool import _C
+from gpupool import _arbiter, _C
 
 
 def options_markdown() -> str:
@@ -82,37 +85,56 @@ def _gpu_table(nvml: Any, devices: Optional[List[int]]) -> str:
     return "\n".join(lines)
 
 
-def _nvml() -> Any:
-    """pynvml, initialised; None (with the reason on stderr) without it."""
+def _nvml() -> Tuple[Any, str]:
+    """(pynvml initialised, "") or (None, why not)."""
     try:
         import pynvml
     except ImportError:
-        print("gpupool: `report` and `top` read the GPU's processes through NVML and need "
-              "pynvml: pip install nvidia-ml-py (gpupool's shared tenant registry, which would "
-              "need nothing, does not exist yet)", file=sys.stderr)
-        return None
+        return None, "the GPUs' processes need NVML: pip install nvidia-ml-py"
     try:
         pynvml.nvmlInit()
     except Exception as e:  # pynvml.NVMLError: no driver, no GPU
-        print(f"gpupool: NVML cannot be initialised ({e}): is there an NVIDIA driver and GPU?",
-              file=sys.stderr)
-        return None
-    return pynvml
+        return None, f"NVML cannot be initialised ({e}): is there an NVIDIA driver and GPU?"
+    return pynvml, ""
 
 
-def _watch(devices: Optional[List[int]], interval: Optional[float], count: Optional[int],
-           out: TextIO) -> int:
-    nvml = _nvml()
-    if nvml is None:
-        return 2
+def _tenant_tables(group: Optional[str]) -> List[str]:
+    """A table per tenant registry on this machine (of `group` only, if given)."""
+    tables = []
+    for g, device in _arbiter.registries():
+        if group not in (None, g):
+            continue
+        try:
+            info = _arbiter.tenants(g, device)
+        except (RuntimeError, ValueError) as e:  # a registry of another version, a stuck one
+            tables.append(f"tenant group '{g}' on {device}: {e}")
+            continue
+        if info is not None:
+            tables.append(_arbiter.format_tenants(info, gpupool.format_bytes))
+    return tables
+
+
+def _watch(devices: Optional[List[int]], group: Optional[str], interval: Optional[float],
+           count: Optional[int], out: TextIO) -> int:
+    nvml, why = _nvml()
     try:
         n = 0
         while True:
-            try:
-                table = _gpu_table(nvml, devices)
-            except Exception as e:  # pynvml.NVMLError: a bad device index, a lost GPU
-                print(f"gpupool: NVML failed: {e}", file=sys.stderr)
-                return 2
+            parts = []
+            if nvml is not None:
+                try:
+                    parts.append(_gpu_table(nvml, devices))
+                except Exception as e:  # pynvml.NVMLError: a bad device index, a lost GPU
+                    print(f"gpupool: NVML failed: {e}", file=sys.stderr)
+                    return 2
+            tenants = _tenant_tables(group)
+            if nvml is None and n == 0:
+                print(f"gpupool: {why}", file=sys.stderr)
+                if not tenants:
+                    return 2  # nothing at all to show
+            parts += tenants or [f"no gpupool tenant group{f' {group!r}' if group else ''} on this "
+                                 f"machine (processes join one with GPUPOOL_TENANT=<group>)"]
+            table = "\n".join(parts)
             if interval is not None and out.isatty():
                 out.write("\x1b[H\x1b[2J")  # home, clear: a live view
             print(time.strftime("%H:%M:%S ") + table if interval is not None else table, file=out)
@@ -124,7 +146,8 @@ def _watch(devices: Optional[List[int]], interval: Optional[float], count: Optio
     except KeyboardInterrupt:
         return 0
     finally:
-        nvml.nvmlShutdown()
+        if nvml is not None:
+            nvml.nvmlShutdown()
 
 
 def _run(script: str, args: List[str]) -> int:
@@ -155,11 +178,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     r = sub.add_parser("run", help="run a Python script with gpupool enabled")
     r.add_argument("script")
     r.add_argument("args", nargs=argparse.REMAINDER)
-    for cmd, what in (("report", "the processes on the GPUs and their memory, once"),
-                      ("top", "the processes on the GPUs and their memory, refreshed")):
+    for cmd, what in (("report", "the tenants of gpupool's groups and the GPUs' processes, once"),
+                      ("top", "the tenants of gpupool's groups and the GPUs' processes, refreshed")):
         q = sub.add_parser(cmd, help=what)
         q.add_argument("--device", type=int, action="append",
-                       help="a GPU index (repeat for several; default: all)")
+                       help="a GPU index for the process list (repeat for several; default: all)")
+        q.add_argument("--group", help="only this tenant group (GPUPOOL_TENANT)")
         if cmd == "top":
             q.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
             q.add_argument("--count", type=int, default=None, help="stop after this many refreshes")
@@ -173,11 +197,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 2
         return _run(a.script, a.args)
     if a.cmd == "report":
-        return _watch(a.device, None, None, sys.stdout)
+        return _watch(a.device, a.group, None, None, sys.stdout)
     if a.cmd == "top":
         if a.interval <= 0 or (a.count is not None and a.count < 1):
             p.error("top: --interval must be > 0 seconds and --count >= 1")
-        return _watch(a.device, a.interval, a.count, sys.stdout)
+        return _watch(a.device, a.group, a.interval, a.count, sys.stdout)
     if a.cmd == "config":
         return _config(a.markdown)
     print(f"gpupool {gpupool.__version__} {gpupool.build_info()}")

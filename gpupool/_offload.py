@@ -215,7 +215,9 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       ``state_dict()`` restores first.
     * an optimizer: before ``step()``, its state is restored and marked
       busy; after it, the state (made by the first step) joins the tag, is
-      marked idle and, with ``offload_after_step=True``, offloaded at once.
+      marked idle and, with ``offload_after_step=True``, offloaded at once;
+      the end of the step is a yield point (gpupool.yield_point) for a
+      process sharing the GPU (GPUPOOL_TENANT).
 
     Idle offloadable memory of a priority below an allocation's may be
     offloaded by the pool when that allocation would otherwise run out of
@@ -294,6 +296,9 @@ def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> No
         h._use(False)
         if offload_after_step:
             h.offload()
+        # The end of a step is a yield point of this process's tenants
+        # (GPUPOOL_TENANT): their asks are answered, the next step's room taken.
+        _C.tenant_yield(0)
 
     def sd_pre(o: Any) -> None:
         h.restore()

@@ -60,6 +60,7 @@ ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0", "UBSAN_OPTIONS": 
     ("test_offload_pool.c", []),
     ("test_offload.c", []),
     ("test_codec.c", []),  # built without libzstd: the host codecs are raw only
+    ("test_arbiter.c", []),
     ("test_model.c", [os.environ.get("GP_TEST_MODEL_OPS", "2000000")]),
     ("test_stress.c", ["100000"]),
 ])

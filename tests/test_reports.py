@@ -491,8 +491,9 @@ def nvmlDeviceGetComputeRunningProcesses(h):
 def test_cli_report_and_top(tmp_path: Path) -> None:
     r = cli("report", env={"PYTHONNOUSERSITE": "1"}, path=str(tmp_path))
     have_nvml = subprocess.run([sys.executable, "-c", "import pynvml"], capture_output=True).returncode == 0
-    if not have_nvml:
-        assert r.returncode == 2 and "pip install nvidia-ml-py" in r.stderr
+    if not have_nvml:  # nothing to show but tenant groups, if any run on this machine
+        assert "pip install nvidia-ml-py" in r.stderr
+        assert r.returncode == (0 if "tenant group '" in r.stdout else 2)
     (tmp_path / "pynvml.py").write_text(FAKE_NVML)  # NVML as a GPU machine would answer
     r = cli("report", path=str(tmp_path))
     assert r.returncode == 0, r.stderr

@@ -29,7 +29,10 @@ static int cfg_eq(const gp_config *a, const gp_config *b)
            strcmp(a->tenant, b->tenant) == 0 && a->log == b->log && a->trace == b->trace &&
            a->chunk == b->chunk && a->small_size == b->small_size &&
            a->large_chunk == b->large_chunk && a->cache_slack == b->cache_slack &&
-           a->torch_patch == b->torch_patch && a->placement == b->placement && a->debug == b->debug;
+           a->torch_patch == b->torch_patch && a->placement == b->placement && a->debug == b->debug &&
+           a->device_limit.bytes == b->device_limit.bytes &&
+           a->device_limit.fraction == b->device_limit.fraction &&
+           a->reclaim_timeout_ms == b->reclaim_timeout_ms;
 }
 
 static int has(const char *needle) { return strstr(gp_last_error(), needle) != NULL; }
@@ -114,7 +117,8 @@ static void test_table(void)
     const gp_option_info *o = gp_config_options(&n);
     const char *keys[] = {"mode", "reserve", "limit", "priority", "codec", "nvcomp", "offload_threads",
                           "tenant", "log", "trace", "chunk", "small_size", "torch_patch",
-                          "placement", "large_chunk", "cache_slack", "host_limit", "debug"};
+                          "placement", "large_chunk", "cache_slack", "host_limit", "debug",
+                          "device_limit", "reclaim_timeout"};
     CHECK(n == sizeof keys / sizeof keys[0]);
     gp_config cfg;
     gp_config_default(&cfg);
@@ -155,6 +159,8 @@ static void test_defaults(void)
     CHECK(c.cache_slack == 0.05);
     CHECK(c.torch_patch == 1);
     CHECK(c.debug == 0);
+    CHECK(c.device_limit.bytes == 0 && c.device_limit.fraction == 0);
+    CHECK(c.reclaim_timeout_ms == 30000);
 }
 
 static void test_sizes(void)
@@ -442,6 +448,32 @@ static void test_options(void)
     CHECK(set_bad("cache_slack", "150%"));
     CHECK(set_bad("cache_slack", "-5%"));
     CHECK(set_bad("cache_slack", "lots"));
+    /* device_limit: a size as limit's */
+    CHECK(set_ok(&c, "device_limit", "24GiB") && c.device_limit.bytes == 24 * GiB);
+    CHECK(set_ok(&c, "device_limit", "30%") && c.device_limit.fraction == 0.3);
+    CHECK(set_ok(&c, "device_limit", "none") && c.device_limit.bytes == 0 && c.device_limit.fraction == 0);
+    CHECK(set_bad("device_limit", "lots"));
+    CHECK(set_bad("device_limit", "-1GiB"));
+    /* reclaim_timeout: a duration in ms, s (the default) or min, up to a day */
+    CHECK(set_ok(&c, "reclaim_timeout", "30") && c.reclaim_timeout_ms == 30000);
+    CHECK(set_ok(&c, "reclaim_timeout", "2.5s") && c.reclaim_timeout_ms == 2500);
+    CHECK(set_ok(&c, "reclaim_timeout", "500ms") && c.reclaim_timeout_ms == 500);
+    CHECK(set_ok(&c, "reclaim_timeout", "2MIN") && c.reclaim_timeout_ms == 120000);
+    CHECK(set_ok(&c, "reclaim_timeout", "0") && c.reclaim_timeout_ms == 0);
+    CHECK(set_ok(&c, "reclaim_timeout", "86400s") && c.reclaim_timeout_ms == 86400000);
+    CHECK(set_bad("reclaim_timeout", "86401") && has("longer than a day"));
+    CHECK(set_bad("reclaim_timeout", "99999999999999999999") && has("longer than a day"));
+    CHECK(set_bad("reclaim_timeout", "5h") && has("ms, s or min"));
+    CHECK(set_bad("reclaim_timeout", "-1"));
+    CHECK(set_bad("reclaim_timeout", "1."));
+    CHECK(set_bad("reclaim_timeout", "1 s"));
+    CHECK(set_bad("reclaim_timeout", "forever"));
+    gp_config_default(&c);
+    char buf[32];
+    CHECK(gp_config_set(&c, "reclaim_timeout", "1.5s") == GP_OK && gp_config_get(&c, "reclaim_timeout", buf,
+          sizeof buf) == GP_OK && strcmp(buf, "1500ms") == 0);
+    CHECK(gp_config_set(&c, "reclaim_timeout", "2min") == GP_OK && gp_config_get(&c, "reclaim_timeout", buf,
+          sizeof buf) == GP_OK && strcmp(buf, "120s") == 0);
 }
 
 static void test_names(void)
@@ -507,7 +539,7 @@ static void test_get(void)
                             {"priority", "42"},      {"codec", "BITCOMP"}, {"nvcomp", "/"}, {"offload_threads", "9"},
                             {"tenant", "x.y-z"},     {"log", "all"},         {"trace", "on"},
                             {"chunk", "128KiB"},     {"small_size", "12345"}, {"torch_patch", "off"},
-                            {"debug", "yes"}};
+                            {"debug", "yes"}, {"device_limit", "24GiB"}, {"reclaim_timeout", "250ms"}};
     for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) CHECK(gp_config_set(&a, set[i][0], set[i][1]) == GP_OK);
     size_t n;
     const gp_option_info *o = gp_config_options(&n);

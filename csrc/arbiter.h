@@ -1,0 +1,197 @@
+/*
+ * arbiter.h -- several processes on one device: the tenant registry and the
+ * reclaim protocol (DESIGN.md, "Overcommit across processes").
+ *
+ * Processes that set the same group (GPUPOOL_TENANT) on the same device
+ * register as tenants in a POSIX shared-memory registry,
+ * /gpupool.<device>.<group>: pid, name, priority, quota, bytes held (mapped),
+ * cached, offloadable and offloaded, bytes wanted, heartbeat, counters.  A
+ * robust process-shared mutex guards it: a tenant killed while holding it
+ * wedges nobody (the next locker repairs), and entries of dead processes
+ * are reclaimed.  No group, no registry, no cost.
+ *
+ * Enforcement is a backend adaptor (gp_backend_arbiter_wrap): every map()
+ * of the pool asks the registry for its bytes first -- within the group's
+ * device limit (GPUPOOL_DEVICE_LIMIT) and leaving what tenants ahead of it
+ * announced they are waiting for -- and unmap() gives them back.  A map the
+ * registry refuses is GP_ERR_OOM, which the pool answers as it answers a
+ * full device (it releases its own cache, then fails).
+ *
+ * The protocol: a tenant whose allocation fails (gp_arbiter_alloc) posts
+ * what it wants, asks lower-priority tenants -- the lowest first, then the
+ * largest -- to give memory back (cache and idle offloadable memory), and
+ * equal-priority ones to give their cache, then waits for the memory up to
+ * GPUPOOL_RECLAIM_TIMEOUT, retrying.  Asked tenants answer at their next
+ * allocator call (one relaxed atomic load on the hot path: gp_arbiter_poll)
+ * or at a yield point, by running their reclaim callback without any lock
+ * held.  Waiting tenants queue: higher priority first, then the oldest
+ * want, so no tenant of a priority waits behind newer ones of the same.
+ *
+ * Threads: every function may be called from any thread.  Lock order: the
+ * pool's lock, then the registry's; the reclaim callback runs with
+ * neither.
+ */
+#ifndef GP_ARBITER_H
+#define GP_ARBITER_H
+
+#include "backend.h"
+
+#define GP_ARB_SLOTS 64       /* tenants of one group on one device */
+#define GP_ARB_NAME_MAX 48    /* a tenant's name, with its NUL       */
+#define GP_ARB_DEVICE_MAX 64  /* a device id, with its NUL           */
+#define GP_ARB_LAT 32         /* reclaim latencies kept per tenant   */
+
+typedef struct gp_arbiter gp_arbiter;
+
+/* What an asked tenant may give: its cached (free, mapped) memory only, or
+ * also idle memory it can offload. */
+enum { GP_RECLAIM_CACHE = 0, GP_RECLAIM_OFFLOAD = 1 };
+
+/* Give back at least `bytes` (more is fine; fewer if that is all there is)
+ * at `level`; returns the bytes released.  Called without any arbiter or
+ * pool lock held, on a thread of the tenant's own process. */
+typedef uint64_t (*gp_reclaim_fn)(void *arg, uint64_t bytes, int level);
+
+typedef struct gp_arbiter_params {
+    const char *group;    /* GPUPOOL_TENANT: 1..63 of [A-Za-z0-9_.-]           */
+    const char *device;   /* the device's identity, the same in every process:
+                             a CUDA device UUID, "host": 1..63 of [A-Za-z0-9_-] */
+    const char *name;     /* shown by `top`; NULL: the program's name          */
+    int priority;         /* 0..GP_PRIO_MAX, higher wins                       */
+    uint64_t quota;       /* this tenant's own cap (its pool limit), 0: none;
+                             shown, the pool enforces it                       */
+    uint64_t limit;       /* the group's device limit, 0: none (the device)    */
+    uint64_t total;       /* the device's memory                               */
+    uint64_t timeout_ms;  /* how long an allocation waits for memory           */
+} gp_arbiter_params;
+
+/* Register in the group's registry, made if absent.  The first tenant of
+ * an empty registry sets the group's limit; a later one must give the same
+ * or 0 (GP_ERR_INVALID names both).  GP_ERR_INVALID for a bad group or
+ * device id, GP_ERR_TOO_MANY when GP_ARB_SLOTS tenants are registered,
+ * GP_ERR_BACKEND when shared memory fails (the message names the object). */
+gp_status gp_arbiter_open(const gp_arbiter_params *params, gp_arbiter **out);
+/* Unregister; the last tenant out removes the registry.  NULL is fine. */
+void gp_arbiter_close(gp_arbiter *a);
+
+/* What the tenant runs when asked (default: gp_pool_trim of the bound pool,
+ * i.e. its cache).  The offload layer installs one that also offloads idle
+ * offloadable tags at GP_RECLAIM_OFFLOAD. */
+void gp_arbiter_set_reclaim(gp_arbiter *a, gp_reclaim_fn fn, void *arg);
+/* The pool whose memory this tenant holds: the default reclaim trims it,
+ * and answers publish its cached bytes. */
+void gp_arbiter_bind(gp_arbiter *a, gp_pool *pool);
+/* Announce bytes offloadable now and bytes offloaded now (the offload
+ * layer, when they change; shown by `top`). */
+void gp_arbiter_publish(gp_arbiter *a, uint64_t offloadable, uint64_t offloaded);
+
+/* The hot-path check: if a reclaim request is pending for this tenant,
+ * answer it now (runs the callback); else one relaxed atomic load.
+ * Returns the bytes given (0 when nothing was asked).  Call it where no
+ * pool lock is held: before an allocation, after a free, at a step's end. */
+uint64_t gp_arbiter_poll(gp_arbiter *a);
+
+/* A safe point between steps (gpupool.yield_point()): answers pending
+ * asks; if a tenant waits ahead of this one, gives its cache back; then
+ * takes a lease for the coming step -- waits (up to the timeout, in line
+ * like any want) until the group can give what the step will need beyond
+ * what this tenant holds: the larger of `need` (bytes held at the step's
+ * peak, 0: unknown) and the most it held during the last step.  The lease
+ * keeps that room for it until its next yield point, so that two steps
+ * never both stall half way, each holding what the other needs.  Returns
+ * the bytes given back. */
+uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need);
+/* gp_arbiter_yield of every arbiter of this process's pools (no pool of
+ * them may be destroyed meanwhile). */
+uint64_t gp_arbiter_yield_all(uint64_t need);
+
+/* fork(): an arbiter belongs to the process that opened it.  In a forked
+ * child the parent's arbiters answer nothing, wait for nothing and yield
+ * nothing (the child's allocations on the parent's pools are refused by
+ * the pool anyway), and closing one there frees host memory only: the
+ * parent's tenant stays registered.  Arbiters opened in the child work.
+ * Installed by the first gp_arbiter_open; idempotent. */
+void gp_arbiter_atfork_install(void);
+
+/* gp_alloc under the arbiter: polls first; when the allocation fails for
+ * lack of memory, posts the want, asks others and waits up to the timeout,
+ * retrying.  On final failure: GP_ERR_OOM, and gp_last_error() holds the
+ * pool's report followed by who holds what in the group. */
+void *gp_arbiter_alloc(gp_arbiter *a, gp_pool *pool, size_t size, gp_stream stream,
+                       gp_tag tag, int priority, gp_status *status);
+
+/* Make a device's pool for `cfg`: with cfg->tenant set, `be` is wrapped in
+ * the arbiter of group cfg->tenant on device `device_id` (quota = the pool
+ * limit, GPUPOOL_DEVICE_LIMIT, GPUPOOL_RECLAIM_TIMEOUT, GPUPOOL_PRIORITY),
+ * and the pool is bound to it; without, exactly gp_pool_create.  Takes
+ * `be` in every case (destroyed on failure). */
+gp_status gp_arbiter_pool_create(gp_backend *be, const gp_config *cfg, const char *device_id,
+                                 gp_pool **out);
+/* The arbiter of a pool made by gp_arbiter_pool_create with a group (NULL
+ * otherwise): what allocation paths pass to gp_arbiter_alloc/poll. */
+gp_arbiter *gp_arbiter_of(gp_pool *pool);
+
+/* ------------------------------------------------------------- adaptor */
+
+/* A backend over `inner` whose map() asks `a` for the bytes and whose
+ * unmap() gives them back; mem_info() reports the group's view (the limit
+ * as total, what may still be mapped as free); total is min(inner's,
+ * limit).  Every other call goes to `inner`.  Owns both: its destroy()
+ * closes `a` and destroys `inner` (also on failure here). */
+gp_status gp_backend_arbiter_wrap(gp_backend *inner, gp_arbiter *a, gp_backend **out);
+
+/* For the adaptor: take `size` bytes for this tenant (GP_ERR_OOM with a
+ * message when the group cannot give them now), give them back. */
+gp_status gp_arbiter_take(gp_arbiter *a, uint64_t size, gp_backend *inner);
+void gp_arbiter_give(gp_arbiter *a, uint64_t size);
+/* The group's limit (0: none) and what this tenant may still take now. */
+void gp_arbiter_view(gp_arbiter *a, uint64_t *limit, uint64_t *avail);
+
+/* ------------------------------------------------------------ reading */
+
+typedef struct gp_tenant_info {
+    int pid, priority, slot;
+    int self;                   /* this process                            */
+    char name[GP_ARB_NAME_MAX];
+    uint64_t quota, held, cached, offloadable, offloaded;
+    uint64_t wanted;            /* bytes it waits for now, or its lease    */
+    int leased;                 /* `wanted` is the rest of a step's lease  */
+    uint64_t waiting_ns;        /* since when it waits (0: not waiting)    */
+    uint64_t seen_ns;           /* since its last sign of life             */
+    uint64_t asked;             /* bytes asked of it, not yet answered     */
+    uint64_t n_waits, n_wait_fail, wait_ns, wait_max_ns;
+    uint64_t n_given, bytes_given;       /* answers it gave, bytes released */
+    uint64_t n_received, bytes_received; /* answers to its asks            */
+    uint64_t lat_median_ns, lat_max_ns;  /* ask -> answer, of its answers  */
+    uint32_t n_lat;
+    uint32_t lat_us[GP_ARB_LAT];         /* the last answers' latencies,
+                                            oldest first                   */
+} gp_tenant_info;
+
+typedef struct gp_group_info {
+    char group[64], device[GP_ARB_DEVICE_MAX];
+    uint64_t limit, total;
+    uint64_t n_registered;      /* registrations ever                      */
+    uint64_t n_reaped;          /* dead tenants reclaimed                  */
+    size_t n_tenants;
+} gp_group_info;
+
+/* A consistent copy of a registry without joining it (dead tenants are
+ * reclaimed first): the group, and up to `max` tenants by slot.
+ * GP_ERR_INVALID for bad ids; GP_ERR_FOREIGN when no such registry exists. */
+gp_status gp_arbiter_read(const char *group, const char *device, gp_group_info *g,
+                          gp_tenant_info *t, size_t max);
+/* Remove a registry whatever its tenants (tests, a stale object). */
+gp_status gp_arbiter_unlink(const char *group, const char *device);
+/* The shared-memory name of a registry ("/gpupool.<device>.<group>");
+ * GP_ERR_INVALID for bad ids. */
+gp_status gp_arbiter_shm_name(const char *group, const char *device, char *buf, size_t len);
+/* Who holds what in the group, one line a tenant (for OOM messages). */
+size_t gp_arbiter_report(gp_arbiter *a, char *buf, size_t len);
+
+/* Test hooks: hold the registry's lock (as a tenant killed in the middle
+ * of an update would), and let it go. */
+gp_status gp_arbiter_debug_lock(gp_arbiter *a);
+void gp_arbiter_debug_unlock(gp_arbiter *a);
+
+#endif /* GP_ARBITER_H */

@@ -1,0 +1,725 @@
+/*
+ * test_arbiter.c -- the tenant registry and the reclaim protocol with real
+ * processes (fork) on the host backend: registration churn from many
+ * processes, a tenant killed while holding the registry's lock, the order
+ * of reclaims, the timeout, a high priority that never fails while a lower
+ * one can give, equal priorities that both progress, and the group's
+ * device limit across processes.  Every wait is bounded (an alarm ends a
+ * stuck run), registry names carry this run's pid, and every registry is
+ * removed at the end.  Run under ASan and UBSan by the test suite.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "arbiter.h"
+#include "pool_check.h"
+
+enum { LOW = GP_PRIO_LOW, NORMAL = GP_PRIO_NORMAL, HIGH = GP_PRIO_HIGH };
+
+static char g_group[64];
+static int g_n;
+
+/* A group of this run, new for each test. */
+static const char *new_group(void)
+{
+    snprintf(g_group, sizeof g_group, "test-%d-%d", (int)getpid(), ++g_n);
+    return g_group;
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void nap_ms(unsigned ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+/* A tenant: a host pool of `group` with 1 MiB chunks under the arbiter. */
+static gp_pool *tenant(const char *group, int prio, const char *limit, unsigned timeout_ms)
+{
+    gp_config cfg;
+    gp_config_default(&cfg);
+    cfg.chunk = cfg.large_chunk = 1 * MiB;
+    cfg.small_size = 64 * KiB;
+    cfg.cache_slack = -1; /* keep cache: what the reclaims must take */
+    cfg.priority = prio;
+    cfg.reclaim_timeout_ms = timeout_ms;
+    snprintf(cfg.tenant, sizeof cfg.tenant, "%s", group);
+    if (limit && gp_config_set(&cfg, "device_limit", limit) != GP_OK) exit(3);
+    gp_backend *be;
+    gp_pool *p;
+    if (gp_backend_host_create(1024 * MiB, &be) != GP_OK ||
+        gp_arbiter_pool_create(be, &cfg, "host", &p) != GP_OK) {
+        fprintf(stderr, "tenant of %s: %s\n", group, gp_last_error());
+        exit(2);
+    }
+    return p;
+}
+
+static void *A(gp_pool *p, uint64_t n, gp_status *st)
+{
+    return gp_arbiter_alloc(gp_arbiter_of(p), p, n, NULL, GP_TAG_UNTAGGED, GP_PRIO_DEFAULT, st);
+}
+
+static int read_group(gp_group_info *g, gp_tenant_info *t, size_t max)
+{
+    return gp_arbiter_read(g_group, "host", g, t, max) == GP_OK;
+}
+
+static const gp_tenant_info *find_pid(const gp_tenant_info *t, size_t n, int pid)
+{
+    for (size_t i = 0; i < n; i++)
+        if (t[i].pid == pid) return &t[i];
+    return NULL;
+}
+
+static int registry_exists(void)
+{
+    char name[160];
+    gp_arbiter_shm_name(g_group, "host", name, sizeof name);
+    int fd = shm_open(name, O_RDONLY, 0);
+    if (fd >= 0) close(fd);
+    return fd >= 0;
+}
+
+/* Wait for a child, `ms` at most (then kill it); its exit status, or -1. */
+static int reap(pid_t pid, unsigned ms)
+{
+    uint64_t end = now_ms() + ms;
+    int status;
+    for (;;) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (now_ms() > end) {
+            fprintf(stderr, "child %d still runs after %u ms: killed\n", (int)pid, ms);
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return -1;
+        }
+        nap_ms(1);
+    }
+}
+
+/* A child that runs fn(arg) and exits with its result; `ctl` is its end of
+ * a pipe the parent closes to say "stop". */
+typedef int (*child_fn)(int ctl, int out, void *arg);
+typedef struct child {
+    pid_t pid;
+    int ctl;  /* parent's end: close to stop the child */
+    int out;  /* parent's end: what the child writes   */
+} child;
+
+/* The parent's ends of the pipes of live children: a later child must
+ * not keep them open, or closing ctl would not reach the earlier one. */
+static int g_ends[64], g_n_ends;
+
+static child spawn(child_fn fn, void *arg)
+{
+    int c[2], o[2];
+    if (pipe(c) != 0 || pipe(o) != 0 || g_n_ends + 2 > 64) exit(4);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) exit(4);
+    if (pid == 0) {
+        for (int i = 0; i < g_n_ends; i++) close(g_ends[i]);
+        close(c[1]);
+        close(o[0]);
+        alarm(60);
+        int rc = fn(c[0], o[1], arg);
+        exit(rc);
+    }
+    close(c[0]);
+    close(o[1]);
+    g_ends[g_n_ends++] = c[1];
+    g_ends[g_n_ends++] = o[0];
+    return (child){pid, c[1], o[0]};
+}
+
+/* Whether the parent said stop (closed ctl); waits up to `ms`. */
+static int stopped(int ctl, int ms)
+{
+    struct pollfd pf = {ctl, POLLIN, 0};
+    return poll(&pf, 1, ms) > 0;
+}
+
+static void say(int out, uint64_t v)
+{
+    if (write(out, &v, sizeof v) != sizeof v) exit(5);
+}
+
+/* The next word the child said, `ms` at most; UINT64_MAX on none. */
+static uint64_t hear(child *c, int ms)
+{
+    struct pollfd pf = {c->out, POLLIN, 0};
+    uint64_t v;
+    if (poll(&pf, 1, ms) <= 0 || read(c->out, &v, sizeof v) != sizeof v) return UINT64_MAX;
+    return v;
+}
+
+static void close_end(int fd)
+{
+    for (int i = 0; i < g_n_ends; i++)
+        if (g_ends[i] == fd) g_ends[i--] = g_ends[--g_n_ends];
+    close(fd);
+}
+
+/* Say stop (the child may still talk). */
+static void stop(child *c)
+{
+    close_end(c->ctl);
+    c->ctl = -1;
+}
+
+static int finish(child *c, unsigned ms)
+{
+    if (c->ctl >= 0) stop(c);
+    int rc = reap(c->pid, ms);
+    close_end(c->out);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ tests */
+
+static void test_one_tenant(void)
+{
+    new_group();
+    gp_pool *p = tenant(g_group, NORMAL, "8MiB", 0);
+    gp_arbiter *a = gp_arbiter_of(p);
+    CHECK(a != NULL);
+    CHECK(registry_exists());
+    gp_stats s;
+    gp_pool_stats(p, &s, 0);
+    CHECK(s.device_total == 8 * MiB); /* the group's device */
+    gp_status st;
+    void *x = A(p, 6 * MiB, &st);
+    CHECK(x != NULL);
+    void *y = A(p, 4 * MiB, &st);
+    CHECK(y == NULL && st == GP_ERR_OOM);
+    CHECK(strstr(gp_last_error(), g_group) != NULL);
+    CHECK(strstr(gp_last_error(), "waited") != NULL);
+    gp_group_info g;
+    gp_tenant_info t[4];
+    CHECK(read_group(&g, t, 4) && g.n_tenants == 1 && g.limit == 8 * MiB);
+    CHECK(t[0].pid == getpid() && t[0].self && t[0].held == 6 * MiB && t[0].priority == NORMAL);
+    CHECK(t[0].n_waits == 1 && t[0].n_wait_fail == 1 && t[0].wanted == 0);
+    CHECK(gp_free(p, x) == GP_OK);
+    /* A pool without a group has no arbiter, and costs nothing. */
+    CHECK(gp_arbiter_of(NULL) == NULL);
+    done(p);
+    CHECK(!registry_exists()); /* the last tenant out removed it */
+    CHECK(gp_arbiter_read(g_group, "host", &g, t, 4) == GP_ERR_FOREIGN);
+}
+
+static void test_bad_input(void)
+{
+    gp_arbiter *a;
+    gp_arbiter_params pr = {.group = "ok", .device = "host", .priority = 1, .total = 64 * MiB};
+    pr.group = "a/b";
+    CHECK(gp_arbiter_open(&pr, &a) == GP_ERR_INVALID && strstr(gp_last_error(), "'a/b'"));
+    pr.group = "";
+    CHECK(gp_arbiter_open(&pr, &a) == GP_ERR_INVALID);
+    pr.group = new_group();
+    pr.device = "GPU.1";
+    CHECK(gp_arbiter_open(&pr, &a) == GP_ERR_INVALID && strstr(gp_last_error(), "device id"));
+    pr.device = "host";
+    pr.priority = 256;
+    CHECK(gp_arbiter_open(&pr, &a) == GP_ERR_INVALID && strstr(gp_last_error(), "priority"));
+    pr.priority = 1;
+    /* The group's limit is its first tenant's; another must agree. */
+    pr.limit = 16 * MiB;
+    gp_arbiter *first;
+    CHECK(gp_arbiter_open(&pr, &first) == GP_OK);
+    pr.limit = 32 * MiB;
+    CHECK(gp_arbiter_open(&pr, &a) == GP_ERR_INVALID && strstr(gp_last_error(), "GPUPOOL_DEVICE_LIMIT"));
+    pr.limit = 0; /* none given: the group's */
+    CHECK(gp_arbiter_open(&pr, &a) == GP_OK);
+    gp_arbiter_close(a);
+    gp_arbiter_close(first);
+    CHECK(!registry_exists());
+    /* An object of that name that is no registry (another version). */
+    char name[160];
+    gp_arbiter_shm_name(new_group(), "host", name, sizeof name);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    CHECK(fd >= 0 && ftruncate(fd, 4096) == 0);
+    close(fd);
+    pr.group = g_group;
+    CHECK(gp_arbiter_open(&pr, &a) == GP_ERR_BACKEND && strstr(gp_last_error(), name));
+    CHECK(gp_arbiter_unlink(g_group, "host") == GP_OK);
+    CHECK(gp_arbiter_unlink(g_group, "host") == GP_ERR_FOREIGN);
+}
+
+/* Register, allocate, free, unregister, `rounds` times. */
+static int churn(int ctl, int out, void *arg)
+{
+    (void)ctl, (void)out;
+    int rounds = *(int *)arg, bad = 0;
+    for (int i = 0; i < rounds; i++) {
+        gp_pool *p = tenant(g_group, NORMAL, "256MiB", 1000);
+        gp_status st;
+        void *x = A(p, 1 * MiB, &st);
+        bad += x == NULL;
+        gp_group_info g;
+        gp_tenant_info t[GP_ARB_SLOTS];
+        /* It sees itself, holding what it mapped. */
+        const gp_tenant_info *me = read_group(&g, t, GP_ARB_SLOTS) ? find_pid(t, g.n_tenants, getpid()) : NULL;
+        bad += !me || me->held != 1 * MiB;
+        gp_free(p, x);
+        gp_pool_destroy(p);
+    }
+    return bad ? 1 : 0;
+}
+
+static void test_churn(void)
+{
+    enum { N = 6, ROUNDS = 40 };
+    int rounds = ROUNDS;
+    /* With a tenant that stays: one registry throughout. */
+    new_group();
+    gp_pool *p = tenant(g_group, NORMAL, "256MiB", 1000);
+    child c[N];
+    for (int i = 0; i < N; i++) c[i] = spawn(churn, &rounds);
+    for (int i = 0; i < N; i++) CHECK(finish(&c[i], 30000) == 0);
+    gp_group_info g;
+    gp_tenant_info t[GP_ARB_SLOTS];
+    CHECK(read_group(&g, t, GP_ARB_SLOTS));
+    CHECK(g.n_tenants == 1 && t[0].pid == getpid() && t[0].held == 0);
+    CHECK(g.n_registered == 1 + N * ROUNDS && g.n_reaped == 0);
+    done(p);
+    CHECK(!registry_exists());
+    /* Without: the registry comes and goes; whoever joins a removed one
+     * starts a new one, and none is left behind. */
+    new_group();
+    for (int i = 0; i < N; i++) c[i] = spawn(churn, &rounds);
+    for (int i = 0; i < N; i++) CHECK(finish(&c[i], 30000) == 0);
+    CHECK(!registry_exists());
+}
+
+/* Map 16 MiB, then hold the registry's lock until killed. */
+static int hold_lock(int ctl, int out, void *arg)
+{
+    (void)arg;
+    gp_pool *p = tenant(g_group, NORMAL, "32MiB", 0);
+    if (!A(p, 16 * MiB, NULL) || gp_arbiter_debug_lock(gp_arbiter_of(p)) != GP_OK) return 1;
+    say(out, 1);
+    stopped(ctl, 30000);
+    return 0;
+}
+
+static void test_killed_holding_lock(void)
+{
+    new_group();
+    gp_pool *p = tenant(g_group, NORMAL, "32MiB", 2000);
+    child c = spawn(hold_lock, NULL);
+    CHECK(hear(&c, 10000) == 1);
+    kill(c.pid, SIGKILL);
+    /* Not waited for yet: a zombie, whose memory is gone all the same. */
+    uint64_t t0 = now_ms();
+    gp_status st;
+    void *x = A(p, 32 * MiB, &st); /* the dead one's 16 MiB included */
+    CHECK(x != NULL);
+    CHECK(now_ms() - t0 < 2000);
+    gp_group_info g;
+    gp_tenant_info t[4];
+    CHECK(read_group(&g, t, 4) && g.n_tenants == 1 && g.n_reaped == 1 && t[0].held == 32 * MiB);
+    CHECK(finish(&c, 5000) == 128 + SIGKILL);
+    gp_free(p, x);
+    done(p);
+    CHECK(!registry_exists());
+}
+
+/* A tenant of priority *arg that allocates `MB` MiB, frees it (cache) and
+ * answers asks until told to stop; says 1 when ready, then its cache. */
+typedef struct holder {
+    int prio;
+    uint64_t mib;
+    int keep;         /* keep the memory live (nothing to give) */
+} holder;
+
+static int hold(int ctl, int out, void *arg)
+{
+    holder *h = arg;
+    gp_pool *p = tenant(g_group, h->prio, "48MiB", 2000);
+    void *x = A(p, h->mib * MiB, NULL);
+    if (!x) return 1;
+    if (!h->keep) gp_free(p, x);
+    say(out, 1);
+    gp_arbiter *a = gp_arbiter_of(p);
+    while (!stopped(ctl, 1)) gp_arbiter_poll(a); /* a training loop's yield points */
+    gp_stats s;
+    gp_pool_stats(p, &s, 0);
+    say(out, s.reserved);
+    if (h->keep) gp_free(p, x);
+    gp_pool_destroy(p);
+    return 0;
+}
+
+static void test_lowest_first(void)
+{
+    new_group();
+    holder lo = {LOW, 16, 0}, mid = {NORMAL, 16, 0};
+    child l = spawn(hold, &lo);
+    CHECK(hear(&l, 10000) == 1);
+    child n = spawn(hold, &mid);
+    CHECK(hear(&n, 10000) == 1);
+    gp_pool *p = tenant(g_group, HIGH, "48MiB", 5000);
+    gp_status st;
+    void *x = A(p, 32 * MiB, &st); /* 16 free: 16 more from someone */
+    CHECK(x != NULL);
+    gp_group_info g;
+    gp_tenant_info t[4];
+    CHECK(read_group(&g, t, 4) && g.n_tenants == 3);
+    const gp_tenant_info *tl = find_pid(t, 3, l.pid), *tn = find_pid(t, 3, n.pid), *me = find_pid(t, 3, getpid());
+    CHECK(tl && tl->n_given == 1 && tl->bytes_given == 16 * MiB && tl->held == 0);
+    CHECK(tn && tn->n_given == 0 && tn->held == 16 * MiB);
+    CHECK(me && me->n_waits == 1 && me->n_received == 1 && me->bytes_received == 16 * MiB);
+    CHECK(tl && tl->n_lat == 1 && tl->lat_max_ns > 0 && tl->lat_median_ns <= tl->lat_max_ns);
+    stop(&l);
+    stop(&n);
+    CHECK(hear(&l, 10000) == 0);        /* its cache went back */
+    CHECK(hear(&n, 10000) == 16 * MiB); /* its cache stayed */
+    CHECK(finish(&l, 10000) == 0 && finish(&n, 10000) == 0);
+    gp_free(p, x);
+    done(p);
+}
+
+static void test_timeout(void)
+{
+    new_group();
+    /* A lower tenant whose memory is all live: it answers, giving nothing. */
+    holder lo = {LOW, 48, 1};
+    child l = spawn(hold, &lo);
+    CHECK(hear(&l, 10000) == 1);
+    gp_pool *p = tenant(g_group, HIGH, "48MiB", 300);
+    uint64_t t0 = now_ms();
+    gp_status st;
+    void *x = A(p, 16 * MiB, &st);
+    uint64_t dt = now_ms() - t0;
+    CHECK(x == NULL && st == GP_ERR_OOM);
+    CHECK(dt >= 300 && dt < 2000);
+    char pid[32];
+    snprintf(pid, sizeof pid, "pid %d '", (int)l.pid);
+    CHECK(strstr(gp_last_error(), pid) != NULL);                 /* who holds what */
+    CHECK(strstr(gp_last_error(), "held 48.00 MiB") != NULL);
+    CHECK(strstr(gp_last_error(), "GPUPOOL_RECLAIM_TIMEOUT") != NULL);
+    gp_group_info g;
+    gp_tenant_info t[4];
+    CHECK(read_group(&g, t, 4));
+    const gp_tenant_info *tl = find_pid(t, g.n_tenants, l.pid), *me = find_pid(t, g.n_tenants, getpid());
+    CHECK(tl && tl->n_given >= 1 && tl->bytes_given == 0);
+    CHECK(me && me->n_wait_fail == 1 && me->wanted == 0 && me->waiting_ns == 0);
+    CHECK(finish(&l, 10000) == 0);
+    done(p);
+}
+
+/* A low tenant waits in line while a higher one holds the memory, and gets
+ * it once that one lets go (here: exits). */
+static int hold_briefly(int ctl, int out, void *arg)
+{
+    (void)ctl, (void)arg;
+    gp_pool *p = tenant(g_group, HIGH, "32MiB", 0);
+    void *x = A(p, 32 * MiB, NULL);
+    say(out, x != NULL);
+    nap_ms(200);
+    gp_free(p, x);
+    gp_pool_destroy(p);
+    return 0;
+}
+
+static void test_low_queues(void)
+{
+    new_group();
+    child h = spawn(hold_briefly, NULL);
+    CHECK(hear(&h, 10000) == 1);
+    gp_pool *p = tenant(g_group, LOW, "32MiB", 5000);
+    uint64_t t0 = now_ms();
+    gp_status st;
+    void *x = A(p, 16 * MiB, &st);
+    CHECK(x != NULL);
+    CHECK(now_ms() - t0 >= 100);
+    CHECK(finish(&h, 10000) == 0);
+    gp_free(p, x);
+    done(p);
+}
+
+/* A busy low tenant whose live memory is offloadable: its reclaim frees
+ * what it holds (as offload would) and trims. */
+typedef struct busy {
+    gp_pool *p;
+    void *live[16];
+    int n;
+} busy;
+
+static uint64_t offload_all(void *arg, uint64_t bytes, int level)
+{
+    busy *b = arg;
+    if (level == GP_RECLAIM_OFFLOAD)
+        while (b->n) gp_free(b->p, b->live[--b->n]);
+    return gp_pool_trim(b->p, bytes);
+}
+
+static int busy_low(int ctl, int out, void *arg)
+{
+    (void)arg;
+    busy b = {.p = tenant(g_group, LOW, "64MiB", 50)};
+    gp_arbiter_set_reclaim(gp_arbiter_of(b.p), offload_all, &b);
+    unsigned seed = 7;
+    say(out, 1);
+    while (!stopped(ctl, 0)) {
+        if (b.n == 16 || (b.n && rand_r(&seed) % 2)) {
+            gp_free(b.p, b.live[--b.n]);
+            continue;
+        }
+        void *x = A(b.p, (1 + rand_r(&seed) % 4) * MiB, NULL); /* may wait, may fail: it is low */
+        if (x) b.live[b.n++] = x;
+    }
+    while (b.n) gp_free(b.p, b.live[--b.n]);
+    gp_pool_destroy(b.p);
+    return 0;
+}
+
+static void test_high_never_fails(void)
+{
+    new_group();
+    child l = spawn(busy_low, NULL);
+    CHECK(hear(&l, 10000) == 1);
+    gp_pool *p = tenant(g_group, HIGH, "64MiB", 5000);
+    void *live[16];
+    int failures = 0;
+    unsigned seed = 3;
+    for (int round = 0; round < 40; round++) {
+        int n = 0;
+        for (uint64_t total = 0; total < 48 * MiB;) {
+            uint64_t sz = (4 + rand_r(&seed) % 5) * MiB;
+            gp_status st;
+            void *x = A(p, sz, &st);
+            if (!x) {
+                failures++;
+                fprintf(stderr, "high failed: %s\n", gp_last_error());
+                break;
+            }
+            live[n++] = x;
+            total += sz;
+        }
+        while (n) gp_free(p, live[--n]);
+        gp_pool_trim(p, UINT64_MAX); /* hand it back: the low one takes it again */
+        nap_ms(2);
+    }
+    CHECK(failures == 0);
+    gp_group_info g;
+    gp_tenant_info t[4];
+    CHECK(read_group(&g, t, 4));
+    const gp_tenant_info *tl = find_pid(t, g.n_tenants, l.pid);
+    CHECK(tl && tl->n_given > 0 && tl->bytes_given > 0);
+    CHECK(finish(&l, 10000) == 0);
+    done(p);
+}
+
+/* Two tenants taking turns: the end of one, which says how often it waited
+ * and how often it failed. */
+static int turns_done(int out, gp_pool *p, int fails)
+{
+    gp_group_info g;
+    gp_tenant_info t[4];
+    const gp_tenant_info *me = read_group(&g, t, 4) ? find_pid(t, g.n_tenants, getpid()) : NULL;
+    say(out, me ? me->n_waits : UINT64_MAX);
+    say(out, (uint64_t)fails);
+    gp_pool_destroy(p);
+    return 0;
+}
+
+/* Run two `fn` tenants from the same start: neither may fail, and both
+ * must have waited (they did contend). */
+static void take_turns(child_fn fn, int rounds)
+{
+    new_group();
+    child c[2];
+    for (int i = 0; i < 2; i++) c[i] = spawn(fn, &rounds);
+    for (int i = 0; i < 2; i++) CHECK(hear(&c[i], 10000) == 1);
+    for (int i = 0; i < 2; i++) CHECK(write(c[i].ctl, "g", 1) == 1);
+    for (int i = 0; i < 2; i++) {
+        uint64_t waits = hear(&c[i], 60000), fails = hear(&c[i], 1000);
+        CHECK(fails == 0);
+        CHECK(waits > 0 && waits != UINT64_MAX);
+        CHECK(finish(&c[i], 10000) == 0);
+    }
+    CHECK(!registry_exists());
+}
+
+/* Equal priorities: each alternately needs 16 MiB of a 24 MiB group. */
+static int equal_worker(int ctl, int out, void *arg)
+{
+    (void)ctl;
+    int rounds = *(int *)arg, fails = 0;
+    /* Far shorter a wait than the other's whole run: only turns help. */
+    gp_pool *p = tenant(g_group, NORMAL, "24MiB", 600);
+    say(out, 1);
+    char go;
+    if (!stopped(ctl, 10000) || read(ctl, &go, 1) != 1) return 1; /* both start together */
+    for (int i = 0; i < rounds; i++) {
+        void *x = A(p, 16 * MiB, NULL);
+        if (!x) {
+            fails++;
+            continue;
+        }
+        nap_ms(20);
+        gp_free(p, x); /* into the cache: kept unless asked */
+    }
+    return turns_done(out, p, fails);
+}
+
+static void test_equal_share(void) { take_turns(equal_worker, 60); }
+
+/* Steps of two allocations: alone, two such tenants can both hold their
+ * first half and wait for each other's second; a lease at each yield point
+ * makes them take turns. */
+static int two_halves(int ctl, int out, void *arg)
+{
+    int rounds = *(int *)arg, fails = 0;
+    gp_pool *p = tenant(g_group, NORMAL, "24MiB", 2000);
+    gp_arbiter *a = gp_arbiter_of(p);
+    say(out, 1);
+    char go;
+    if (!stopped(ctl, 10000) || read(ctl, &go, 1) != 1) return 1;
+    for (int i = 0; i < rounds; i++) {
+        /* The first step says what it will hold at its peak; later ones
+         * lease what the last one held. */
+        gp_arbiter_yield(a, i == 0 ? 20 * MiB : 0);
+        void *x = A(p, 10 * MiB, NULL);
+        nap_ms(3);
+        void *y = x ? A(p, 10 * MiB, NULL) : NULL;
+        nap_ms(3);
+        fails += !x || !y;
+        if (y) gp_free(p, y);
+        if (x) gp_free(p, x);
+    }
+    return turns_done(out, p, fails);
+}
+
+static void test_leases(void) { take_turns(two_halves, 20); }
+
+/* Take 1 MiB blocks until the group says no; say how many; hold them. */
+static int greedy(int ctl, int out, void *arg)
+{
+    (void)arg;
+    gp_pool *p = tenant(g_group, NORMAL, "40MiB", 0);
+    void *x[64];
+    int n = 0;
+    while (n < 64 && (x[n] = A(p, 1 * MiB, NULL))) n++;
+    say(out, (uint64_t)n);
+    stopped(ctl, 30000);
+    while (n) gp_free(p, x[--n]);
+    gp_pool_destroy(p);
+    return 0;
+}
+
+static void test_device_limit(void)
+{
+    new_group();
+    gp_pool *p = tenant(g_group, NORMAL, "40MiB", 0); /* keeps one registry */
+    child c[4];
+    for (int i = 0; i < 4; i++) c[i] = spawn(greedy, NULL);
+    uint64_t sum = 0;
+    for (int i = 0; i < 4; i++) sum += hear(&c[i], 20000);
+    CHECK(sum == 40); /* all of the limit, and not a byte more */
+    gp_group_info g;
+    gp_tenant_info t[8];
+    CHECK(read_group(&g, t, 8) && g.n_tenants == 5);
+    uint64_t held = 0;
+    for (size_t i = 0; i < g.n_tenants; i++) held += t[i].held;
+    CHECK(held == 40 * MiB);
+    uint64_t limit, avail;
+    gp_arbiter_view(gp_arbiter_of(p), &limit, &avail);
+    CHECK(limit == 40 * MiB && avail == 0);
+    CHECK(A(p, 1 * MiB, NULL) == NULL);
+    for (int i = 0; i < 4; i++) CHECK(finish(&c[i], 10000) == 0);
+    gp_arbiter_view(gp_arbiter_of(p), &limit, &avail);
+    CHECK(avail == 40 * MiB);
+    done(p);
+}
+
+/* test_arbiter ask GROUP PRIORITY LIMIT MiB TIMEOUT_MS: a tenant that asks
+ * for MiB and exits 0 when it got them (tests/test_arbiter.py). */
+static int ask_main(char **argv)
+{
+    snprintf(g_group, sizeof g_group, "%s", argv[2]);
+    gp_pool *p = tenant(g_group, atoi(argv[3]), argv[4], (unsigned)atoi(argv[6]));
+    gp_status st;
+    void *x = A(p, (uint64_t)atoi(argv[5]) * MiB, &st);
+    if (!x) fprintf(stderr, "%s\n", gp_last_error());
+    else gp_free(p, x);
+    gp_pool_destroy(p);
+    return x ? 0 : 1;
+}
+
+/* In a child forked from a tenant: the parent's pool and arbiter are not
+ * the child's (nothing the child does changes the parent's entry), and the
+ * child can be a tenant of its own. */
+static gp_pool *g_parent_pool;
+static gp_arbiter *g_parent_arb;
+
+static int forked_child(int ctl, int out, void *arg)
+{
+    (void)ctl, (void)out, (void)arg;
+    gp_arbiter *pa = gp_arbiter_of(g_parent_pool); /* the table starts empty */
+    int bad = pa != NULL;
+    gp_status st;
+    void *x = A(g_parent_pool, 1 * MiB, &st); /* the pool refuses it */
+    bad += x != NULL || st != GP_ERR_INVALID;
+    bad += gp_arbiter_poll(g_parent_arb) != 0 || gp_arbiter_yield(g_parent_arb, 64 * MiB) != 0;
+    gp_arbiter_close(g_parent_arb); /* frees the child's copy only */
+    gp_pool *mine = tenant(g_group, LOW, "32MiB", 0);
+    bad += A(mine, 2 * MiB, NULL) == NULL;
+    gp_group_info g;
+    gp_tenant_info t[4];
+    bad += !read_group(&g, t, 4) || g.n_tenants != 2 || !find_pid(t, 2, getppid());
+    gp_pool_destroy(mine);
+    return bad;
+}
+
+static void test_fork(void)
+{
+    new_group();
+    g_parent_pool = tenant(g_group, NORMAL, "32MiB", 0);
+    gp_arbiter *a = g_parent_arb = gp_arbiter_of(g_parent_pool);
+    void *x = A(g_parent_pool, 8 * MiB, NULL);
+    child c = spawn(forked_child, NULL);
+    CHECK(finish(&c, 20000) == 0);
+    gp_group_info g;
+    gp_tenant_info t[4];
+    CHECK(read_group(&g, t, 4) && g.n_tenants == 1 && t[0].pid == getpid() && t[0].held == 8 * MiB);
+    CHECK(gp_arbiter_of(g_parent_pool) == a); /* the parent's table is its own */
+    gp_free(g_parent_pool, x);
+    done(g_parent_pool);
+    CHECK(!registry_exists());
+}
+
+int main(int argc, char **argv)
+{
+    alarm(300); /* a stuck protocol fails the run rather than hanging it */
+    if (argc == 7 && strcmp(argv[1], "ask") == 0) return ask_main(argv);
+    test_one_tenant();
+    test_bad_input();
+    test_churn();
+    test_killed_holding_lock();
+    test_lowest_first();
+    test_timeout();
+    test_low_queues();
+    test_high_never_fails();
+    test_equal_share();
+    test_leases();
+    test_device_limit();
+    test_fork();
+    return check_done();
+}

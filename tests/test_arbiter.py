@@ -1,0 +1,252 @@
+"""The tenant registry from Python, with real processes on the host backend:
+yield points answer a C tenant's reclaim request, `report`/`top` show the
+tenants, a killed tenant disappears from them, install_yield_point hooks a
+step.  The protocol itself is tested in C (tests/c/test_arbiter.c)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
+
+import pytest
+
+import gpupool
+from gpupool import _C
+from gpupool import _arbiter
+
+from test_c import ASAN, ASAN_ENV, build
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 1 << 20
+
+
+@pytest.fixture
+def group(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A group name of this test and process; its registry is removed after."""
+    name = f"py-{os.getpid()}-{request.node.name[:30]}".replace("[", "-").replace("]", "")
+    yield name
+    _C.tenant_unlink(name, "host")
+
+
+@pytest.fixture(scope="module")
+def asker(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/c/test_arbiter.c, whose `ask` mode is a C tenant that asks for memory."""
+    return build(tmp_path_factory.mktemp("asker"), "test_arbiter.c", ASAN)
+
+
+def host_tenant(group: str, priority: str, limit: str = "32MiB") -> Any:
+    """A host pool in `group`, with 1 MiB chunks and every cached chunk kept."""
+    return gpupool.HostPool(256 * MiB, tenant=group, priority=priority, device_limit=limit, chunk="1MiB",
+                            large_chunk="1MiB", small_size="64KiB", cache_slack="none")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpupool", *args], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+
+
+def only(info: Dict[str, Any], pid: int) -> Dict[str, Any]:
+    (t,) = [t for t in info["tenants"] if t["pid"] == pid]
+    return t
+
+
+def test_yield_point_answers_a_higher_tenant(group: str, asker: Path) -> None:
+    pool = host_tenant(group, "low")
+    pool.free(pool.alloc(16 * MiB))  # cached: what the asker needs
+    assert _arbiter.yield_point() == 0  # nothing asked yet
+    # priority 2 (high) asks for all 32 MiB, waiting up to 20 s
+    proc = subprocess.Popen([str(asker), "ask", group, "2", "32MiB", "32", "20000"],
+                            env=dict(os.environ, **ASAN_ENV), stderr=subprocess.PIPE, text=True)
+    given = 0
+    deadline = time.monotonic() + 30
+    while proc.poll() is None and time.monotonic() < deadline:
+        given += _arbiter.yield_point()
+        time.sleep(0.001)
+    assert proc.wait(5) == 0, proc.stderr.read() if proc.stderr else ""
+    assert given == 16 * MiB
+    me = only(_arbiter.tenants(group, "host"), os.getpid())
+    assert me["reclaims_given"] == 1 and me["bytes_given"] == 16 * MiB and me["held"] == 0
+    assert me["latency_max_s"] > 0 and len(me["latencies_s"]) == 1
+    assert pool.stats()["reserved"] == 0
+
+
+def test_without_yield_points_the_asker_times_out(group: str, asker: Path) -> None:
+    pool = host_tenant(group, "low")
+    pool.free(pool.alloc(16 * MiB))
+    r = subprocess.run([str(asker), "ask", group, "2", "32MiB", "32", "300"], capture_output=True, text=True,
+                       env=dict(os.environ, **ASAN_ENV), timeout=60)
+    assert r.returncode == 1
+    assert "waited 0.3" in r.stderr and f"pid {os.getpid()} '" in r.stderr and "cached 0 B" in r.stderr
+    assert pool.stats()["reserved"] == 16 * MiB  # nobody took it
+
+
+def test_report_and_top_show_tenants(group: str) -> None:
+    pool = host_tenant(group, "low")
+    block = pool.alloc(8 * MiB)
+    child = subprocess.Popen([sys.executable, "-c", f"""
+import sys, gpupool
+p = gpupool.HostPool(64 << 20, tenant={group!r}, priority="high", limit="16MiB")
+x = p.alloc(4 << 20)
+print("ready", flush=True)
+sys.stdin.read()
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        info = _arbiter.tenants(group, "host")
+        assert info["limit"] == 32 * MiB and info["registered"] == 2 and len(info["tenants"]) == 2
+        assert (group, "host") in _arbiter.registries()
+        theirs = only(info, child.pid)
+        assert theirs["priority"] == 2 and theirs["held"] == 4 * MiB and theirs["quota"] == 16 * MiB
+        r = cli("report", "--group", group)
+        assert r.returncode in (0, 2), r.stderr  # 2: no NVML here, and no other group shown
+        lines = r.stdout.splitlines()
+        head = [i for i, ln in enumerate(lines) if ln.startswith(f"tenant group '{group}' on host")]
+        assert head and "limit 32.00 MiB, held 12.00 MiB, 2 tenants" in lines[head[0]]
+        rows = lines[head[0] + 2:head[0] + 4]  # by priority, highest first
+        assert rows[0].split()[0] == str(child.pid) and " high " in rows[0] and "4.00 MiB" in rows[0]
+        assert rows[1].split()[0] == str(os.getpid()) and " low " in rows[1] and "8.00 MiB" in rows[1]
+        r = cli("top", "--group", group, "--interval", "0.01", "--count", "2")
+        assert r.stdout.count(f"tenant group '{group}'") == 2
+        # Killed: reclaimed at the next look, its memory counted free.
+        child.kill()
+        child.wait(10)
+        info = _arbiter.tenants(group, "host")
+        assert [t["pid"] for t in info["tenants"]] == [os.getpid()] and info["reaped"] == 1
+    finally:
+        child.kill()
+        child.wait(10)
+    pool.free(block)
+    del pool  # the last tenant out removes the registry
+    assert _arbiter.tenants(group, "host") is None
+    assert f"tenant group '{group}' on" not in cli("report", "--group", group).stdout
+
+
+def test_registry_of_dead_tenants_goes(group: str) -> None:
+    child = subprocess.run([sys.executable, "-c", f"""
+import os, gpupool
+p = gpupool.HostPool(64 << 20, tenant={group!r})
+x = p.alloc(4 << 20)
+os.kill(os.getpid(), 9)
+"""], cwd=ROOT, timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    assert (group, "host") in _arbiter.registries()  # nobody left to remove it
+    assert _arbiter.tenants(group, "host") is None    # the reader does
+    assert (group, "host") not in _arbiter.registries()
+
+
+def test_bad_options() -> None:
+    with pytest.raises(ValueError, match="GPUPOOL_RECLAIM_TIMEOUT='5h'.*ms, s or min"):
+        gpupool.HostPool(64 * MiB, tenant="g", reclaim_timeout="5h")
+    with pytest.raises(ValueError, match="GPUPOOL_DEVICE_LIMIT='lots'"):
+        gpupool.HostPool(64 * MiB, tenant="g", device_limit="lots")
+    with pytest.raises(ValueError, match="GPUPOOL_TENANT='a/b'"):
+        gpupool.HostPool(64 * MiB, tenant="a/b")
+
+
+def test_install_yield_point() -> None:
+    calls: List[str] = []
+
+    class Handle:
+        def remove(self) -> None:
+            calls.append("removed")
+
+    class Optimizer:
+        def register_step_post_hook(self, fn: Any) -> Handle:
+            calls.append("step")
+            fn(self, (), {})  # as torch calls it after step()
+            return Handle()
+
+    class Module:
+        def register_forward_pre_hook(self, fn: Any) -> Handle:
+            calls.append("forward")
+            fn(self, ())
+            return Handle()
+
+    _arbiter.install_yield_point(Optimizer()).remove()
+    _arbiter.install_yield_point(Module()).remove()
+    assert calls == ["step", "removed", "forward", "removed"]
+    with pytest.raises(TypeError, match="neither a torch optimizer nor an nn.Module"):
+        _arbiter.install_yield_point(object())
+
+
+def test_no_group_no_registry() -> None:
+    before = _arbiter.registries()
+    pool = gpupool.HostPool(64 * MiB)
+    pool.free(pool.alloc(MiB))
+    assert _arbiter.registries() == before
+    assert gpupool.format_bytes(0) == "0 B"
+
+
+def test_multi_tenant_example_checks_its_jobs() -> None:
+    """The example's coordinator (tests/test_gpu.py runs it on a GPU) refuses a
+    job it cannot start, before it imports torch."""
+    script = str(ROOT / "examples" / "multi_tenant.py")
+    r = subprocess.run([sys.executable, script, "--jobs", "lora:urgent"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "'lora:urgent' is not KIND:PRIORITY" in r.stderr
+    r = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "GPUPOOL_TENANT" in r.stdout and "--limit" in r.stdout
+
+
+# -------------------------------------------------------------------- GPU
+
+GPU_TENANT = """
+import os, sys, time, torch, gpupool
+gpupool.enable()
+x = torch.empty({mib} << 20, dtype=torch.uint8, device="cuda")
+{then}
+print("done", flush=True)
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_low_gives_cache_to_high(group: str) -> None:
+    """Two processes on the GPU under a 1 GiB group limit: a high one gets the
+    memory a low one cached, at the low one's yield point; then the low one
+    asks again and waits (queues) until the high one is gone."""
+    from conftest import child_env
+
+    env = {"GPUPOOL_TENANT": group, "GPUPOOL_DEVICE_LIMIT": "1GiB", "GPUPOOL_RECLAIM_TIMEOUT": "60"}
+    low = subprocess.Popen([sys.executable, "-c", GPU_TENANT.format(mib=768, then="""
+del x  # cached: the pool keeps it
+print("cached", flush=True)
+while not os.path.exists(sys.argv[1]):
+    gpupool.yield_point()
+    time.sleep(0.01)
+y = torch.empty(768 << 20, dtype=torch.uint8, device="cuda")  # waits for the high one to go
+""")], env=child_env(dict(env, GPUPOOL_PRIORITY="low")), stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    flag = Path(f"/tmp/{group}.done")
+    try:
+        assert low.stdout.readline().strip() == "cached"
+        high = subprocess.run([sys.executable, "-c", GPU_TENANT.format(mib=768, then=f"""
+s = gpupool.stats()
+assert s["reserved"] >= 768 << 20 and s["device_total"] == 1 << 30, s
+open({str(flag)!r}, "w").close()
+time.sleep(1)
+""")], env=child_env(dict(env, GPUPOOL_PRIORITY="high")), capture_output=True, text=True, cwd=ROOT,
+                              timeout=120)
+        assert high.returncode == 0, high.stderr
+        assert low.stdout.readline().strip() == "done"
+        assert low.wait(60) == 0
+    finally:
+        low.kill()
+        flag.unlink(missing_ok=True)
+
+
+@pytest.mark.gpu
+def test_gpu_multi_tenant_example_tiny() -> None:
+    """The example end to end with tiny models: every job finishes."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from conftest import child_env
+
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "multi_tenant.py"), "--size", "tiny",
+                        "--lora-batch", "2", "--lora-len", "128", "--gen-batch", "2", "--gen-len", "64",
+                        "--gen-new", "8", "--limit", "1GiB", "--quota", "512MiB", "--quick"],
+                       capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "all jobs finished without running out of memory" in r.stdout
