@@ -517,6 +517,11 @@ gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offload_res
     if (st != GP_OK) return st;
     gp_offload_plan *pl;
     if ((st = gp_pool_restore_begin(o->pool, r->runs, r->n_runs, &pl)) != GP_OK) return st;
+    /* What it may displace: its blocks' priority now (a retag may have
+     * moved them since the offload). */
+    r->priority = 0;
+    for (size_t i = 0; i < pl->n_ranges; i++)
+        if (pl->ranges[i].priority > r->priority) r->priority = pl->ranges[i].priority;
     gp_lane lane[2] = {{.s = o->streams[0], .piece = -1, .chunk = -1}, {.s = o->streams[1], .piece = -1, .chunk = -1}};
     int ok = 1;
     if (r->codec && (st = gp_lanes_open(o, r->codec, lane, &ok)) == GP_OK && !ok)

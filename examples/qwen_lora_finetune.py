@@ -106,9 +106,21 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = common_parser(__doc__, batch=8, min_len=128, max_len=1024, steps=20, warmup=3)
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default: 1e-4)")
     p.add_argument("--log-every", type=int, default=10, help="print the loss every N steps (default: 10)")
+    p.add_argument("--full", action="store_true",
+                   help="train every parameter (a full fine-tune, AdamW over all of them) instead of LoRA adapters")
+    p.add_argument("--offload-optimizer", action="store_true",
+                   help="gpupool only: gpupool.offloadable(optimizer, offload_after_step=True): the AdamW state "
+                        "leaves the device between steps and comes back for the next step")
+    p.add_argument("--cap", type=float, metavar="GIB",
+                   help="cap the process's device memory at GIB (gpupool's limit, or PyTorch's "
+                        "set_per_process_memory_fraction): what runs out of memory, what trains")
     args = p.parse_args(argv)
     if args.log_every < 1:
         p.error("--log-every must be positive")
+    if args.offload_optimizer and not args.allocator.startswith("gpupool"):
+        p.error("--offload-optimizer needs --allocator gpupool")
+    if args.cap is not None and args.cap <= 0:
+        p.error("--cap must be a positive number of GiB")
     return check_common(p, args)
 
 
@@ -283,6 +295,23 @@ def describe(args: argparse.Namespace, model: Any, device: "torch.device") -> st
     return f"model: {what}, {n / 1e6:.1f}M parameters, {model.dtype}; device {device}, allocator {alloc}"
 
 
+def cap_memory(args: argparse.Namespace, use_gpupool: bool, device: "torch.device") -> None:
+    """--cap: the most device memory the allocator may hold."""
+    if args.cap is None or device.type != "cuda":
+        return
+    import torch
+
+    cap = int(args.cap * 2**30)
+    if use_gpupool:
+        import gpupool
+
+        gpupool.set_limit(cap)
+    else:
+        torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(device).total_memory,
+                                                   device)
+    print(f"device memory capped at {args.cap:g} GiB")
+
+
 def train(args: argparse.Namespace, use_gpupool: bool) -> Dict[str, Any]:
     """Fine-tune for --warmup + --steps steps; returns the figures of the timed steps."""
     import torch
@@ -291,18 +320,27 @@ def train(args: argparse.Namespace, use_gpupool: bool) -> Dict[str, Any]:
     start_history(args)
     torch.manual_seed(args.seed)
 
+    cap_memory(args, use_gpupool, device)
     with tag(use_gpupool, "weights"):
         model = build_model(args, device)
-    with tag(use_gpupool, "lora"):
-        model = add_lora(model)
+    if not args.full:
+        with tag(use_gpupool, "lora"):
+            model = add_lora(model)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=args.lr)
+    handle = None
+    if args.offload_optimizer:
+        import gpupool
+
+        handle = gpupool.offloadable(opt, "optimizer", offload_after_step=True)
     vocab = model.config.vocab_size
-    print(describe(args, model.get_base_model(), device))
-    print(f"LoRA r=8 on q/k/v: {sum(p.numel() for p in trainable) / 1e6:.2f}M trainable parameters; "
+    print(describe(args, model if args.full else model.get_base_model(), device))
+    what = "full fine-tune" if args.full else "LoRA r=8 on q/k/v"
+    print(f"{what}: {sum(p.numel() for p in trainable) / 1e6:.2f}M trainable parameters; "
           f"batch {args.batch}, lengths {args.min_len}..{args.max_len}, "
-          f"{args.warmup} warm-up + {args.steps} timed steps")
+          f"{args.warmup} warm-up + {args.steps} timed steps"
+          f"{'; AdamW state offloaded between steps' if handle else ''}")
 
     data = batches(args, vocab, args.warmup + args.steps)
     total = len(data)
@@ -336,7 +374,13 @@ def train(args: argparse.Namespace, use_gpupool: bool) -> Dict[str, Any]:
     seconds = time.perf_counter() - t0
     calls = alloc_calls(use_gpupool, device)
     peak_alloc, peak_res = peak_memory(use_gpupool, device)
+    if handle is not None:
+        handle.restore()  # the state is counted where it lives during a step
+    state_bytes = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
+                      if torch.is_tensor(v) and v.device.type == "cuda")
     return {"tokens_per_s": tokens / seconds, "tokens": tokens, "seconds": seconds,
+            "optimizer_state_bytes": state_bytes, "offload_optimizer": bool(handle), "full": args.full,
+            "cap_gib": args.cap,
             "peak_allocated": peak_alloc, "peak_reserved": peak_res, "loss": loss,
             "alloc_calls_timed": None if calls is None or calls0 is None else calls - calls0,
             "mode": args.allocator if device.type == "cuda" else "cpu", "steps": args.steps,

@@ -17,7 +17,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Union
 
-from . import _C
+from . import _C, _nvcomp
 from ._context import Priority, priority_value, tag_id, tag_lifetime
 from ._registry import device_pool
 from ._tagged import tagged
@@ -41,7 +41,14 @@ def _tag_ids(tags: Tags) -> List[int]:
     return [tag_id(t) for t in names]
 
 
+_nvcomp_looked = False
+
+
 def _pool(device: Optional[int], pool: Optional["PoolView"]) -> "PoolView":
+    global _nvcomp_looked
+    if not _nvcomp_looked:  # where pip put nvCOMP, before a codec first loads it
+        _nvcomp.register()
+        _nvcomp_looked = True
     if pool is not None:
         return pool
     return device_pool(device)
@@ -128,6 +135,7 @@ class OffloadHandle:
         self.priority = priority
         self._pool = pool
         self._tag_pool = tag_pool  # tagged()'s pool: None for CUDA tensors
+        self._obj = weakref.ref(obj)
         self.elem_size = 0  # the dtype hint: the element size of most of its bytes
         self._tid = tag_id(tag)
         self._hooks: List[Any] = []
@@ -147,6 +155,20 @@ class OffloadHandle:
     def prefetch(self) -> None:
         """Start bringing it back (see :func:`prefetch`)."""
         prefetch(self.tag, pool=self._pool)
+
+    def set_priority(self, priority: Priority) -> None:
+        """Move the object's memory to `priority` (re-tagged where it lies,
+        offloaded or not): what the pool weighs when another allocation
+        needs room, and what a restore of it may displace."""
+        self.priority = priority_value(priority)
+        obj = self._obj()
+        if obj is not None:
+            if hasattr(obj, "state") and hasattr(obj, "register_step_pre_hook"):
+                self._state_count = -1
+                self._retag_state(obj)
+            else:
+                tagged(obj, self.tag, self.priority, pool=self._tag_pool)
+        self._pool._pool.offload_register(self._tid, self.priority, self.elem_size)
 
     def remove(self) -> None:
         """Remove the hooks and stop offloading it under pressure (its memory
@@ -224,22 +246,23 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
     memory (lowest priority first, then the least recently used); the hooks
     bring it back when it is next used.  Returns a handle with
     ``.offload()``, ``.restore()``, ``.prefetch()`` and ``.remove()``."""
+    is_optimizer = hasattr(obj, "state") and hasattr(obj, "register_step_pre_hook")
+    if not is_optimizer and not hasattr(obj, "register_forward_pre_hook"):
+        raise TypeError(f"gpupool.offloadable() takes a torch.nn.Module or a torch.optim.Optimizer, "
+                        f"got {type(obj).__name__}")
     prio = priority_value(priority)
     tag_lifetime(tag, "long")  # with placement: apart from short-lived churn, so whole chunks can go
     p = _pool(device, pool)
     h = OffloadHandle(obj, tag, prio, p, pool)
     p._pool.offload_register(h._tid, prio)
-    if hasattr(obj, "state") and hasattr(obj, "register_step_pre_hook"):
+    if is_optimizer:
         _optimizer_hooks(h, obj, offload_after_step)
-    elif hasattr(obj, "register_forward_pre_hook"):
+    else:
         tagged(obj, tag, prio, pool=pool)
         h._hint([*obj.parameters(), *obj.buffers()])
         _module_hooks(h, obj, prefetch_next)
         with OffloadHandle._chain_lock:
             OffloadHandle._chain.append(weakref.ref(h))
-    else:
-        raise TypeError(f"gpupool.offloadable() takes a torch.nn.Module or a torch.optim.Optimizer, "
-                        f"got {type(obj).__name__}")
     h._use(False)
     return h
 
