@@ -100,6 +100,27 @@ static gp_status gp_add_range(gp_plan_build *pb, const gp_block *b, uintptr_t lo
     return GP_OK;
 }
 
+static int gp_run_cmp(const void *a, const void *b)
+{
+    uintptr_t x = ((const gp_offload_run *)a)->addr, y = ((const gp_offload_run *)b)->addr;
+    return (x > y) - (x < y);
+}
+
+static int gp_range_cmp(const void *a, const void *b)
+{
+    uintptr_t x = ((const gp_offload_range *)a)->addr, y = ((const gp_offload_range *)b)->addr;
+    return (x > y) - (x < y);
+}
+
+/* The plan is built arena by arena, and the arenas' order is not their
+ * address order (the small arena lies above the large one); the header
+ * promises address order, which the data path walks runs and ranges by. */
+static void gp_plan_sort(gp_offload_plan *pl)
+{
+    if (pl->n_runs > 1) qsort(pl->runs, pl->n_runs, sizeof *pl->runs, gp_run_cmp);
+    if (pl->n_ranges > 1) qsort(pl->ranges, pl->n_ranges, sizeof *pl->ranges, gp_range_cmp);
+}
+
 static gp_offload_plan *gp_plan_new(int restore)
 {
     gp_offload_plan *pl = calloc(1, sizeof *pl);
@@ -270,6 +291,7 @@ out:
         gp_plan_free(pl);
         return st;
     }
+    gp_plan_sort(pl);
     *out = pl;
     return GP_OK;
 }
@@ -326,6 +348,7 @@ gp_status gp_pool_restore_begin(gp_pool *p, const gp_offload_run *runs, size_t n
         gp_plan_free(pl);
         return st;
     }
+    gp_plan_sort(pl);
     *out = pl;
     return GP_OK;
 }

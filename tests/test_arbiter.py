@@ -211,6 +211,7 @@ def test_gpu_low_gives_cache_to_high(group: str) -> None:
     from conftest import child_env
 
     env = {"GPUPOOL_TENANT": group, "GPUPOOL_DEVICE_LIMIT": "1GiB", "GPUPOOL_RECLAIM_TIMEOUT": "60"}
+    flag = Path(f"/tmp/{group}.done")
     low = subprocess.Popen([sys.executable, "-c", GPU_TENANT.format(mib=768, then="""
 del x  # cached: the pool keeps it
 print("cached", flush=True)
@@ -218,8 +219,7 @@ while not os.path.exists(sys.argv[1]):
     gpupool.yield_point()
     time.sleep(0.01)
 y = torch.empty(768 << 20, dtype=torch.uint8, device="cuda")  # waits for the high one to go
-""")], env=child_env(dict(env, GPUPOOL_PRIORITY="low")), stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    flag = Path(f"/tmp/{group}.done")
+"""), str(flag)], env=child_env(dict(env, GPUPOOL_PRIORITY="low")), stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert low.stdout.readline().strip() == "cached"
         high = subprocess.run([sys.executable, "-c", GPU_TENANT.format(mib=768, then=f"""

@@ -68,7 +68,7 @@ def test_forked_child_gets_a_clear_error(run_py) -> None:
     pid = os.fork()
     if pid == 0:
         try:
-            pool.alloc(4096)
+            pool._pool.alloc(4096)
         except ValueError as e:
             print("child:", e, flush=True)
             os._exit(0 if "forked child" in str(e) and "spawn" in str(e) else 1)

@@ -709,8 +709,15 @@ def test_gpu_non_oom_failures_are_runtime_errors(run_py) -> None:
     r = run_py("""
     import torch, gpupool
     gpupool.enable()
+    import ctypes
     x = torch.ones(1 << 20, device="cuda")
-    streams = [torch.cuda.Stream() for _ in range(200)]
+    # torch.cuda.Stream() hands out a ring of 32 per priority: make distinct ones.
+    cuda = ctypes.CDLL("libcuda.so.1")
+    def raw_stream():
+        h = ctypes.c_void_p()
+        assert cuda.cuStreamCreate(ctypes.byref(h), 1) == 0
+        return torch.cuda.ExternalStream(h.value)
+    streams = [raw_stream() for _ in range(200)]
     kept = []
     for i, s in enumerate(streams):
         try:

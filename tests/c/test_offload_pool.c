@@ -355,6 +355,57 @@ static void test_edge_cache_stays(void)
     done(p);
 }
 
+/* A tag with blocks in both arenas: the small arena lies above the large
+ * one, and the plan still lists runs and ranges in address order (the data
+ * path pairs each chunk with its pieces by one forward walk; out of order,
+ * a restore copied into chunks not yet mapped). */
+static void test_both_arenas_in_order(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    void *big[3], *small[16];
+    for (int i = 0; i < 3; i++) fill(big[i] = A(p, 1 * MiB, T_W), 1 * MiB, (unsigned)i);
+    for (int i = 0; i < 16; i++) fill(small[i] = A(p, 48 * KiB, T_W), 48 * KiB, 10u + (unsigned)i);
+    gp_block_info bi, si;
+    CHECK(gp_pool_lookup(p, big[0], &bi) == GP_OK && gp_pool_lookup(p, small[0], &si) == GP_OK);
+    CHECK(bi.arena != si.arena);
+    gp_offload_plan *pl;
+    gp_tag tags[1] = {T_W};
+    CHECK(gp_pool_offload_begin(p, tags, 1, &pl) == GP_OK && pl->n_runs >= 2);
+    int order = 1;
+    for (size_t i = 1; i < pl->n_runs; i++) order &= pl->runs[i - 1].addr + pl->runs[i - 1].size <= pl->runs[i].addr;
+    for (size_t i = 1; i < pl->n_ranges; i++)
+        order &= pl->ranges[i - 1].addr + pl->ranges[i - 1].size <= pl->ranges[i].addr;
+    CHECK(order);
+    saved sv = copy_out(pl);
+    CHECK(unmap_all(p, pl));
+    size_t n = pl->n_runs;
+    gp_offload_run *runs = malloc(n * sizeof *runs);
+    memcpy(runs, pl->runs, n * sizeof *runs);
+    CHECK(gp_pool_plan_end(p, pl, 0) == GP_OK);
+    /* Restore from runs given out of order: its plan is in order too. */
+    for (size_t i = 0; i < n / 2; i++) {
+        gp_offload_run t = runs[i];
+        runs[i] = runs[n - 1 - i];
+        runs[n - 1 - i] = t;
+    }
+    gp_offload_plan *rp;
+    CHECK(gp_pool_restore_begin(p, runs, n, &rp) == GP_OK && rp->n_ranges == sv.n);
+    order = 1;
+    for (size_t i = 1; i < rp->n_runs; i++) order &= rp->runs[i - 1].addr < rp->runs[i].addr;
+    CHECK(order && map_all(p, rp));
+    for (size_t i = 0; i < rp->n_ranges; i++) memcpy((void *)rp->ranges[i].addr, sv.data[i], rp->ranges[i].size);
+    CHECK(gp_pool_plan_end(p, rp, 1) == GP_OK);
+    for (int i = 0; i < 3; i++) CHECK(same(big[i], 1 * MiB, (unsigned)i));
+    for (int i = 0; i < 16; i++) CHECK(same(small[i], 48 * KiB, 10u + (unsigned)i));
+    CHECK(pool_consistent(p, be) == 0);
+    saved_free(&sv);
+    free(runs);
+    for (int i = 0; i < 3; i++) gp_free(p, big[i]);
+    for (int i = 0; i < 16; i++) gp_free(p, small[i]);
+    done(p);
+}
+
 /* Random allocations of three tags; offload and restore whole tags and
  * free blocks at random, checking every live block's bytes and the pool's
  * integrity after each step. */
@@ -480,6 +531,7 @@ int main(void)
     test_restore_limit();
     test_edge_cache_stays();
     test_destroy_offloaded();
+    test_both_arenas_in_order();
     for (unsigned s = 1; s <= 3; s++) {
         test_random(s, GP_MODE_EXPANDABLE, 0);
         test_random(s + 100, GP_MODE_EXPANDABLE, 1);
