@@ -251,7 +251,8 @@ void gp_pool_atfork_install(void);
  * anything is mapped, so a hopeless request costs no mapping) or GP_ERR_LIMIT
  * (pool or tag limit) once the pool released the cached memory of
  * priorities up to `priority` and the pressure callback had its chance (see
- * the priorities above), GP_ERR_INVALID for size 0 or a size that overflows;
+ * the priorities above), GP_ERR_OOM at once for a size above 256 TiB (none
+ * overflows: rounding it up stays far below 2^64), GP_ERR_INVALID for size 0;
  * `*status` (if not NULL) receives the status. */
 void *gp_alloc(gp_pool *pool, size_t size, gp_stream stream, gp_tag tag,
                int priority, gp_status *status);

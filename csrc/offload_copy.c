@@ -5,7 +5,7 @@
  * calls on worker threads (workq.c).
  *
  * A record's bytes are pieces: a live block's part inside one chunk, at
- * most GP_PIECE_MAX.  The chunks go to two lanes in turn; a lane is a copy
+ * most GP_PIECE_MAX.  The pieces go to two lanes in turn; a lane is a copy
  * stream of the backend's own and, when compressing, a codec job with half
  * of the staging.
  *
@@ -41,7 +41,8 @@ typedef struct gp_chunk {
     uintptr_t addr;
     uint64_t size;
     size_t p0, np;
-    uint64_t event;     /* offload: completes when its copies have     */
+    uint64_t event[2];  /* offload: complete when its copies have, on
+                           each lane                                   */
     gp_batch done;      /* restore: mapped                             */
     gp_offloader *o;
     gp_offload_plan *plan;
@@ -128,12 +129,14 @@ static gp_status gp_job_unmap(void *arg)
     gp_chunk *c = arg;
     gp_backend *be = c->o->be;
     gp_status st = GP_OK;
-    if (c->event) {
-        st = be->event_wait(be, c->event);
-        be->event_release(be, c->event);
-        c->event = 0;
-        if (st != GP_OK) return st;
-    }
+    for (int i = 0; i < 2; i++)
+        if (c->event[i]) {
+            gp_status w = be->event_wait(be, c->event[i]);
+            be->event_release(be, c->event[i]);
+            c->event[i] = 0;
+            if (st == GP_OK) st = w;
+        }
+    if (st != GP_OK) return st;
     if ((st = gp_pool_plan_unmap(c->o->pool, c->plan, c->addr, c->size)) != GP_OK) return st;
     c->unmapped = 1;
     return GP_OK;
@@ -218,9 +221,12 @@ static gp_status gp_codec_for(gp_offloader *o, int id, unsigned elem_size, gp_co
 }
 
 /* A lane: one of the two copy streams, with a codec job when compressing.
- * Its job holds one piece at a time (`piece`); the chunk whose last piece
- * that is (`chunk`) is closed -- its event queued, its unmap job pushed --
- * once the piece's copies are queued. */
+ * The pieces go to the lanes in turn, so that one lane's copies run while
+ * the other's piece is summed and compressed (and a wait for a lane's
+ * compression finds it done).  Its job holds one piece at a time
+ * (`piece`); the chunk whose last piece that is (`chunk`) is closed -- its
+ * events queued, its unmap job pushed -- once the piece's copies are
+ * queued. */
 typedef struct gp_lane {
     gp_stream s;
     gp_codec_job *job;
@@ -340,17 +346,28 @@ static gp_status gp_lane_store(gp_offloader *o, gp_record *r, gp_lane *l)
     return st;
 }
 
-/* Finish what lane l holds: its piece's copies, then the chunk they closed
- * (an event behind them, and the worker that unmaps it). */
-static gp_status gp_lane_finish(gp_offloader *o, gp_record *r, gp_chunk *c, gp_lane *l, gp_batch *unmaps)
+/* Close chunk k, whose pieces' copies are all queued (on either lane): an
+ * event behind them on each lane, and the worker that unmaps it. */
+static gp_status gp_chunk_close(gp_offloader *o, gp_record *r, gp_chunk *k, const gp_lane *lane, gp_batch *unmaps)
 {
-    gp_status st = l->piece >= 0 ? gp_lane_store(o, r, l) : GP_OK;
-    if (st == GP_OK && l->chunk >= 0) {
-        gp_chunk *k = &c[l->chunk];
-        if (k->np && r->pieces[k->p0].host.ptr) st = o->be->event_record(o->be, l->s, &k->event);
-        if (st == GP_OK) st = gp_workq_push(o->q, unmaps, gp_job_unmap, k);
+    gp_status st = GP_OK;
+    for (int i = 0; i < 2 && st == GP_OK && k->np && r->pieces[k->p0].host.ptr; i++) {
+        uint64_t ev = 0;
+        if ((st = o->be->event_record(o->be, lane[i].s, &ev)) == GP_OK) k->event[i] = ev;
     }
+    return st == GP_OK ? gp_workq_push(o->q, unmaps, gp_job_unmap, k) : st;
+}
+
+/* Finish what lane l holds: its piece's copies, then the chunk they closed.
+ * The lanes are finished in their pieces' order, so that every earlier
+ * piece of that chunk is queued on the other lane already. */
+static gp_status gp_lane_finish(gp_offloader *o, gp_record *r, gp_chunk *c, gp_lane *lane, gp_lane *l,
+                                gp_batch *unmaps)
+{
+    long chunk = l->chunk;
     l->chunk = -1;
+    gp_status st = l->piece >= 0 ? gp_lane_store(o, r, l) : GP_OK;
+    if (st == GP_OK && chunk >= 0) st = gp_chunk_close(o, r, &c[chunk], lane, unmaps);
     return st;
 }
 
@@ -422,32 +439,36 @@ gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, 
         free(c);
         return gp_error_set(st, "%s", why);
     }
-    /* Chunk by chunk, the lanes in turn: sums, then copies out (raw) or
-     * compression (each lane's previous piece is stored first). */
+    /* Piece by piece, the lanes in turn: sums, then copies out (raw) or
+     * compression (the lane's previous piece is stored first). */
     gp_batch unmaps;
     gp_batch_init(&unmaps);
     for (size_t k = 0; k < n && st == GP_OK; k++) {
-        gp_lane *l = &lane[k & 1];
         c[k].o = o;
         c[k].plan = pl;
-        if ((st = gp_lane_finish(o, r, c, l, &unmaps)) != GP_OK) break;
-        for (size_t i = 0; i < c[k].np && st == GP_OK && opts->keep; i++) {
+        size_t np = opts->keep ? c[k].np : 0;
+        for (size_t i = 0; i < np && st == GP_OK; i++) {
             size_t j = c[k].p0 + i;
             gp_piece *p = &r->pieces[j];
-            if (l->piece >= 0 && (st = gp_lane_store(o, r, l)) != GP_OK) break;
+            gp_lane *l = &lane[j & 1];
+            if ((st = gp_lane_finish(o, r, c, lane, l, &unmaps)) != GP_OK) break;
             st = o->be->checksum(o->be, (const void *)p->addr, p->size, p->addr, &o->sums_dev[j], l->s);
             if (st != GP_OK) break;
             if (r->codec) {
-                if ((st = gp_codec_compress(l->job, l->s, (const void *)p->addr, p->size, 0)) == GP_OK) l->piece = (long)j;
+                if ((st = gp_codec_compress(l->job, l->s, (const void *)p->addr, p->size, 0)) != GP_OK) break;
+                l->piece = (long)j;
+                l->chunk = i + 1 == np ? (long)k : -1;
             } else if ((st = o->be->copy(o->be, p->host.ptr, (const void *)p->addr, p->size, GP_COPY_D2H, l->s)) ==
                        GP_OK) {
                 p->copied = 1;
+                if (i + 1 == np) st = gp_chunk_close(o, r, &c[k], lane, &unmaps);
             }
         }
-        l->chunk = (long)k;
-        if (st == GP_OK && !r->codec) st = gp_lane_finish(o, r, c, l, &unmaps);
+        if (st == GP_OK && !np) st = gp_chunk_close(o, r, &c[k], lane, &unmaps);
     }
-    for (int i = 0; i < 2 && st == GP_OK; i++) st = gp_lane_finish(o, r, c, &lane[i], &unmaps);
+    /* The last two pieces, in order. */
+    int first = lane[1].piece >= 0 && (lane[0].piece < 0 || lane[1].piece < lane[0].piece);
+    for (int i = 0; i < 2 && st == GP_OK; i++) st = gp_lane_finish(o, r, c, lane, &lane[i ^ first], &unmaps);
     gp_status jst = gp_batch_wait(&unmaps);
     gp_batch_destroy(&unmaps);
     if (st == GP_OK) st = jst;
@@ -469,7 +490,8 @@ gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, 
     char why[1024];
     snprintf(why, sizeof why, "%s", gp_last_error());
     for (size_t k = 0; k < n; k++)
-        if (c[k].event) o->be->event_release(o->be, c[k].event);
+        for (int i = 0; i < 2; i++)
+            if (c[k].event[i]) o->be->event_release(o->be, c[k].event[i]);
     gp_error_clear();
     gp_status dst = gp_streams_drain(o);
     if (dst == GP_OK && gp_undo_offload(o, pl, r, c, n, lane) == GP_OK && gp_pool_plan_end(o->pool, pl, 1) == GP_OK) {
@@ -559,10 +581,10 @@ gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offload_res
                 st = gp_job_map(&c[k]);
             }
         }
-        gp_lane *l = &lane[k & 1];
         for (size_t i = 0; i < c[k].np && st == GP_OK; i++) {
             size_t j = c[k].p0 + i;
             gp_piece *p = &r->pieces[j];
+            gp_lane *l = &lane[j & 1];
             if (!p->host.ptr) continue;
             if (p->chunks) {
                 if ((st = gp_lane_check(o, l)) != GP_OK) break;

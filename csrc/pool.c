@@ -586,9 +586,15 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
 {
     gp_status st = GP_OK, dummy;
     if (!status) status = &dummy;
-    if (size == 0 || size > GP_MAX_SIZE) {
-        *status = gp_error_set(GP_ERR_INVALID,
-                               "gpupool: cannot allocate %zu bytes: sizes from 1 byte to 256 TiB are accepted", size);
+    if (size == 0) {
+        *status = gp_error_set(GP_ERR_INVALID, "gpupool: cannot allocate 0 bytes: sizes from 1 byte are accepted");
+        return NULL;
+    }
+    /* More than any device holds: out of memory, as PyTorch's allocator
+     * says (a caller that shrinks its request on OOM may then retry). */
+    if (size > GP_MAX_SIZE) {
+        *status = gp_error_set(GP_ERR_OOM, "gpupool: cannot allocate %zu bytes: more than any device holds "
+                               "(at most 256 TiB per allocation)", size);
         return NULL;
     }
     if (priority == GP_PRIO_DEFAULT) priority = p->cfg.priority;

@@ -124,7 +124,7 @@ static void test_bad_pointers(void)
     CHECK(s.active_blocks == 1 && s.n_free == 1);
     gp_status st;
     CHECK(gp_alloc(p, 0, NULL, 0, 1, &st) == NULL && st == GP_ERR_INVALID);
-    CHECK(gp_alloc(p, SIZE_MAX, NULL, 0, 1, &st) == NULL && st == GP_ERR_INVALID);
+    CHECK(gp_alloc(p, SIZE_MAX, NULL, 0, 1, &st) == NULL && st == GP_ERR_OOM);
     CHECK(strstr(gp_last_error(), "256 TiB") != NULL);
     CHECK(gp_alloc(p, 10, NULL, 0, 999, &st) == NULL && st == GP_ERR_INVALID);
     /* A tag id never interned would break every report of the pool (a
