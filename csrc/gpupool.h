@@ -574,7 +574,7 @@ void gp_set_context(uint32_t context);
 
 /* A host backend: "device memory" is mmap'd host memory, up to `capacity`
  * bytes mapped at once (OOM beyond), with fake streams (any pointer value)
- * and fault injection (backend.h, gp_host_*). */
+ * and fault injection (backend_host.h, gp_host_*). */
 gp_status gp_backend_host_create(uint64_t capacity, gp_backend **out);
 
 /* The CUDA backend for `device` (an ordinal): libcuda.so.1 is loaded with

@@ -77,7 +77,7 @@ int main(int argc, char **argv)
             gp_pool_trim(p, (rnd() % 8) * MiB);
             n_trim++;
         } else if (r < 4) {
-            gp_host_fail_map(be, 1 + rnd() % 4, rnd() & 1 ? GP_ERR_OOM : GP_ERR_BACKEND);
+            gp_host_fail(be, GP_HOST_MAP, 1 + rnd() % 4, rnd() & 1 ? GP_ERR_OOM : GP_ERR_BACKEND, GP_HOST_FAIL_ONCE);
             n_inject++;
         } else if (n > 0 && (n == MAXLIVE || r < 480)) {
             int i = (int)(rnd() % (uint64_t)n);
@@ -135,7 +135,7 @@ int main(int argc, char **argv)
             if (pool_consistent(p, be)) bad++;
         }
     }
-    gp_host_fail_map(be, 0, GP_OK);
+    gp_host_fail_none(be);
     for (int i = 0; i < n; i++) {
         CHECK(stamp_ok(&L[i]));
         CHECK(gp_free(p, L[i].ptr) == GP_OK);

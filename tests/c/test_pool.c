@@ -276,7 +276,7 @@ static void test_injected_failures(void)
     gp_status st;
     /* Fail the 3rd chunk of a 1 MiB (4-chunk) growth: the two mapped ones
      * are rolled back, the pool is as before, and the error says why. */
-    gp_host_fail_map(be, 3, GP_ERR_BACKEND);
+    gp_host_fail(be, GP_HOST_MAP, 3, GP_ERR_BACKEND, GP_HOST_FAIL_ONCE);
     gp_stats s0, s1;
     gp_pool_stats(p, &s0, 0);
     CHECK(gp_alloc(p, 1 * MiB, NULL, 0, 1, &st) == NULL && st == GP_ERR_BACKEND);
@@ -288,7 +288,7 @@ static void test_injected_failures(void)
     CHECK(ok != NULL);
     /* An injected OOM is answered by trimming and a retry. */
     gp_free(p, ok);
-    gp_host_fail_map(be, 1, GP_ERR_OOM);
+    gp_host_fail(be, GP_HOST_MAP, 1, GP_ERR_OOM, GP_HOST_FAIL_ONCE);
     void *big = A(p, 2 * MiB);
     CHECK(big != NULL);
     gp_pool_stats(p, &s1, 0);
