@@ -181,10 +181,13 @@ static gp_status gp_map_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t 
     uint64_t done = 0;
     gp_status st = GP_OK;
     while (done < len) {
-        uint64_t ci = gp_chunk_index(a, addr + done);
+        /* The table gets the handle only from a map that worked: what a
+         * failed call leaves in its output is not a handle. */
+        uint64_t handle = 0;
         p->st.n_map++;
-        st = p->be->map(p->be, addr + done, a->chunk, &a->handles[ci]);
+        st = p->be->map(p->be, addr + done, a->chunk, &handle);
         if (st != GP_OK) break;
+        a->handles[gp_chunk_index(a, addr + done)] = handle;
         done += a->chunk;
     }
     if (st != GP_OK) {
