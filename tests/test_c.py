@@ -59,6 +59,7 @@ ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0", "UBSAN_OPTIONS": 
     ("test_trace.c", []),
     ("test_model.c", [os.environ.get("GP_TEST_MODEL_OPS", "2000000")]),
     ("test_stress.c", ["100000"]),
+    ("test_faults.c", []),
 ])
 def test_c_asan_ubsan(tmp_path: Path, test: str, args: List[str]) -> None:
     out = run(build(tmp_path, test, ASAN), args, ASAN_ENV)
