@@ -691,9 +691,12 @@ static gp_status gp_map_reserve(gp_pool *p, uint64_t bytes)
     if (len == 0) len = a->chunk;
     gp_status st = gp_reserve_headers(p, 1);
     if (st == GP_OK) st = gp_map_range(p, a, u->addr, len);
-    if (st != GP_OK)
+    if (st != GP_OK) {
+        char why[512]; /* (the cause lies in the buffer the message is written to) */
+        snprintf(why, sizeof why, "%s", gp_last_error());
         return gp_error_set(st, "gpupool: cannot map the reserve of %" PRIu64 " bytes on device %d: %s",
-                            len, p->be->device, gp_last_error());
+                            len, p->be->device, why);
+    }
     gp_bins_remove(&a->unmapped[GP_LIFE_SHORT], u);
     gp_block *rest = u->size > len ? gp_split(p, u, len) : NULL;
     u->state = GP_BLOCK_FREE;

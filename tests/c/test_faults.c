@@ -125,9 +125,31 @@ static void test_misuse_is_counted(void)
     CHECK(gp_host_misuse(msg, sizeof msg) == m0 + 9 && strstr(msg, "1 mappings (8192 bytes), 1 reservations"));
 }
 
+/* A reserve that cannot be mapped: the error names the cause (it used to
+ * come out garbled, read from the very buffer the message was written to). */
+static void test_reserve_map_failure_is_named(void)
+{
+    gp_backend *be = host(64 * MiB);
+    gp_config cfg;
+    gp_config_default(&cfg);
+    cfg.mode = GP_MODE_RESERVE;
+    cfg.chunk = 64 * KiB;
+    cfg.reserve = (gp_size_spec){.bytes = 16 * MiB};
+    gp_host_fail(be, GP_HOST_MAP, 3, GP_ERR_BACKEND, GP_HOST_FAIL_ONCE);
+    gp_pool *p;
+    uint64_t m0 = misuse_now();
+    CHECK(gp_pool_create(be, &cfg, &p) == GP_ERR_BACKEND && p == NULL);
+    const char *want = "gpupool: cannot map the reserve of 16777216 bytes on device 0: "
+                       "host map: injected failure (device error)";
+    if (strcmp(gp_last_error(), want) != 0) fprintf(stderr, "message: '%s'\n", gp_last_error());
+    CHECK(strcmp(gp_last_error(), want) == 0);
+    CHECK(misuse_now() == m0);
+}
+
 int main(void)
 {
     test_nth_call_once_and_from();
     test_misuse_is_counted();
+    test_reserve_map_failure_is_named();
     return check_done();
 }
