@@ -189,11 +189,32 @@ static void test_graph_release_after_failed_sync(void)
     done(p);
 }
 
+/* An OOM report when the driver cannot say how much memory is free: no
+ * figure made of what the failed call left behind. */
+static void test_oom_report_without_mem_info(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(4 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    gp_host_fail(be, GP_HOST_MEM_INFO, 1, GP_ERR_BACKEND, GP_HOST_FAIL_FROM);
+    gp_status st;
+    CHECK(gp_alloc(p, 5 * MiB, NULL, GP_TAG_UNTAGGED, GP_PRIO_NORMAL, &st) == NULL && st == GP_ERR_OOM);
+    CHECK(strstr(gp_last_error(), "device free unknown") != NULL);
+    CHECK(strstr(gp_last_error(), "TiB") == NULL); /* what junk comes out as */
+    char buf[1024];
+    gp_pool_oom_report(p, 1, buf, sizeof buf);
+    CHECK(strstr(buf, "device free unknown") != NULL && strstr(buf, "TiB") == NULL);
+    gp_host_fail_none(be);
+    gp_pool_oom_report(p, 1, buf, sizeof buf);
+    CHECK(strstr(buf, "device free 4.00 MiB of 4.00 MiB") != NULL);
+    done(p);
+}
+
 int main(void)
 {
     test_nth_call_once_and_from();
     test_misuse_is_counted();
     test_reserve_map_failure_is_named();
     test_graph_release_after_failed_sync();
+    test_oom_report_without_mem_info();
     return check_done();
 }
