@@ -38,6 +38,8 @@
 
 #include "known_issues.h"
 #include "pool_check.h"
+#include "rng.h"
+#include "stamps.h"
 
 /* ------------------------------------------------------------- reporting */
 
@@ -310,15 +312,6 @@ typedef struct workload {
     int n;
 } workload;
 
-static uint64_t rng;
-static uint64_t rnd(void)
-{
-    rng ^= rng >> 12;
-    rng ^= rng << 25;
-    rng ^= rng >> 27;
-    return rng * 0x2545F4914F6CDD1Dull;
-}
-
 #define CAPACITY (24 * MiB)
 #define RESERVE (16 * MiB) /* reserve mode */
 
@@ -332,7 +325,7 @@ static uint64_t rnd_size(void)
 
 static void make_workload(workload *w, const config *c)
 {
-    rng = c->seed;
+    rng_state = c->seed;
     w->cfg = *c;
     w->n = 0;
     int capture_at = 60 + (int)(rnd() % 20), release_at = 130 + (int)(rnd() % 20);
@@ -431,19 +424,6 @@ static int known(run_state *r, int item)
     return 1;
 }
 
-static void stamp(const slot *l)
-{
-    size_t n = l->size / 2 < 8 ? l->size / 2 : 8;
-    memcpy(l->ptr, &l->stamp, n);
-    memcpy(l->ptr + l->size - n, &l->stamp, n);
-}
-
-static int stamp_ok(const slot *l)
-{
-    size_t n = l->size / 2 < 8 ? l->size / 2 : 8;
-    return memcmp(l->ptr, &l->stamp, n) == 0 && memcmp(l->ptr + l->size - n, &l->stamp, n) == 0;
-}
-
 static void forget(run_state *r, int i)
 {
     r->req[r->s[i].tag] -= r->s[i].size;
@@ -453,7 +433,7 @@ static void forget(run_state *r, int i)
 
 static int free_slot(run_state *r, int i)
 {
-    int ok = stamp_ok(&r->s[i]);
+    int ok = stamp_ok(r->s[i].ptr, r->s[i].size, r->s[i].stamp);
     gp_status st = gp_free(r->p, r->s[i].ptr);
     forget(r, i);
     return ok && st == GP_OK;
@@ -507,7 +487,7 @@ static gp_status do_op(run_state *r, const op *o)
         /* (the pressure callback may have emptied this slot's neighbours,
          * never this one: it was empty) */
         *s = (slot){q, o->size, rnd(), o->tag, o->prio};
-        stamp(s);
+        stamp_put(s->ptr, s->size, s->stamp);
         r->req[o->tag] += o->size;
         r->n_live++;
         return GP_OK;
@@ -691,7 +671,7 @@ static void recover(run_state *r, const char *what)
             break;
         }
         r->s[o->slot] = (slot){q, o->size, rnd(), o->tag, o->prio};
-        stamp(&r->s[o->slot]);
+        stamp_put(r->s[o->slot].ptr, r->s[o->slot].size, r->s[o->slot].stamp);
         r->req[o->tag] += o->size;
         r->n_live++;
         made++;
@@ -744,7 +724,7 @@ static void run(const workload *w, const fault *f, const outcome *ref, outcome *
     uint64_t misuse = misuse_now();
     r.be = host(CAPACITY);
     if (f->on) gp_host_fail(r.be, f->fn, f->nth, f->status, f->mode);
-    rng = w->cfg.seed ^ 0x5eed;
+    rng_state = w->cfg.seed ^ 0x5eed;
     gp_status st;
     gp_error_clear();
     r.p = new_pool(&w->cfg, r.be, &st);

@@ -25,26 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz.h"
 #include "gpupool.h"
 #include "known_issues.h"
-
-static void finding(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-
-static void finding(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "fuzz_config: ");
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    abort();
-}
-
-#define EXPECT(cond, ...)                                                      \
-    do {                                                                       \
-        if (!(cond)) finding(__VA_ARGS__);                                     \
-    } while (0)
 
 static const gp_option_info *options;
 static size_t n_options;
