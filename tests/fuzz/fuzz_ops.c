@@ -44,7 +44,9 @@
 #include <string.h>
 
 #include "backend_host.h"
+#include "fuzz.h"
 #include "known_issues.h"
+#include "stamps.h"
 
 #define KiB (1024ull)
 #define MiB (1024ull * 1024ull)
@@ -66,26 +68,6 @@ static uint8_t u8(reader *r)
 static uint16_t u16(reader *r) { return (uint16_t)(u8(r) | (unsigned)u8(r) << 8); }
 static uint32_t u32(reader *r) { return u16(r) | (uint32_t)u16(r) << 16; }
 static uint64_t u64(reader *r) { return u32(r) | (uint64_t)u32(r) << 32; }
-
-/* ------------------------------------------------------------- findings */
-
-static void finding(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-
-static void finding(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "fuzz_ops: ");
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    abort();
-}
-
-#define EXPECT(cond, ...)                                                      \
-    do {                                                                       \
-        if (!(cond)) finding(__VA_ARGS__);                                     \
-    } while (0)
 
 /* ------------------------------------------------------------------ model */
 
@@ -123,12 +105,16 @@ typedef struct model {
     uint8_t capturing[NSTREAMS], forked[NSTREAMS];
     int prepared;      /* capture_prepare ran (issue 14 item 6) */
     /* the pressure callback */
-    int pressure_on, pressure_allocs, in_pressure;
+    int pressure_on, pressure_allocs, pressure_keep, pressure_first, in_pressure;
     uint64_t stamp_seq, misuse;
     uint64_t injected0; /* injected() when the operation began */
+    /* calls that worked, and the peaks since creation or the last reset */
+    uint64_t n_alloc, n_free;
+    uint64_t peak_alloc, peak_req, peak_blocks, tag_peak[NTAGS], prio_peak[256];
 } model;
 
 static model M;
+static int trace; /* FUZZ_OPS_TRACE=1: print every operation (to read a finding) */
 
 /* Whether a graph pool lives: a failed device sync may stop the pool from
  * giving back some of the unheld ones and not others, so after one the
@@ -148,19 +134,6 @@ static uint64_t injected(void)
 
 static gp_stream stream_of(unsigned i) { return i ? (gp_stream)(uintptr_t)(0x1000 + 16 * (uintptr_t)i) : NULL; }
 
-static void stamp(mblock *b)
-{
-    size_t k = b->req / 2 < 8 ? b->req / 2 : 8;
-    memcpy(b->ptr, &b->stamp, k);
-    memcpy(b->ptr + b->req - k, &b->stamp, k);
-}
-
-static int stamp_ok(const mblock *b)
-{
-    size_t k = b->req / 2 < 8 ? b->req / 2 : 8;
-    return memcmp(b->ptr, &b->stamp, k) == 0 && memcmp(b->ptr + b->req - k, &b->stamp, k) == 0;
-}
-
 static int find_live(const void *ptr)
 {
     for (int i = 0; i < M.n; i++)
@@ -170,6 +143,7 @@ static int find_live(const void *ptr)
 
 static void forget(int i)
 {
+    M.n_free++;
     M.freed[M.n_freed++ % 16] = M.b[i].ptr;
     M.b[i] = M.b[--M.n];
 }
@@ -198,9 +172,17 @@ static void check_figures(const char *after, int full)
         tag_req[b->tag] += b->req;
         tag_n[b->tag]++;
         prio[b->prio] += b->size;
-        EXPECT(stamp_ok(b), "after %s: the block at %p (%llu bytes) was overwritten", after, (void *)b->ptr,
+        EXPECT(stamp_ok(b->ptr, b->req, b->stamp), "after %s: the block at %p (%llu bytes) was overwritten", after, (void *)b->ptr,
                (unsigned long long)b->req);
     }
+    EXPECT(s.n_alloc == M.n_alloc && s.n_free == M.n_free, "after %s: %llu allocs and %llu frees, the model %llu, %llu",
+           after, (unsigned long long)s.n_alloc, (unsigned long long)s.n_free, (unsigned long long)M.n_alloc,
+           (unsigned long long)M.n_free);
+    EXPECT(s.allocated_peak == M.peak_alloc && s.requested_peak == M.peak_req && s.active_blocks_peak == M.peak_blocks,
+           "after %s: peaks %llu bytes, %llu requested, %llu blocks; the model %llu, %llu, %llu", after,
+           (unsigned long long)s.allocated_peak, (unsigned long long)s.requested_peak,
+           (unsigned long long)s.active_blocks_peak, (unsigned long long)M.peak_alloc, (unsigned long long)M.peak_req,
+           (unsigned long long)M.peak_blocks);
     EXPECT(s.allocated == alloc && s.requested == req && s.active_blocks == (uint64_t)M.n,
            "after %s: the pool has %llu blocks, %llu bytes (%llu requested); the model %d, %llu (%llu)", after,
            (unsigned long long)s.active_blocks, (unsigned long long)s.allocated, (unsigned long long)s.requested,
@@ -214,14 +196,37 @@ static void check_figures(const char *after, int full)
                (unsigned long long)tag_alloc[t], (unsigned long long)tag_n[t]);
         EXPECT(ts.limit == M.tag_limit[t], "after %s: tag %s's limit is %llu, the model's %llu", after,
                tag_names[t], (unsigned long long)ts.limit, (unsigned long long)M.tag_limit[t]);
+        EXPECT(ts.allocated_peak == M.tag_peak[t], "after %s: tag %s's peak is %llu, the model's %llu", after,
+               tag_names[t], (unsigned long long)ts.allocated_peak, (unsigned long long)M.tag_peak[t]);
     }
     static const int prios[] = {0, 1, 2, 3, 255};
     for (size_t k = 0; k < sizeof prios / sizeof prios[0]; k++) {
         uint64_t a, pk;
         gp_pool_prio_stats(M.p, prios[k], &a, &pk);
-        EXPECT(a == prio[prios[k]] && pk >= a, "after %s: priority %d holds %llu bytes, the model %llu", after,
-               prios[k], (unsigned long long)a, (unsigned long long)prio[prios[k]]);
+        EXPECT(a == prio[prios[k]] && pk == M.prio_peak[prios[k]],
+               "after %s: priority %d holds %llu bytes (peak %llu), the model %llu (%llu)", after, prios[k],
+               (unsigned long long)a, (unsigned long long)pk, (unsigned long long)prio[prios[k]],
+               (unsigned long long)M.prio_peak[prios[k]]);
     }
+}
+
+/* The peaks after live blocks were added or moved. */
+static void update_peaks(void)
+{
+    uint64_t alloc = 0, req = 0, tag[NTAGS] = {0}, prio[256] = {0};
+    for (int i = 0; i < M.n; i++) {
+        alloc += M.b[i].size;
+        req += M.b[i].req;
+        tag[M.b[i].tag] += M.b[i].size;
+        prio[M.b[i].prio] += M.b[i].size;
+    }
+    if (alloc > M.peak_alloc) M.peak_alloc = alloc;
+    if (req > M.peak_req) M.peak_req = req;
+    if ((uint64_t)M.n > M.peak_blocks) M.peak_blocks = (uint64_t)M.n;
+    for (int t = 0; t < NTAGS; t++)
+        if (tag[t] > M.tag_peak[t]) M.tag_peak[t] = tag[t];
+    for (int q = 0; q < 256; q++)
+        if (prio[q] > M.prio_peak[q]) M.prio_peak[q] = prio[q];
 }
 
 static void expect_message(gp_status st, const char *what)
@@ -262,38 +267,46 @@ static unsigned stream_arg(uint8_t x) { return x < 224 ? x % 6 : x; }
 
 static int do_alloc(uint64_t size, unsigned si, uint8_t tag_byte, uint8_t prio_byte, const char *what);
 
-/* The pressure callback: like offload, it may allocate (its own staging),
- * frees what it allocated, and gives up the lowest-priority live block
- * below `priority`. */
+/* Gives up the lowest-priority live block below `priority` (without
+ * recorded streams); returns its size, 0 if none. */
+static uint64_t give_up(gp_pool *p, int priority)
+{
+    int best = -1;
+    for (int i = 0; i < M.n; i++)
+        if (M.b[i].prio < priority && (best < 0 || M.b[i].prio < M.b[best].prio)) best = i;
+    if (best < 0 || M.b[best].nrec) return 0;
+    uint64_t got = M.b[best].size;
+    EXPECT(gp_free(p, M.b[best].ptr) == GP_OK, "the pressure callback's free: %s", gp_last_error());
+    forget(best);
+    return got;
+}
+
+/* The pressure callback: like offload, it gives up the lowest-priority live
+ * block below `priority`, and it may allocate (its own staging) before or
+ * after that, and free what it allocated or keep it. */
 static uint64_t pressure(void *arg, gp_pool *p, uint64_t needed, int priority)
 {
     (void)arg, (void)needed;
     EXPECT(p == M.p, "the pressure callback got another pool");
     if (M.in_pressure) return 0; /* an allocation of its own ran short */
     M.in_pressure = 1;
+    uint64_t got = M.pressure_first ? give_up(p, priority) : 0;
     /* Its own allocations -- issue 14 item 1 (a spare-header crash and an
      * unchecked tag limit after them) is fixed on h1: until it is merged,
      * the callback allocates nothing. */
-    int made[8], n_made = 0;
-    for (int k = 0; GP_H1_MERGED && k < M.pressure_allocs && k < 8; k++) {
+    int made[256], n_made = 0;
+    for (int k = 0; GP_H1_MERGED && k < M.pressure_allocs && M.n < MAXLIVE - 2; k++) {
         int before = M.n;
-        if (do_alloc(512 + 4096 * (uint64_t)k, 1, 0, 0, "an allocation in the pressure callback") && M.n > before)
+        if (do_alloc(512 + 4096 * (uint64_t)(k % 8), 1, 0, 0, "an allocation in the pressure callback") &&
+            M.n > before)
             made[n_made++] = M.n - 1;
     }
-    while (n_made) {
+    while (n_made && !M.pressure_keep) {
         int i = made[--n_made];
         EXPECT(gp_free(p, M.b[i].ptr) == GP_OK, "a free in the pressure callback: %s", gp_last_error());
         forget(i);
     }
-    int best = -1;
-    for (int i = 0; i < M.n; i++)
-        if (M.b[i].prio < priority && (best < 0 || M.b[i].prio < M.b[best].prio)) best = i;
-    uint64_t got = 0;
-    if (best >= 0 && M.b[best].nrec == 0) {
-        got = M.b[best].size;
-        EXPECT(gp_free(p, M.b[best].ptr) == GP_OK, "the pressure callback's free: %s", gp_last_error());
-        forget(best);
-    }
+    if (!M.pressure_first) got = give_up(p, priority);
     M.in_pressure = 0;
     return got;
 }
@@ -311,6 +324,9 @@ static int do_alloc(uint64_t size, unsigned si, uint8_t tag_byte, uint8_t prio_b
     gp_error_clear();
     unsigned captures = M.captures;
     char *q = gp_alloc(M.p, size, s, tag, prio, &st);
+    if (trace)
+        fprintf(stderr, "  %s of %llu bytes, stream %u, tag %d, priority %d: %p %s\n", what,
+                (unsigned long long)size, si, ti, prio, (void *)q, st ? gp_last_error() : "");
     expect_message(st, what);
     int bad_arg = size == 0 || size > (1ull << 48) || !valid_tag(ti) || (prio != GP_PRIO_DEFAULT && (prio < 0 || prio > 255));
     if (bad_arg) {
@@ -362,7 +378,9 @@ static int do_alloc(uint64_t size, unsigned si, uint8_t tag_byte, uint8_t prio_b
     mblock *b = &M.b[M.n++];
     *b = (mblock){.ptr = q, .req = size, .size = info.size, .stamp = ++M.stamp_seq, .tag = ti, .prio = prio,
                   .own = info.stream};
-    stamp(b);
+    stamp_put(b->ptr, b->req, b->stamp);
+    M.n_alloc++;
+    update_peaks();
     /* It fitted under its tag's limit. */
     uint64_t held = 0;
     for (int i = 0; i < M.n; i++)
@@ -380,7 +398,7 @@ static void op_alloc(reader *r)
     uint64_t size = size_arg(r);
     unsigned si = stream_arg(u8(r));
     uint8_t t = u8(r), pr = u8(r);
-    do_alloc(size, si, t, pr, "alloc");
+    if (M.n < MAXLIVE - 3) do_alloc(size, si, t, pr, "alloc"); /* (room for the callback's and its own) */
 }
 
 static void op_free(reader *r)
@@ -425,6 +443,26 @@ static void op_bad_free(reader *r)
            gp_status_str(st));
 }
 
+/* The mapping unit of the arena a block lies in, as gp_pool_create works
+ * it out. */
+static uint64_t chunk_of(int arena)
+{
+    uint64_t chunk = M.cfg.chunk, lchunk = M.cfg.large_chunk > chunk ? M.cfg.large_chunk : chunk;
+    while (lchunk > chunk && lchunk > M.capacity / 32) lchunk /= 2;
+    return arena == GP_ARENA_SMALL ? chunk : lchunk;
+}
+
+static int no_whole_chunk_free(void *arg, const gp_block_info *b)
+{
+    (void)arg;
+    uint64_t c = chunk_of(b->arena);
+    uint64_t first = (b->addr + c - 1) / c * c;
+    EXPECT(b->state != GP_BLOCK_FREE || b->in_graph_pool || first + c > b->addr + b->size,
+           "after trimming everything, the free block at 0x%llx of %llu bytes holds a whole chunk of %llu",
+           (unsigned long long)b->addr, (unsigned long long)b->size, (unsigned long long)c);
+    return 0;
+}
+
 static void op_trim(reader *r)
 {
     static const uint64_t sizes[] = {0, 1, 4096, 64 * KiB, MiB, UINT64_MAX};
@@ -438,6 +476,11 @@ static void op_trim(reader *r)
            "trim released %llu bytes: reserved %llu -> %llu, allocated %llu", (unsigned long long)got,
            (unsigned long long)a.reserved, (unsigned long long)b.reserved, (unsigned long long)a.allocated);
     if (M.cfg.mode == GP_MODE_RESERVE) EXPECT(got == 0, "a trim in reserve mode released %llu bytes", (unsigned long long)got);
+    /* Trimming everything leaves no whole chunk of cache mapped (a graph
+     * pool's memory stays; nothing is trimmed while a capture runs). */
+    if ((k % 7 == 6 || want == UINT64_MAX) && M.cfg.mode == GP_MODE_EXPANDABLE && !M.captures &&
+        injected() == M.injected0)
+        gp_pool_walk(M.p, no_whole_chunk_free, NULL);
 }
 
 static void op_limit(reader *r)
@@ -513,6 +556,7 @@ static void op_retag(reader *r)
         M.b[idx[k]].tag = ti;
         if (prio != GP_PRIO_DEFAULT) M.b[idx[k]].prio = prio;
     }
+    update_peaks();
 }
 
 static void op_record(reader *r)
@@ -679,7 +723,9 @@ static void op_pressure(reader *r)
 {
     uint8_t k = u8(r);
     M.pressure_on = k & 1;
-    M.pressure_allocs = k >> 1 & 7;
+    M.pressure_keep = k >> 1 & 1;
+    M.pressure_first = k >> 2 & 1;
+    M.pressure_allocs = k >> 3 & 1 ? u8(r) : 0;
     gp_pool_set_pressure(M.p, M.pressure_on ? pressure : NULL, NULL);
 }
 
@@ -754,6 +800,10 @@ static void op_query(reader *r)
         gp_stats s;
         gp_pool_stats(M.p, &s, 0);
         EXPECT(s.allocated_peak == s.allocated && s.reserved_peak == s.reserved, "peaks after a reset");
+        M.peak_alloc = M.peak_req = M.peak_blocks = 0;
+        memset(M.tag_peak, 0, sizeof M.tag_peak);
+        memset(M.prio_peak, 0, sizeof M.prio_peak);
+        update_peaks();
         return;
     }
     }
@@ -860,7 +910,10 @@ static void teardown(void)
         EXPECT(gp_free(M.p, M.b[0].ptr) == GP_OK, "a final free: %s", gp_last_error());
         forget(0);
     }
-    gp_free(M.p, gp_alloc(M.p, 1, NULL, tags[0], 0, NULL)); /* looks at pending blocks */
+    if (do_alloc(1, 0, 0, 0, "an allocation at the end")) { /* it looks at pending blocks */
+        EXPECT(gp_free(M.p, M.b[M.n - 1].ptr) == GP_OK, "a final free: %s", gp_last_error());
+        forget(M.n - 1);
+    }
     gp_pool_empty_cache(M.p);
     gp_stats s;
     gp_pool_stats(M.p, &s, 1);
@@ -883,6 +936,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc, (void)argv;
+    trace = getenv("FUZZ_OPS_TRACE") != NULL;
     for (int i = 0; i < NTAGS; i++)
         if (gp_tag_intern(tag_names[i], &tags[i]) != GP_OK) finding("tag %s: %s", tag_names[i], gp_last_error());
     return 0;
@@ -900,6 +954,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (unsigned k = 0; r.n; k++) {
         uint8_t opcode = u8(&r);
         const char *name = ops[opcode % N_OPS].name;
+        if (trace) fprintf(stderr, "op %u: %s\n", k, name);
         M.injected0 = injected();
         ops[opcode % N_OPS].fn(&r);
         char after[64];
