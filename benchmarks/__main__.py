@@ -205,6 +205,64 @@ def goals(summaries: Dict[str, Dict[str, Dict[str, Any]]]) -> List[str]:
     return out
 
 
+def offload_table(runs: List[Dict[str, Any]], modes: Sequence[str]) -> str:
+    """The offload workload's figures per mode and size, medians over the repetitions."""
+    lines = ["| mode | GiB | out GB/s | back GB/s | pinned D2H / H2D GB/s | out / pinned | back / pinned "
+             "| same data_ptr | same bytes | pins after 1st cycle | device freed - bytes MiB (1st cycle) "
+             "| RSS - host bytes MiB (1st) | RSS growth later MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for mode in modes:
+        res = [r["result"] for r in runs if r["workload"] == "offload" and r["mode"] == mode and "error" not in r["result"]]
+        if not res:
+            continue
+        for i, size in enumerate(res[0]["sizes"]):
+            per = [r["sizes"][i] for r in res]
+
+            def med(k: str) -> float:
+                return statistics.median(float(x[k]) for x in per)
+
+            lines.append(f"| {mode} | {size['gib']:g} | {med('offload_gbps'):.1f} | {med('restore_gbps'):.1f} "
+                         f"| {med('pinned_d2h_gbps'):.1f} / {med('pinned_h2d_gbps'):.1f} "
+                         f"| {med('offload_vs_pinned'):.2f} | {med('restore_vs_pinned'):.2f} "
+                         f"| {all(x['same_ptrs'] for x in per)} | {all(x['same_bytes'] for x in per)} "
+                         f"| {max(x['pins_after_first'] for x in per)} "
+                         f"| {min(x['min_device_freed_minus_bytes'] for x in per) / 2**20:.1f} "
+                         f"({min(x['first_device_freed_minus_bytes'] for x in per) / 2**20:.1f}) "
+                         f"| {max(x['max_rss_over_host_bytes'] for x in per) / 2**20:.1f} "
+                         f"| {max(x['max_rss_grew_later'] for x in per) / 2**20:.1f} |")
+    return "\n".join(lines)
+
+
+def offload_goals(runs: List[Dict[str, Any]]) -> List[str]:
+    """Issue 15's goals for raw offload, from the gpupool runs of the offload workload."""
+    out: List[str] = []
+    res = [r["result"] for r in runs if r["workload"] == "offload" and r["mode"] == "gpupool" and "error" not in r["result"]]
+    if not res:
+        return out
+    for i, size in enumerate(res[0]["sizes"]):
+        per = [r["sizes"][i] for r in res]
+        g = f"offload gpupool {size['gib']:g} GiB:"
+
+        def med(k: str) -> float:
+            return statistics.median(float(x[k]) for x in per)
+
+        def check(ok: bool, text: str) -> None:
+            out.append(f"{'PASS' if ok else 'FAIL'}  {g} {text}")
+
+        check(med("offload_vs_pinned") >= 0.85, f"offload {med('offload_vs_pinned'):.2f}x the pinned copy (goal >= 0.85)")
+        check(med("restore_vs_pinned") >= 0.85, f"restore {med('restore_vs_pinned'):.2f}x the pinned copy (goal >= 0.85)")
+        check(all(x["same_ptrs"] and x["same_bytes"] for x in per), "data_ptr unchanged and bytes identical")
+        check(max(x["pins_after_first"] for x in per) == 0, "no pinned allocation after the first cycle")
+        freed = min(x["min_device_freed_minus_bytes"] for x in per)
+        check(freed >= -2 * 2**20, f"device free memory grew by the offloaded bytes {freed / 2**20:+.1f} MiB "
+                                   f"(goal >= -2 MiB)")
+        over = max(x["max_rss_over_host_bytes"] for x in per)
+        check(over <= 64 * 2**20, f"host RSS grew by the host bytes {over / 2**20:+.1f} MiB (goal <= +64 MiB)")
+        later = max(x["max_rss_grew_later"] for x in per)
+        check(later <= 16 * 2**20, f"later cycles grew host RSS by {later / 2**20:.1f} MiB (goal: nothing)")
+    return out
+
+
 def machine() -> Dict[str, Any]:
     """Where the figures come from: GPU, driver, torch (asked of a throwaway process, so that
     this one never creates a CUDA context)."""
@@ -262,7 +320,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"median of {args.reps} interleaved runs{' (--quick)' if args.quick else ''}\n")
     for name in args.only:
         print(table(WORKLOADS[name], summaries[name], args.modes) + "\n")
-    verdicts = goals(summaries)
+        if name == "offload":
+            print(offload_table(runs, args.modes) + "\n")
+    verdicts = goals(summaries) + offload_goals(runs)
     if verdicts:
         print("Goals:\n" + "\n".join(verdicts))
     failed = [r for r in runs if "error" in r["result"]]

@@ -19,8 +19,8 @@
  *
  * Build and run (from the repository root):
  *   cc -O2 -std=c11 -D_GNU_SOURCE -Icsrc benchmarks/bench_frag.c \
- *      csrc/pool.c csrc/stream.c csrc/stats.c csrc/check.c csrc/tag.c csrc/error.c \
- *      csrc/config.c csrc/backend_host.c csrc/trace.c \
+ *      csrc/pool.c csrc/pool_offload.c csrc/stream.c csrc/stats.c csrc/check.c csrc/tag.c \
+ *      csrc/error.c csrc/config.c csrc/backend_host.c csrc/trace.c csrc/checksum.c \
  *      -lpthread -o /tmp/bench_frag && /tmp/bench_frag
  */
 #include <stdio.h>

@@ -11,8 +11,8 @@
  *
  * Build and run (from the repository root):
  *   cc -O2 -std=c11 -D_GNU_SOURCE -Icsrc benchmarks/bench_hotpath.c \
- *      csrc/pool.c csrc/stream.c csrc/stats.c csrc/check.c csrc/tag.c csrc/error.c \
- *      csrc/config.c csrc/backend_host.c csrc/trace.c \
+ *      csrc/pool.c csrc/pool_offload.c csrc/stream.c csrc/stats.c csrc/check.c csrc/tag.c \
+ *      csrc/error.c csrc/config.c csrc/backend_host.c csrc/trace.c csrc/checksum.c \
  *      -lpthread -lm -o /tmp/bench_hotpath && /tmp/bench_hotpath
  */
 #include <stdio.h>

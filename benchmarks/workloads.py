@@ -63,6 +63,12 @@ WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
              ("-m", "benchmarks.churn", "--pairs", "100000", "--warmup", "10000"),
              ("-m", "benchmarks.churn", "--pairs", "5000", "--warmup", "1000"),
              "--mode", ("torch",)),
+    Workload("offload", "offload + restore of 1 and 8 GiB of bf16 weights (gpupool.offload, or pinned copies, "
+             "free and empty_cache in PyTorch's modes)",
+             "offload_gbps", "GB/s out", 1.0, True,
+             ("-m", "benchmarks.offload", "--gib", "1,8", "--cycles", "3"),
+             ("-m", "benchmarks.offload", "--gib", "0.25", "--cycles", "2"),
+             "--mode", ("torch",)),
     Workload("frag", "fwd+bwd on [b, s, 1024], b*s 1k..32k tokens up and down",
              "peak_reserved", "GiB reserved", float(2**30), False,
              ("-m", "benchmarks.frag", "--iters", "240", "--max-tokens", "32768"),

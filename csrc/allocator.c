@@ -50,6 +50,26 @@ void gp_context(gp_tag *tag, int *prio, int *own)
     *prio = v % GP_CTX_PRIO - 1;
 }
 
+/* fork(): g_lock is held while pools are made and read, so it is taken
+ * before any pool's lock -- in the fork handlers too, which is why these
+ * are installed after the pool layer's (prepare handlers run in reverse
+ * order of installation).  Installed before g_lock is first taken: a fork
+ * before that cannot find it held. */
+static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
+static void gp_registry_fork_prepare(void) { pthread_mutex_lock(&g_lock); }
+static void gp_registry_fork_release(void) { pthread_mutex_unlock(&g_lock); }
+static void gp_registry_atfork(void)
+{
+    gp_pool_atfork_install();
+    pthread_atfork(gp_registry_fork_prepare, gp_registry_fork_release, gp_registry_fork_release);
+}
+
+static void gp_registry_lock(void)
+{
+    pthread_once(&g_atfork_once, gp_registry_atfork);
+    pthread_mutex_lock(&g_lock);
+}
+
 static void gp_log_oom(const char *what)
 {
     if (g_cfg.log != GP_LOG_OFF) fprintf(stderr, "%s\n", what);
@@ -64,7 +84,7 @@ gp_pool *gp_registry_pool(int device)
     }
     gp_pool *p = atomic_load_explicit(&g_pools[device], memory_order_acquire);
     if (p) return p;
-    pthread_mutex_lock(&g_lock);
+    gp_registry_lock();
     p = atomic_load_explicit(&g_pools[device], memory_order_relaxed);
     if (!p) {
         if (!g_configured) gp_config_default(&g_cfg);
@@ -91,7 +111,7 @@ gp_pool *gp_registry_pool(int device)
 
 int gp_registry_configure(const gp_config *cfg)
 {
-    pthread_mutex_lock(&g_lock);
+    gp_registry_lock();
     int live = 0;
     for (int i = 0; i < GP_MAX_DEVICES; i++) live |= atomic_load(&g_pools[i]) != NULL;
     if (!live) {
@@ -104,7 +124,7 @@ int gp_registry_configure(const gp_config *cfg)
 
 void gp_registry_config(gp_config *out)
 {
-    pthread_mutex_lock(&g_lock);
+    gp_registry_lock();
     if (g_configured) *out = g_cfg;
     else gp_config_default(out);
     pthread_mutex_unlock(&g_lock);
@@ -158,10 +178,14 @@ __attribute__((visibility("default"))) void *gpupool_malloc(ssize_t size, int de
     if (r) return r;
     char msg[1200];
     if (st == GP_ERR_OOM || st == GP_ERR_LIMIT) {
-        gp_log_oom(gp_pool_last_oom(p));
+        /* This allocation's own report (the pool's last may be another
+         * thread's by now). */
+        char oom[GP_OOM_REPORT_MAX];
+        snprintf(oom, sizeof oom, "%s", gp_last_error());
+        gp_log_oom(oom);
         /* "CUDA out of memory." first: code that matches PyTorch's message
          * (accelerate's batch-size finder, for one) recognises it. */
-        snprintf(msg, sizeof msg, "CUDA out of memory. %s", gp_pool_last_oom(p));
+        snprintf(msg, sizeof msg, "CUDA out of memory. %s", oom);
     } else {
         snprintf(msg, sizeof msg, "gpupool: allocation of %zd bytes failed: %s", size, gp_last_error());
         fprintf(stderr, "%s\n", msg);

@@ -74,6 +74,16 @@ struct gp_backend {
                       int dir, gp_stream stream);
     /* Block the host until `event` (event_record) has completed. */
     gp_status (*event_wait)(gp_backend *be, uint64_t event);
+    /* Write, in `stream`'s order, the checksum (checksum.h) of the device
+     * memory [ptr, ptr+size) (size a multiple of 8) with `seed` to the 8
+     * bytes at device address `out`. */
+    gp_status (*checksum)(gp_backend *be, const void *ptr, uint64_t size, uint64_t seed, void *out,
+                          gp_stream stream);
+    /* Run fn(arg) on the calling thread with the device's context current
+     * (CUDA: the primary context, pushed only if another one is current),
+     * for libraries that work on the current context, as nvCOMP does
+     * (codec_nvcomp.c); returns fn's status. */
+    gp_status (*in_context)(gp_backend *be, gp_status (*fn)(void *arg), void *arg);
 
     void (*destroy)(gp_backend *be);
 };

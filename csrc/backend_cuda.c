@@ -29,6 +29,7 @@
 #include <cuda.h>
 
 #include "backend.h"
+#include "checksum.h"
 
 #if !defined(CUDA_VERSION) || CUDA_VERSION < 11000
 #error "backend_cuda.c needs cuda.h from CUDA 11.0 or newer (virtual memory management, cuDevicePrimaryCtxRelease_v2)"
@@ -81,6 +82,12 @@ typedef CUresult (CUDAAPI *cu_pfn_memcpy_dtoh_async)(void *, CUdeviceptr, size_t
 typedef CUresult (CUDAAPI *cu_pfn_memcpy_htod_async)(CUdeviceptr, const void *, size_t, CUstream);
 typedef CUresult (CUDAAPI *cu_pfn_memcpy_dtod_async)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 typedef CUresult (CUDAAPI *cu_pfn_event_synchronize)(CUevent);
+typedef CUresult (CUDAAPI *cu_pfn_module_load_data)(CUmodule *, const void *);
+typedef CUresult (CUDAAPI *cu_pfn_module_get_function)(CUfunction *, CUmodule, const char *);
+typedef CUresult (CUDAAPI *cu_pfn_module_unload)(CUmodule);
+typedef CUresult (CUDAAPI *cu_pfn_launch_kernel)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
+                                                 unsigned int, unsigned int, unsigned int, CUstream, void **, void **);
+typedef CUresult (CUDAAPI *cu_pfn_memset_d8_async)(CUdeviceptr, unsigned char, size_t, CUstream);
 
 /* field, ABI symbol.  The symbol is spelled out (not left to cuda.h's
  * #define cuX cuX_v2) so that what dlsym looks up is visible here. */
@@ -121,7 +128,12 @@ typedef CUresult (CUDAAPI *cu_pfn_event_synchronize)(CUevent);
     X(memcpy_dtoh_async, cuMemcpyDtoHAsync_v2)         \
     X(memcpy_htod_async, cuMemcpyHtoDAsync_v2)         \
     X(memcpy_dtod_async, cuMemcpyDtoDAsync_v2)         \
-    X(event_synchronize, cuEventSynchronize)
+    X(event_synchronize, cuEventSynchronize)           \
+    X(module_load_data, cuModuleLoadData)              \
+    X(module_get_function, cuModuleGetFunction)        \
+    X(module_unload, cuModuleUnload)                   \
+    X(launch_kernel, cuLaunchKernel)                   \
+    X(memset_d8_async, cuMemsetD8Async)
 
 /* A typo in a typedef or a symbol name that cuda.h does not declare fails
  * the build here rather than corrupting the stack at run time.  _Generic does
@@ -229,6 +241,11 @@ typedef struct cu_backend {
     pthread_mutex_t ev_lock;
     CUevent ev_free[CU_EVENT_CACHE];
     int n_ev_free;
+    /* The checksum kernel (checksum.h), loaded on first use. */
+    pthread_once_t sum_once;
+    CUresult sum_load;
+    CUmodule sum_module;
+    CUfunction sum_kernel;
 } cu_backend;
 
 #define CU(be) ((cu_backend *)(be))
@@ -610,6 +627,16 @@ static gp_status cu_copy(gp_backend *be, void *dst, const void *src, uint64_t si
     return GP_OK;
 }
 
+static gp_status cu_in_context(gp_backend *be, gp_status (*fn)(void *arg), void *arg)
+{
+    cu_backend *cb = CU(be);
+    int pushed;
+    CU_ENTER_OR_FAIL(cb, pushed, "in_context");
+    gp_status st = fn(arg);
+    cu_leave(pushed);
+    return st;
+}
+
 static gp_status cu_event_wait(gp_backend *be, uint64_t event)
 {
     cu_backend *cb = CU(be);
@@ -618,6 +645,48 @@ static gp_status cu_event_wait(gp_backend *be, uint64_t event)
     CUresult r = cu_api.event_synchronize((CUevent)(uintptr_t)event);
     cu_leave(pushed);
     if (r != CUDA_SUCCESS) return CU_FAIL(r, be->device, "%s", "cuEventSynchronize()");
+    return GP_OK;
+}
+
+/* pthread_once takes no argument: the backend being loaded for. */
+static _Thread_local cu_backend *cu_sum_loading;
+
+static void cu_sum_load(void)
+{
+    cu_backend *cb = cu_sum_loading;
+    cb->sum_load = cu_api.module_load_data(&cb->sum_module, gp_checksum_ptx);
+    if (cb->sum_load == CUDA_SUCCESS)
+        cb->sum_load = cu_api.module_get_function(&cb->sum_kernel, cb->sum_module, "gp_checksum_kernel");
+}
+
+static gp_status cu_checksum(gp_backend *be, const void *ptr, uint64_t size, uint64_t seed, void *out,
+                             gp_stream stream)
+{
+    cu_backend *cb = CU(be);
+    if (size % 8)
+        return gp_error_set(GP_ERR_INVALID, "cuda device %d: checksum of %llu bytes: not a multiple of 8",
+                            be->device, (unsigned long long)size);
+    int pushed;
+    CU_ENTER_OR_FAIL(cb, pushed, "checksum");
+    cu_sum_loading = cb;
+    pthread_once(&cb->sum_once, cu_sum_load);
+    CUresult r = cb->sum_load;
+    const char *call = "cuModuleLoadData(checksum kernel)";
+    if (r == CUDA_SUCCESS) {
+        call = "cuMemsetD8Async";
+        r = cu_api.memset_d8_async((CUdeviceptr)(uintptr_t)out, 0, 8, (CUstream)stream);
+    }
+    if (r == CUDA_SUCCESS) {
+        /* Enough blocks to cover the memory bandwidth, the rest by striding. */
+        unsigned long long words = size / 8, p = (uintptr_t)ptr, o = (uintptr_t)out;
+        unsigned int blocks = (unsigned int)(words / 256 + 1 < 2048 ? words / 256 + 1 : 2048);
+        void *args[] = {&p, &words, &seed, &o};
+        call = "cuLaunchKernel(checksum)";
+        r = cu_api.launch_kernel(cb->sum_kernel, blocks, 1, 1, 256, 1, 1, 0, (CUstream)stream, args, NULL);
+    }
+    cu_leave(pushed);
+    if (r != CUDA_SUCCESS)
+        return CU_FAIL(r, be->device, "%s for %llu bytes at %p", call, (unsigned long long)size, ptr);
     return GP_OK;
 }
 
@@ -630,6 +699,7 @@ static void cu_destroy(gp_backend *be)
     int pushed = 0;
     if (cu_enter(cb, &pushed) == CUDA_SUCCESS) {
         for (int i = 0; i < cb->n_ev_free; i++) cu_api.event_destroy(cb->ev_free[i]);
+        if (cb->sum_module) cu_api.module_unload(cb->sum_module);
         cu_leave(pushed);
     }
     cb->n_ev_free = 0;
@@ -690,6 +760,8 @@ gp_status gp_backend_cuda_create(int device, gp_backend **out)
         return gp_error_set(GP_ERR_NOMEM, "cuda device %d: pthread_mutex_init failed", device);
     }
     cb->dev = dev;
+    pthread_once_t once = PTHREAD_ONCE_INIT;
+    cb->sum_once = once;
     r = cu_api.primary_ctx_retain(&cb->ctx, dev);
     if (r != CUDA_SUCCESS) {
         pthread_mutex_destroy(&cb->ev_lock);
@@ -726,6 +798,8 @@ gp_status gp_backend_cuda_create(int device, gp_backend **out)
     be->stream_destroy = cu_stream_destroy;
     be->copy = cu_copy;
     be->event_wait = cu_event_wait;
+    be->checksum = cu_checksum;
+    be->in_context = cu_in_context;
 
     int pushed;
     size_t gran = 0;

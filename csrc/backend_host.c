@@ -27,6 +27,7 @@
 #include <sys/mman.h>
 
 #include "backend_host.h"
+#include "checksum.h"
 
 /* A list of address ranges: reservations, mappings (with their handle),
  * pinned host buffers. */
@@ -549,6 +550,34 @@ static gp_status host_copy(gp_backend *be, void *dst, const void *src, uint64_t 
     return st;
 }
 
+static gp_status host_checksum(gp_backend *be, const void *ptr, uint64_t size, uint64_t seed, void *out,
+                               gp_stream stream)
+{
+    host_backend *h = HOST(be);
+    (void)stream;
+    pthread_mutex_lock(&h->lock);
+    gp_status st = host_fault_locked(h, GP_HOST_CHECKSUM);
+    if (st == GP_OK && size % 8)
+        st = gp_error_set(GP_ERR_INVALID, "host checksum of %llu bytes: not a multiple of 8", (unsigned long long)size);
+    else if (st == GP_OK && (host_ranges_cover(&h->maps, (uintptr_t)ptr, size) != size ||
+                             host_ranges_cover(&h->maps, (uintptr_t)out, 8) != 8))
+        st = gp_error_set(GP_ERR_BACKEND, "host checksum of %llu bytes at %p into %p: device memory not mapped",
+                          (unsigned long long)size, ptr, out);
+    pthread_mutex_unlock(&h->lock);
+    if (st == GP_OK) {
+        uint64_t sum = gp_checksum(ptr, size, seed);
+        memcpy(out, &sum, 8);
+    }
+    return st;
+}
+
+/* The host has no contexts: fn runs as it is (unless the call fails). */
+static gp_status host_in_context(gp_backend *be, gp_status (*fn)(void *arg), void *arg)
+{
+    gp_status st = host_fault_check(HOST(be), GP_HOST_IN_CONTEXT);
+    return st == GP_OK ? fn(arg) : st;
+}
+
 /* ------------------------------------------------------------ the backend */
 
 static void host_destroy(gp_backend *be)
@@ -586,6 +615,7 @@ gp_status gp_backend_host_create(uint64_t capacity, gp_backend **out)
         .synchronize = host_synchronize, .mem_info = host_mem_info, .destroy = host_destroy,
         .host_alloc = host_host_alloc, .host_free = host_host_free, .stream_create = host_stream_create,
         .stream_destroy = host_stream_destroy, .copy = host_copy, .event_wait = host_event_wait,
+        .checksum = host_checksum, .in_context = host_in_context,
     };
     *out = &h->be;
     return GP_OK;

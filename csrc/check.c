@@ -14,6 +14,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "pool.h"
@@ -85,7 +86,8 @@ static uint64_t gp_check_bins(gp_checker *c, const gp_pool *p, const gp_arena *a
 
 typedef struct gp_sums {
     uint64_t used, requested, n_used, free_mapped, pending, n_pending, n_rec_blocks;
-    uint64_t tag_alloc[GP_MAX_TAGS], tag_req[GP_MAX_TAGS], tag_blocks[GP_MAX_TAGS];
+    uint64_t offloaded, n_offloaded, offl_mapped; /* offl_mapped: bytes of runs still mapped */
+    uint64_t tag_alloc[GP_MAX_TAGS], tag_req[GP_MAX_TAGS], tag_blocks[GP_MAX_TAGS], tag_off[GP_MAX_TAGS];
     uint64_t prio_alloc[GP_PRIO_MAX + 1];
     uint64_t free_in_slot[GP_ARENA_COUNT][GP_MAX_STREAMS];
     uint64_t unmapped_in[GP_ARENA_COUNT][2];
@@ -157,12 +159,34 @@ static void gp_check_arena(gp_checker *c, gp_pool *p, unsigned k, gp_sums *s)
                          "free block 0x%" PRIxPTR " is in slot %u, which is not in use", b->addr,
                          (unsigned)b->sidx);
             if (b->sidx < GP_MAX_STREAMS) s->free_in_slot[k][b->sidx]++;
+            /* Placement: a slot's bins hold blocks of its region only. */
+            VIOLATION_IF(c, b->sidx < GP_MAX_STREAMS && b->life != p->slot_life[b->sidx],
+                         "free block 0x%" PRIxPTR " of region %u is in slot %u, of region %u", b->addr,
+                         (unsigned)b->life, (unsigned)b->sidx, (unsigned)p->slot_life[b->sidx]);
             VIOLATION_IF(c, b->rec, "free block 0x%" PRIxPTR " still has a record_stream record", b->addr);
             break;
         case GP_BLOCK_PENDING:
             s->pending += b->size;
             s->n_pending++;
             VIOLATION_IF(c, !b->rec, "pending block 0x%" PRIxPTR " has no record_stream record", b->addr);
+            break;
+        case GP_BLOCK_OFFLOADED:
+            s->offloaded += b->size;
+            s->n_offloaded++;
+            VIOLATION_IF(c, b->requested == 0 || b->requested > b->size,
+                         "offloaded block 0x%" PRIxPTR " of %" PRIu64 " bytes was asked for %" PRIu64, b->addr,
+                         b->size, b->requested);
+            VIOLATION_IF(c, gp_hash_find(p, b->addr) != b,
+                         "offloaded block 0x%" PRIxPTR " is not in the pointer hash", b->addr);
+            VIOLATION_IF(c, b->tag >= gp_tag_count(), "offloaded block 0x%" PRIxPTR " has tag %u, never interned",
+                         b->addr, (unsigned)b->tag);
+            if (b->tag < GP_MAX_TAGS) {
+                s->tag_off[b->tag] += b->size;
+                s->tag_blocks[b->tag]++;
+            }
+            break;
+        case GP_BLOCK_FREE_OFFLOADED:
+            VIOLATION_IF(c, b->rec, "free offloaded block 0x%" PRIxPTR " still has a record_stream record", b->addr);
             break;
         case GP_BLOCK_FREE_UNMAPPED:
             s->unmapped_in[k][b->life]++;
@@ -176,8 +200,16 @@ static void gp_check_arena(gp_checker *c, gp_pool *p, unsigned k, gp_sums *s)
         if (b->rec) s->n_rec_blocks++;
 
         /* The chunk table: a chunk under mapped memory has a handle, one
-         * under unmapped memory none. */
-        if (b->state == GP_BLOCK_FREE_UNMAPPED) {
+         * under unmapped memory none; an offloaded run's chunks are mapped
+         * or not, all of a chunk alike (runs are whole chunks). */
+        if (b->state == GP_BLOCK_OFFLOADED || b->state == GP_BLOCK_FREE_OFFLOADED) {
+            for (uintptr_t x = b->addr / a->chunk * a->chunk; x < b->addr + b->size; x += a->chunk) {
+                if (!a->handles[gp_chunk_index(a, x)]) continue;
+                uintptr_t lo = x > b->addr ? x : b->addr, hi = x + a->chunk;
+                if (hi > b->addr + b->size) hi = b->addr + b->size;
+                s->offl_mapped += hi - lo;
+            }
+        } else if (b->state == GP_BLOCK_FREE_UNMAPPED) {
             for (uintptr_t x = b->addr; x < b->addr + b->size && x >= b->addr; x += a->chunk)
                 VIOLATION_IF(c, a->handles[gp_chunk_index(a, x)] != 0,
                              "arena %u: chunk at 0x%" PRIxPTR " is unmapped but has a handle", k, x);
@@ -232,15 +264,15 @@ static size_t gp_check_locked(gp_pool *p, char *msg, size_t n)
                 gp_violation(&c, "the pointer hash has more entries than headers exist (a cycle)");
                 break;
             }
-            VIOLATION_IF(&c, b->state != GP_BLOCK_USED, "the pointer hash holds block 0x%" PRIxPTR " in state %u",
-                         b->addr, (unsigned)b->state);
+            VIOLATION_IF(&c, b->state != GP_BLOCK_USED && b->state != GP_BLOCK_OFFLOADED,
+                         "the pointer hash holds block 0x%" PRIxPTR " in state %u", b->addr, (unsigned)b->state);
             VIOLATION_IF(&c, gp_hash(p, b->addr) != h, "block 0x%" PRIxPTR " is in the wrong hash bucket",
                          b->addr);
         }
     }
-    VIOLATION_IF(&c, hashed != s.n_used || p->hcount != s.n_used,
-                 "the pointer hash holds %" PRIu64 " blocks (count %" PRIu64 "), %" PRIu64 " are used", hashed,
-                 p->hcount, s.n_used);
+    VIOLATION_IF(&c, hashed != s.n_used + s.n_offloaded || p->hcount != hashed,
+                 "the pointer hash holds %" PRIu64 " blocks (count %" PRIu64 "), %" PRIu64 " are live", hashed,
+                 p->hcount, s.n_used + s.n_offloaded);
 
     /* Every header is in a block list or spare. */
     uint64_t spare = 0;
@@ -258,9 +290,10 @@ static size_t gp_check_locked(gp_pool *p, char *msg, size_t n)
         VIOLATION_IF(&c, !r->b || !r->b->rec, "record_stream record %u names no block that has one", i);
         VIOLATION_IF(&c, r->n == 0 || r->n > GP_REC_STREAMS, "record_stream record %u has %u streams", i, r->n);
         if (r->b) {
-            int want = r->pending ? GP_BLOCK_PENDING : GP_BLOCK_USED;
-            VIOLATION_IF(&c, r->b->state != want, "record_stream record %u (%s) names block 0x%" PRIxPTR
-                         " in state %u", i, r->pending ? "pending" : "live", r->b->addr, (unsigned)r->b->state);
+            int ok = r->pending ? r->b->state == GP_BLOCK_PENDING
+                                : r->b->state == GP_BLOCK_USED || r->b->state == GP_BLOCK_OFFLOADED;
+            VIOLATION_IF(&c, !ok, "record_stream record %u (%s) names block 0x%" PRIxPTR " in state %u", i,
+                         r->pending ? "pending" : "live", r->b->addr, (unsigned)r->b->state);
         }
         for (unsigned j = i + 1; j < p->n_recs; j++)
             VIOLATION_IF(&c, p->recs[j].b == r->b, "record_stream records %u and %u name one block", i, j);
@@ -290,21 +323,24 @@ static size_t gp_check_locked(gp_pool *p, char *msg, size_t n)
                  s.used, st->allocated);
     VIOLATION_IF(&c, s.requested != st->requested, "used blocks were asked %" PRIu64 " bytes, requested says "
                  "%" PRIu64, s.requested, st->requested);
-    VIOLATION_IF(&c, s.n_used != st->active_blocks, "%" PRIu64 " used blocks, active_blocks says %" PRIu64,
-                 s.n_used, st->active_blocks);
+    VIOLATION_IF(&c, s.n_used + s.n_offloaded != st->active_blocks,
+                 "%" PRIu64 " live blocks, active_blocks says %" PRIu64, s.n_used + s.n_offloaded, st->active_blocks);
+    VIOLATION_IF(&c, s.offloaded != st->offloaded, "offloaded blocks hold %" PRIu64 " bytes, offloaded says %"
+                 PRIu64, s.offloaded, st->offloaded);
     VIOLATION_IF(&c, s.pending != st->pending, "pending blocks hold %" PRIu64 " bytes, pending says %" PRIu64,
                  s.pending, st->pending);
-    VIOLATION_IF(&c, s.used + s.free_mapped + s.pending != st->reserved,
+    VIOLATION_IF(&c, s.used + s.free_mapped + s.pending + s.offl_mapped != st->reserved,
                  "mapped blocks hold %" PRIu64 " bytes, reserved says %" PRIu64,
-                 s.used + s.free_mapped + s.pending, st->reserved);
+                 s.used + s.free_mapped + s.pending + s.offl_mapped, st->reserved);
     VIOLATION_IF(&c, st->allocated_peak < st->allocated || st->reserved_peak < st->reserved,
                  "a peak is below its current value");
     for (unsigned t = 0; t < GP_MAX_TAGS; t++) {
         const gp_tag_stats *ts = &p->tags[t];
         VIOLATION_IF(&c, ts->allocated != s.tag_alloc[t] || ts->requested != s.tag_req[t] ||
-                             ts->active_blocks != s.tag_blocks[t],
-                     "tag %u: figures say %" PRIu64 " bytes in %" PRIu64 " blocks, the blocks %" PRIu64 " in %" PRIu64,
-                     t, ts->allocated, ts->active_blocks, s.tag_alloc[t], s.tag_blocks[t]);
+                             ts->active_blocks != s.tag_blocks[t] || ts->offloaded != s.tag_off[t],
+                     "tag %u: figures say %" PRIu64 " bytes (%" PRIu64 " offloaded) in %" PRIu64 " blocks, the "
+                     "blocks %" PRIu64 " (%" PRIu64 ") in %" PRIu64, t, ts->allocated, ts->offloaded,
+                     ts->active_blocks, s.tag_alloc[t], s.tag_off[t], s.tag_blocks[t]);
     }
     for (unsigned q = 0; q <= GP_PRIO_MAX; q++)
         VIOLATION_IF(&c, p->prio_alloc[q] != s.prio_alloc[q],
@@ -325,6 +361,16 @@ static size_t gp_check_locked(gp_pool *p, char *msg, size_t n)
     VIOLATION_IF(&c, p->n_streams && p->last_sidx >= p->n_streams, "the last slot %u is not in use",
                  p->last_sidx);
     return c.violations;
+}
+
+void gp_debug_check(gp_pool *p)
+{
+    char msg[512];
+    size_t v = gp_check_locked(p, msg, sizeof msg);
+    if (!v) return;
+    fprintf(stderr, "gpupool: GPUPOOL_DEBUG: the pool of device %d is corrupt after %" PRIu64
+            " allocations and frees (%zu violations); the first: %s\n", p->be->device, p->debug_ops, v, msg);
+    abort();
 }
 
 size_t gp_pool_check(gp_pool *p, char *msg, size_t n)

@@ -11,10 +11,13 @@
  * should be.  A malformed value is always an error that names the option,
  * the value and what is accepted -- never a silent default.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "codec.h"
 #include "error.h"
 
 /* POSIX leaves this declaration to the program. */
@@ -33,6 +36,8 @@ extern char **environ;
 #define GP_SIZE_TEXT "a size such as 512MiB, 20GB, 4096, 80% or 0.8" GP_SIZE_UNITS
 #define GP_ABS_SIZE_TEXT "a size such as 512MiB, 20GB or 4096" GP_SIZE_UNITS
 #define GP_BOOL_TEXT "0, 1, true, false, yes, no, on or off"
+#define GP_STR(x) #x
+#define GP_XSTR(x) GP_STR(x)
 #define GP_PRIO_TEXT "low, normal, high, critical or an integer 0..255"
 
 /* A parser writes its option into `cfg` only when `v` is valid; otherwise it
@@ -253,8 +258,6 @@ const char *gp_priority_name(int prio)
 
 static const char *const gp_mode_names[] = {"expandable", "reserve", NULL};
 static const char *const gp_log_names[] = {"off", "oom", "all", NULL};
-static const char *const gp_codec_names[] = {"none", "lz4", "zstd", "bytesplit",
-                                             "bytesplit+lz4", "bytesplit+zstd", NULL};
 /* Even entries are false, odd entries true. */
 static const char *const gp_bool_names[] = {"0", "1", "false", "true", "no", "yes", "off", "on", NULL};
 
@@ -307,16 +310,33 @@ static int gp_print_prio(const gp_config *c, char *buf, size_t len)
 static int gp_parse_codec(gp_config *c, const char *v, char *why, size_t n)
 {
     (void)why, (void)n;
-    int w = gp_word(v, gp_codec_names);
-    if (w < 0) return -1;
+    gp_codec_id id = GP_CODEC_RAW;
+    if (gp_codec_parse(v, &id) != GP_OK) return gp_error_clear(), -1; /* the caller's message says more */
     /* The canonical spelling, so that consumers compare with strcmp. */
-    snprintf(c->codec, sizeof c->codec, "%s", gp_codec_names[w]);
+    snprintf(c->codec, sizeof c->codec, "%s", gp_codec_id_name(id));
     return 0;
 }
 
 static int gp_print_codec(const gp_config *c, char *buf, size_t len)
 {
     return snprintf(buf, len, "%s", c->codec);
+}
+
+/* A path that must exist: a typo is caught at start-up, not at the first
+ * offload (codec_nvcomp.c loads it). */
+static int gp_parse_nvcomp(gp_config *c, const char *v, char *why, size_t n)
+{
+    size_t k = strlen(v);
+    struct stat sb;
+    if (k >= sizeof c->nvcomp) return snprintf(why, n, "it has %zu characters, at most %zu", k, sizeof c->nvcomp - 1), -1;
+    if (stat(v, &sb) != 0) return snprintf(why, n, "%s", strerror(errno)), -1;
+    memcpy(c->nvcomp, v, k + 1);
+    return 0;
+}
+
+static int gp_print_nvcomp(const gp_config *c, char *buf, size_t len)
+{
+    return snprintf(buf, len, "%s", c->nvcomp);
 }
 
 static int gp_parse_threads(gp_config *c, const char *v, char *why, size_t n)
@@ -384,6 +404,17 @@ static int gp_parse_trace(gp_config *c, const char *v, char *why, size_t n)
 static int gp_print_trace(const gp_config *c, char *buf, size_t len)
 {
     return snprintf(buf, len, "%d", c->trace != 0);
+}
+
+static int gp_parse_debug(gp_config *c, const char *v, char *why, size_t n)
+{
+    (void)why, (void)n;
+    return gp_bool(&c->debug, v);
+}
+
+static int gp_print_debug(const gp_config *c, char *buf, size_t len)
+{
+    return snprintf(buf, len, "%d", c->debug != 0);
 }
 
 static int gp_parse_chunk(gp_config *c, const char *v, char *why, size_t n)
@@ -462,6 +493,16 @@ static int gp_print_placement(const gp_config *c, char *buf, size_t len)
     return snprintf(buf, len, "%s", gp_placement_names[c->placement == GP_PLACE_LIFETIME]);
 }
 
+static int gp_parse_host_limit(gp_config *c, const char *v, char *why, size_t n)
+{
+    return gp_spec_parse(&c->host_limit, v, why, n);
+}
+
+static int gp_print_host_limit(const gp_config *c, char *buf, size_t len)
+{
+    return gp_spec_print(c->host_limit, buf, len);
+}
+
 /* The table: variable, keyword, default, accepted values, meaning, parser,
  * printer.  The variable is always GPUPOOL_ and the keyword in upper case. */
 #define GP_OPTIONS(X)                                                                     \
@@ -478,11 +519,17 @@ static int gp_print_placement(const gp_config *c, char *buf, size_t len)
     X("GPUPOOL_PRIORITY", "priority", "normal", GP_PRIO_TEXT,                             \
       "default priority of allocations; higher is more important", gp_parse_prio,        \
       gp_print_prio)                                                                      \
-    X("GPUPOOL_CODEC", "codec", "none",                                                   \
-      "none, lz4, zstd, bytesplit, bytesplit+lz4 or bytesplit+zstd",                      \
-      "compression of blocks offloaded to host memory", gp_parse_codec, gp_print_codec)   \
-    X("GPUPOOL_OFFLOAD_THREADS", "offload_threads", "4", "an integer 1..64",              \
-      "offload worker threads", gp_parse_threads, gp_print_threads)                       \
+    X("GPUPOOL_CODEC", "codec", "auto", GP_CODEC_NAMES_TEXT,                              \
+      "compression of memory offloaded to the host: auto is nvCOMP's ANS on a GPU (raw "  \
+      "without nvCOMP) and zstd on byte planes on the host backend",                      \
+      gp_parse_codec, gp_print_codec)                                                     \
+    X("GPUPOOL_NVCOMP", "nvcomp", "(empty)",                                              \
+      "the path of an existing libnvcomp.so.6 or of its folder",                          \
+      "where to load nvCOMP 6 from; unset: the nvidia-libnvcomp-cu13 wheel, then the "    \
+      "system's libnvcomp.so.6", gp_parse_nvcomp, gp_print_nvcomp)                        \
+    X("GPUPOOL_OFFLOAD_THREADS", "offload_threads", "8", "an integer 1..64",              \
+      "threads that map, unmap and checksum offloaded memory beside its copies",          \
+      gp_parse_threads, gp_print_threads)                                                 \
     X("GPUPOOL_TENANT", "tenant", "(empty)",                                              \
       "1 to 63 characters of A-Z, a-z, 0-9, '_', '.' and '-'",                            \
       "group of processes sharing a GPU through the arbiter", gp_parse_tenant,            \
@@ -514,7 +561,15 @@ static int gp_print_placement(const gp_config *c, char *buf, size_t len)
       "free memory the pool may keep mapped, as a share of allocated bytes, when it must " \
       "grow: beyond it, cached chunks are given back (one device sync) before new ones "  \
       "are mapped; none keeps every cached chunk",                                        \
-      gp_parse_slack, gp_print_slack)
+      gp_parse_slack, gp_print_slack)                                                     \
+    X("GPUPOOL_HOST_LIMIT", "host_limit", "50%", GP_SIZE_TEXT "; none or 0 for no limit", \
+      "cap on the pinned host memory that offloaded memory may take; a percentage or "    \
+      "fraction is of the host's physical memory", gp_parse_host_limit,                  \
+      gp_print_host_limit)                                                                \
+    X("GPUPOOL_DEBUG", "debug", "0", GP_BOOL_TEXT,                                        \
+      "check the pool's integrity every " GP_XSTR(GP_DEBUG_EVERY) " allocations and frees " \
+      "(slow); abort with the violation on stderr if it is corrupt",                      \
+      gp_parse_debug, gp_print_debug)
 
 #define GP_INFO(env, key, def, accepted, help, parse, print) {env, key, def, accepted, help},
 static const gp_option_info gp_options[] = {GP_OPTIONS(GP_INFO)};
@@ -541,8 +596,8 @@ void gp_config_default(gp_config *cfg)
     *cfg = (gp_config){
         .mode = GP_MODE_EXPANDABLE,
         .priority = GP_PRIO_NORMAL,
-        .codec = "none",
-        .offload_threads = 4,
+        .codec = "auto",
+        .offload_threads = 8,
         .log = GP_LOG_OOM,
         .chunk = 2 * MiB,
         .small_size = 1 * MiB,
@@ -550,6 +605,7 @@ void gp_config_default(gp_config *cfg)
         .cache_slack = 0.05,
         .torch_patch = 1,
         .placement = GP_PLACE_LIFETIME,
+        .host_limit = {.fraction = 0.5},
     };
 }
 

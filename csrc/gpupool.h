@@ -27,6 +27,19 @@
  * its callers with one lock.  Tag interning and the error slot are
  * process-wide / thread-local respectively.
  *
+ * fork(): a pool's device memory belongs to the process that made it.
+ * Fork handlers (pthread_atfork) hold every pool's lock across a fork, so
+ * that the child never finds one held by a thread it does not have; in
+ * the child, a pool made before the fork refuses every call that changes it
+ * or reaches its device (GP_ERR_INVALID: "this pool belongs to process N;
+ * ... use the 'spawn' start method"), while what it says of itself (stats,
+ * walk, check) still reads; destroying it there frees host memory only.
+ * The rule is the same for every backend.  Pools made in the child work.
+ * The handlers are installed by the first gp_pool_create; a layer above
+ * that takes a lock of its own around pool calls installs its handlers
+ * after calling gp_pool_atfork_install(), so that its prepare handler runs
+ * first (they run in reverse order) and locks are taken in one order.
+ *
  * Errors: functions return a gp_status (or NULL) and leave a message that
  * names what was wrong in a thread-local slot, read with gp_last_error().
  * Nothing in this API aborts the process on bad input: a foreign pointer, a
@@ -84,6 +97,7 @@ uint64_t gp_size_resolve(gp_size_spec s, uint64_t total);
 
 #define GP_TENANT_MAX 64
 #define GP_CODEC_MAX 16
+#define GP_PATH_MAX 1024
 
 /* Every tunable of gpupool.  gp_config_default() fills the defaults;
  * gp_config_from_env() applies the GPUPOOL_* variables; gp_config_set()
@@ -93,7 +107,8 @@ typedef struct gp_config {
     gp_size_spec reserve;    /* GPUPOOL_RESERVE     reserve-mode pool size    */
     gp_size_spec limit;      /* GPUPOOL_LIMIT       cap on reserved bytes     */
     int priority;            /* GPUPOOL_PRIORITY    default priority          */
-    char codec[GP_CODEC_MAX];/* GPUPOOL_CODEC       none|lz4|zstd|bytesplit   */
+    char codec[GP_CODEC_MAX];/* GPUPOOL_CODEC       a codec.h name (auto)     */
+    char nvcomp[GP_PATH_MAX];/* GPUPOOL_NVCOMP      libnvcomp.so.6 or folder  */
     int offload_threads;     /* GPUPOOL_OFFLOAD_THREADS                       */
     char tenant[GP_TENANT_MAX]; /* GPUPOOL_TENANT   arbiter group             */
     gp_log log;              /* GPUPOOL_LOG         off|oom|all               */
@@ -105,6 +120,10 @@ typedef struct gp_config {
                                 a fraction of allocated; < 0: unbounded     */
     int torch_patch;         /* GPUPOOL_TORCH_PATCH patch torch.cuda APIs     */
     int placement;           /* GPUPOOL_PLACEMENT   GP_PLACE_* (lifetime|none) */
+    gp_size_spec host_limit; /* GPUPOOL_HOST_LIMIT  pinned host memory for
+                                offload; a fraction is of the host's RAM   */
+    int debug;               /* GPUPOOL_DEBUG       gp_pool_check every
+                                GP_DEBUG_EVERY allocs+frees; abort if corrupt */
 } gp_config;
 
 /* Lifetime-aware placement: with GP_PLACE_LIFETIME, blocks of long-lived
@@ -205,10 +224,16 @@ gp_status gp_pool_create(gp_backend *backend, const gp_config *cfg,
  * released too: the caller promises nothing uses them any more. */
 void gp_pool_destroy(gp_pool *pool);
 
+/* Install the pool layer's fork handlers (see fork() above); idempotent. */
+void gp_pool_atfork_install(void);
+
 /* Allocate `size` bytes (> 0) for use on `stream`, under `tag` and
  * `priority` (0..255, or GP_PRIO_DEFAULT).  The address is aligned to 512
- * bytes.  Never calls the backend when a cached block fits.  Returns NULL on
- * failure with gp_last_error() set: GP_ERR_OOM (device full) or GP_ERR_LIMIT
+ * bytes.  Never calls the backend when a cached block fits (nor asks about
+ * record_stream events then: see gp_record_stream).  Returns NULL on
+ * failure with gp_last_error() set: GP_ERR_OOM (device full; decided from
+ * the driver's free memory and the cache the request may release before
+ * anything is mapped, so a hopeless request costs no mapping) or GP_ERR_LIMIT
  * (pool or tag limit) once the pool released the cached memory of
  * priorities up to `priority` and the pressure callback had its chance (see
  * the priorities above), GP_ERR_INVALID for size 0 or a size that overflows;
@@ -260,8 +285,11 @@ void gp_pool_walk(gp_pool *pool, gp_block_fn fn, void *arg);
 /* Tensor.record_stream: the live block at `ptr` (its start) is also used on
  * `stream`.  When it is freed, an event is recorded on every such stream and
  * the block is not handed out again (state GP_BLOCK_PENDING) until those
- * events completed: later allocations query them, without a host wait; a
- * trim, which synchronises the device, releases all.  Recording the block's
+ * events completed: an allocation that finds no cached block (a miss)
+ * queries them, without a host wait -- a hit makes no driver call, so a
+ * completed block may wait for the next miss; an allocation that would
+ * fail, and a trim, synchronise the device, which releases all (also a
+ * block whose event could not be recorded).  Recording the block's
  * own stream does nothing.  GP_ERR_FOREIGN / GP_ERR_DOUBLE_FREE for a pointer
  * that is not a live block's start, GP_ERR_TOO_MANY past 8 streams. */
 gp_status gp_record_stream(gp_pool *pool, void *ptr, gp_stream stream);
@@ -301,8 +329,10 @@ gp_status gp_pool_capture_release(gp_pool *pool, uint64_t key);
 
 /* Unmap free chunks until at least `bytes` were released (UINT64_MAX: all),
  * whatever priority cached them, lowest first.  Synchronises the device
- * first (a chunk may still be read by a stream that freed it).  Returns the
- * bytes released. */
+ * first (a chunk may still be read by a stream that freed it) when there is
+ * cache to release or a block pending record_stream events, which the sync
+ * frees (in reserve mode too, which never unmaps).  Returns the bytes
+ * released. */
 uint64_t gp_pool_trim(gp_pool *pool, uint64_t bytes);
 
 /* gp_pool_trim(pool, UINT64_MAX): what torch.cuda.empty_cache() does. */
@@ -314,7 +344,10 @@ uint64_t gp_pool_empty_cache(gp_pool *pool);
  * (offload, the arbiter) may give up live memory of priority lower than
  * `priority` -- never of `priority` or above -- and returns the bytes it
  * freed.  Called without the pool's lock held, so it may call gp_*
- * functions (gp_free of the blocks it gives up). */
+ * functions (gp_free of the blocks it gives up, even gp_alloc); the request
+ * is then decided afresh (its tag's limit, its stream, a capture begun or
+ * ended meanwhile) as if it had just been made.  Asked at most once per
+ * request. */
 typedef uint64_t (*gp_pressure_fn)(void *arg, gp_pool *pool, uint64_t needed,
                                    int priority);
 void gp_pool_set_pressure(gp_pool *pool, gp_pressure_fn fn, void *arg);
@@ -354,25 +387,27 @@ size_t gp_pool_check(gp_pool *pool, char *msg, size_t n);
 /* ------------------------------------------------------- offload, pool side */
 
 /* The pool's part of offloading memory to the host (offload.c does the
- * copies and keeps the host copy).  Memory moves in *runs*: chunk-aligned
- * address ranges whose every byte is a live block of the tags being
- * offloaded or free cache, so that their physical chunks can be given back
- * while every other block stays where it is.  A live block is offloaded
- * only if all the chunks it touches are in runs; blocks that share a chunk
- * with other live memory (another tag, a pending record_stream block, a
- * CUDA graph's private memory) stay resident and are counted as `kept`.
+ * copies and keeps the host copy).  Physical memory is given back in whole
+ * chunks: a chunk is *released* when every block in it is a live block of
+ * the tags being offloaded or free cache of a stream; a chunk shared with
+ * other live memory (another tag, a pending record_stream block, a CUDA
+ * graph's private memory) stays mapped.  Released chunks form *runs*
+ * (maximal chunk-aligned ranges).
  *
- * The addresses never change: live blocks of a run become OFFLOADED (still
- * in the pointer hash: they can be freed, retagged and looked up), free
- * cache in it FREE_OFFLOADED (no allocation lands there).  Figures: the
- * bytes of OFFLOADED blocks leave `allocated` (and their tag's and
+ * The addresses never change: every live block of the tags that touches a
+ * released chunk becomes OFFLOADED (still in the pointer hash: it can be
+ * freed, retagged and looked up; no kernel may touch it until restored);
+ * its bytes inside runs are copied, its bytes in a shared chunk stay where
+ * they are.  A block touching no released chunk stays resident (`kept`).
+ * Free cache in runs becomes FREE_OFFLOADED (no allocation lands there).
+ * Figures: OFFLOADED blocks leave `allocated` (and their tag's and
  * priority's) for `offloaded`; `reserved` drops as chunks are unmapped;
  * `active_blocks` still counts them (they are live allocations).
  *
  * A plan covers one offload or one restore:
  *   gp_pool_offload_begin  plans and marks, under the lock; every run's
- *                          chunks are still mapped.  Returns an empty plan
- *                          (n_runs 0) when nothing can move.
+ *                          chunks are still mapped.  An empty plan (n_runs
+ *                          0) when nothing can move.
  *   gp_pool_restore_begin  a plan over runs offloaded earlier (their
  *                          chunks unmapped), to map them again.
  *   gp_pool_plan_unmap     give back the chunks of [addr, addr+size) (a
@@ -388,7 +423,8 @@ size_t gp_pool_check(gp_pool *pool, char *msg, size_t n);
  *                          free pieces go back to the bins), 0 when every
  *                          chunk is unmapped (the runs stay offloaded).
  *                          GP_ERR_INVALID, and nothing changes, when the
- *                          chunks are not all in that state.  Frees the plan.
+ *                          chunks are not all in that state; else the plan
+ *                          is freed.
  * The chunks of a run are touched by nobody else meanwhile (no allocation
  * lands in them, trim skips them), so the caller copies without the lock.
  * Refused while a CUDA graph captures (GP_ERR_INVALID): a capture may not
@@ -399,8 +435,9 @@ typedef struct gp_offload_run {
     uint64_t chunk;     /* the mapping unit of its arena                  */
 } gp_offload_run;
 
+/* Bytes to copy: the part of one live block inside one run. */
 typedef struct gp_offload_range {
-    uintptr_t addr;     /* a live block: the bytes to copy                */
+    uintptr_t addr;
     uint64_t size;
     gp_tag tag;
     uint8_t priority;
@@ -410,12 +447,13 @@ typedef struct gp_offload_plan {
     int restore;                /* a restore plan (else an offload)        */
     size_t n_runs;
     gp_offload_run *runs;       /* in address order                       */
-    size_t n_blocks;
-    gp_offload_range *blocks;   /* the live blocks inside the runs, in
-                                   address order: only these bytes are
+    size_t n_ranges;
+    gp_offload_range *ranges;   /* in address order; only these bytes are
                                    copied (free space is not)             */
-    uint64_t bytes;             /* sum of blocks[].size                    */
+    uint64_t bytes;             /* sum of ranges[].size                    */
     uint64_t released;          /* sum of runs[].size                      */
+    uint64_t offloaded;         /* offload: bytes of the blocks that became
+                                   OFFLOADED (whole blocks)                */
     uint64_t kept;              /* offload: bytes of the tags' live blocks
                                    that stay resident (see above)          */
 } gp_offload_plan;
@@ -426,8 +464,9 @@ typedef struct gp_offload_plan {
 gp_status gp_pool_offload_begin(gp_pool *pool, const gp_tag *tags, size_t n_tags,
                                 gp_offload_plan **out);
 /* Plan the restore of `runs` (as an offload plan listed them; each must
- * still be wholly offloaded: GP_ERR_INVALID otherwise).  The plan's blocks
- * are the live blocks in them now (some may have been freed since). */
+ * still be wholly offloaded: GP_ERR_INVALID otherwise).  The plan's ranges
+ * are those of the blocks still live in them (some may have been freed
+ * since): the same addresses and sizes the offload plan gave them. */
 gp_status gp_pool_restore_begin(gp_pool *pool, const gp_offload_run *runs, size_t n_runs,
                                 gp_offload_plan **out);
 gp_status gp_pool_plan_unmap(gp_pool *pool, gp_offload_plan *plan, uintptr_t addr,
@@ -436,11 +475,18 @@ gp_status gp_pool_plan_map(gp_pool *pool, gp_offload_plan *plan, uintptr_t addr,
                            uint64_t size, int priority);
 gp_status gp_pool_plan_end(gp_pool *pool, gp_offload_plan *plan, int resident);
 
+/* The configuration the pool was made with (its limit as set now). */
+void gp_pool_config(gp_pool *pool, gp_config *out);
+
 /* Block the host until all work on the pool's device has completed (the
  * backend's synchronize; counted in n_sync). */
 gp_status gp_pool_synchronize(gp_pool *pool);
 /* The pool's backend, for the layers above that copy (offload.c). */
 gp_backend *gp_pool_backend(gp_pool *pool);
+/* GP_OK when this process may use the pool; the error a pool made before
+ * a fork gives in the child otherwise (for layers above that must check
+ * before they take locks of their own). */
+gp_status gp_pool_in_process(gp_pool *pool);
 
 /* -------------------------------------------------------------- statistics */
 
@@ -505,8 +551,13 @@ void gp_pool_reset_peaks(gp_pool *pool);
 size_t gp_pool_oom_report(gp_pool *pool, uint64_t requested, char *buf,
                           size_t len);
 
-/* The last OOM report this pool produced ("" if none). */
-const char *gp_pool_last_oom(gp_pool *pool);
+/* Copy the last OOM report this pool produced ("" if none) to `buf`: at
+ * most `len` bytes, NUL-terminated; returns its length (less than
+ * GP_OOM_REPORT_MAX).  A copy, taken under the pool's lock: another
+ * thread's failure may write a new one at any time.  (The thread whose
+ * allocation failed finds its own report in gp_last_error().) */
+#define GP_OOM_REPORT_MAX 1024
+size_t gp_pool_last_oom(gp_pool *pool, char *buf, size_t len);
 
 /* ----------------------------------------------------------------- history */
 

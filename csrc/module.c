@@ -314,7 +314,7 @@ PyMODINIT_FUNC PyInit__C(void)
     if (PyModule_AddObject(m, "Pool", (PyObject *)&gp_pool_type) < 0 ||
         PyModule_AddIntConstant(m, "MAX_TAGS", GP_MAX_TAGS) < 0 ||
         PyModule_AddIntConstant(m, "PRIO_MAX", GP_PRIO_MAX) < 0 ||
-        PyModule_AddIntConstant(m, "HISTORY_DEFAULT", GP_HISTORY_DEFAULT) < 0) {
+        PyModule_AddIntConstant(m, "HISTORY_DEFAULT", GP_HISTORY_DEFAULT) < 0 || gp_pycodec_register(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

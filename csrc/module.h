@@ -50,6 +50,12 @@ void gp_context_set_inherited(int tag, int prio, int *old_tag, int *old_prio);
 
 /* ------------------------------------------------- pypool.c: the Pool type */
 
+typedef struct gp_pool_object {
+    PyObject_HEAD
+    gp_pool *pool;
+    int owned;          /* destroyed with the object (a HostPool) */
+} gp_pool_object;
+
 extern PyTypeObject gp_pool_type;
 /* A Pool object over p; `owned`: destroyed with the object (HostPool). */
 PyObject *gp_pool_wrap(gp_pool *p, int owned);
@@ -58,5 +64,44 @@ PyObject *gp_raise(gp_status st);
 /* A config from the defaults, GPUPOOL_* (when use_env) and a dict of
  * options; -1 with an exception set. */
 int gp_config_from_py(PyObject *opts, int use_env, gp_config *cfg);
+
+/* ---------------------------------------- pyoffload.c: offload's methods */
+
+/* The offloader of pool p, made on first use with the configuration p was
+ * made with; NULL with the error set when it cannot be made. */
+struct gp_offloader *gp_pool_offloader(gp_pool *p, int create);
+/* Destroy p's offloader, if any (before p goes). */
+void gp_offloader_forget(gp_pool *p);
+
+PyObject *gp_py_offload(gp_pool_object *self, PyObject *args, PyObject *kw);
+PyObject *gp_py_restore(gp_pool_object *self, PyObject *args);
+PyObject *gp_py_prefetch(gp_pool_object *self, PyObject *args);
+PyObject *gp_py_offload_register(gp_pool_object *self, PyObject *args);
+PyObject *gp_py_offload_use(gp_pool_object *self, PyObject *args);
+PyObject *gp_py_offload_stats(gp_pool_object *self, PyObject *args);
+PyObject *gp_py_offload_corrupt(gp_pool_object *self, PyObject *arg);
+
+/* Entries of the Pool type's method table. */
+#define GP_OFFLOAD_METHODS                                                                           \
+    {"offload", (PyCFunction)(void (*)(void))gp_py_offload, METH_VARARGS | METH_KEYWORDS,            \
+     "offload(tag_ids, keep=True, codec='raw') -> dict: move the tags' memory to the host"},        \
+    {"restore", (PyCFunction)gp_py_restore, METH_VARARGS,                                            \
+     "restore(tag_ids) -> dict: bring their memory back at the same addresses"},                    \
+    {"prefetch", (PyCFunction)gp_py_prefetch, METH_VARARGS,                                          \
+     "prefetch(tag_ids): start restoring them on a worker thread"},                                 \
+    {"offload_register", (PyCFunction)gp_py_offload_register, METH_VARARGS,                          \
+     "offload_register(tag_id, priority): offloadable under pressure (-1: no longer)"},             \
+    {"offload_use", (PyCFunction)gp_py_offload_use, METH_VARARGS,                                    \
+     "offload_use(tag_id, busy): in use (never offloaded under pressure) or idle"},                 \
+    {"offload_stats", (PyCFunction)gp_py_offload_stats, METH_VARARGS,                                \
+     "offload_stats(create=False) -> dict or None (no offloader yet)"},                             \
+    {"_offload_corrupt_for_test", (PyCFunction)gp_py_offload_corrupt, METH_O,                        \
+     "flip one stored byte of tag_id's offloaded copy (tests: a restore must catch it)"},
+
+/* ------------------------------------------- pycodec.c: codecs, nvCOMP */
+
+/* Add the codec functions (nvcomp_search_dir, nvcomp_load, codec_names,
+ * checksum) to module m; -1 with an exception set. */
+int gp_pycodec_register(PyObject *m);
 
 #endif /* GP_MODULE_H */

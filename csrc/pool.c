@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "pool.h"
 
@@ -48,10 +49,11 @@ static gp_status gp_refill_spare(gp_pool *p)
     return GP_OK;
 }
 
-/* Callers make sure a header is spare (gp_reserve_headers) before they start
- * changing blocks, so a split never fails half-way. */
+/* A header from the spare list, refilled when empty; NULL (with the error
+ * set) only when the host is out of memory. */
 gp_block *gp_new_block(gp_pool *p)
 {
+    if (!p->spare && gp_refill_spare(p) != GP_OK) return NULL;
     gp_block *b = p->spare;
     p->spare = b->fnext;
     memset(b, 0, sizeof *b);
@@ -119,8 +121,8 @@ static gp_block *gp_hash_remove(gp_pool *p, uintptr_t a)
 
 static int gp_mergeable(const gp_block *x, const gp_block *y)
 {
-    return x && y && x->state == y->state && x->state != GP_BLOCK_USED &&
-           x->state != GP_BLOCK_PENDING && x->life == y->life &&
+    return x && y && x->state == y->state &&
+           (x->state == GP_BLOCK_FREE || x->state == GP_BLOCK_FREE_UNMAPPED) && x->life == y->life &&
            (x->state == GP_BLOCK_FREE_UNMAPPED || x->sidx == y->sidx);
 }
 
@@ -154,10 +156,12 @@ gp_block *gp_insert_free(gp_pool *p, gp_arena *a, gp_block *b)
 }
 
 /* Cut b (in no bin) after `size` bytes; the tail becomes a block of the same
- * state and stream, returned (not in any bin).  Needs a spare header. */
+ * state and stream, returned (not in any bin).  NULL, b unchanged, when no
+ * header can be had (see gp_reserve_headers). */
 gp_block *gp_split(gp_pool *p, gp_block *b, uint64_t size)
 {
     gp_block *t = gp_new_block(p);
+    if (!t) return NULL;
     t->addr = b->addr + size;
     t->size = b->size - size;
     t->state = b->state;
@@ -175,11 +179,16 @@ gp_block *gp_split(gp_pool *p, gp_block *b, uint64_t size)
 /* ------------------------------------------------------------ map / unmap */
 
 /* Map [addr, addr+len) chunk by chunk; on failure unmap what this call
- * mapped, so the range is either wholly mapped or wholly not. */
-static gp_status gp_map_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len)
+ * mapped, from the end.  An unmap that fails there keeps its chunk mapped
+ * in the backend, so the pool keeps it too: *kept is then the length of the
+ * prefix of the range still mapped (and counted in reserved), which the
+ * caller must turn into free memory.  Otherwise the range is either wholly
+ * mapped or wholly not (*kept 0). */
+gp_status gp_map_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len, uint64_t *kept)
 {
     uint64_t done = 0;
     gp_status st = GP_OK;
+    *kept = 0;
     while (done < len) {
         /* The table gets the handle only from a map that worked: what a
          * failed call leaves in its output is not a handle. */
@@ -192,26 +201,45 @@ static gp_status gp_map_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t 
     }
     if (st != GP_OK) {
         p->st.n_map_fail++;
+        char why[1024];
+        snprintf(why, sizeof why, "%s", gp_last_error());
         while (done > 0) {
-            done -= a->chunk;
-            uint64_t ci = gp_chunk_index(a, addr + done);
+            uint64_t ci = gp_chunk_index(a, addr + done - a->chunk);
             p->st.n_unmap++;
-            p->be->unmap(p->be, addr + done, a->chunk, a->handles[ci]);
+            if (p->be->unmap(p->be, addr + done - a->chunk, a->chunk, a->handles[ci]) != GP_OK) break;
             a->handles[ci] = 0;
+            done -= a->chunk;
         }
-        return st;
+        gp_error_set(st, "%s", why);
+        if (!done) return st;
+        *kept = len = done;
     }
     p->st.reserved += len;
     p->st.mapped_total += len;
     GP_TRACE(p, GP_EV_MAP, addr, len, NULL, GP_TAG_UNTAGGED, 0);
     if (p->n_capturing) p->st.n_capture_maps += len / a->chunk;
     if (p->st.reserved > p->st.reserved_peak) p->st.reserved_peak = p->st.reserved;
-    return GP_OK;
+    return st;
+}
+
+/* The first `len` bytes of unmapped block u (in its bins) were mapped: they
+ * become free memory of slot sidx and priority prio, merged and binned (the
+ * rest of u stays unmapped); returns the free block they are part of.
+ * Needs a spare header. */
+static gp_block *gp_mapped_head(gp_pool *p, gp_arena *a, gp_block *u, uint64_t len, unsigned sidx, int prio)
+{
+    gp_bins_remove(gp_bins_of(a, u), u);
+    gp_block *rest = u->size > len ? gp_split(p, u, len) : NULL;
+    u->state = GP_BLOCK_FREE; /* before the rest goes back, or they would merge */
+    u->sidx = (uint8_t)sidx;
+    u->prio = (uint8_t)prio;
+    if (rest) gp_insert_free(p, a, rest);
+    return gp_insert_free(p, a, u);
 }
 
 /* Unmap chunks of [addr, addr+len) from the start; returns bytes unmapped
  * (less than len only if the backend failed). */
-static uint64_t gp_unmap_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len)
+uint64_t gp_unmap_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len)
 {
     uint64_t done = 0;
     while (done < len) {
@@ -292,17 +320,22 @@ static int gp_cache_level(const gp_pool *p, const gp_arena *only, int min, int w
  * so many), from arena `only` or, when it is NULL, from every arena: only
  * cache of priority <= max_prio, the lowest priority first (a pass over the
  * arenas per priority that holds cache; one pass when all is one priority). */
-static uint64_t gp_trim_in(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio)
+uint64_t gp_trim_in(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio)
 {
     /* No synchronisation (illegal) nor unmapping while a graph captures. */
-    if (p->reserve_mode || p->n_capturing || p->st.reserved == p->st.allocated) return 0;
-    /* Nothing this request may release: spare the device sync. */
-    if (gp_cache_level(p, only, 0, 0) > max_prio) return 0;
+    if (p->n_capturing || p->st.reserved == p->st.allocated) return 0;
+    /* Nothing this request may release: spare the device sync.  Pending
+     * blocks count (the sync frees them; reserve mode then keeps them as
+     * cache, never unmapping). */
+    int cache = !p->reserve_mode && gp_cache_level(p, only, 0, 0) <= max_prio;
+    if (!cache && !gp_pending_upto(p, max_prio)) return 0;
     /* A stream may still read a block it freed: wait for the device before
      * giving any chunk back. */
-    p->st.n_sync++;
-    if (p->be->synchronize(p->be) != GP_OK) return 0;
-    gp_release_pending(p);
+    if (gp_sync_locked(p) != GP_OK) {
+        gp_error_clear();
+        return 0;
+    }
+    if (p->reserve_mode) return 0;
     for (unsigned k = 0; k < p->n_arenas; k++)
         if (!only || &p->arenas[k] == only) gp_coalesce_idle(p, &p->arenas[k]);
     uint64_t freed = 0;
@@ -325,6 +358,7 @@ static uint64_t gp_trim_locked(gp_pool *p, uint64_t want) { return gp_trim_in(p,
 
 uint64_t gp_pool_trim(gp_pool *p, uint64_t bytes)
 {
+    if (gp_pool_usable(p) != GP_OK) return 0;
     pthread_mutex_lock(&p->lock);
     uint64_t f = gp_trim_locked(p, bytes);
     pthread_mutex_unlock(&p->lock);
@@ -334,11 +368,62 @@ uint64_t gp_pool_trim(gp_pool *p, uint64_t bytes)
 uint64_t gp_pool_empty_cache(gp_pool *p) { return gp_pool_trim(p, UINT64_MAX); }
 /* ---------------------------------------------------------------- growing */
 
+/* Bytes cached at priorities min..max (free blocks of stream slots). */
+static uint64_t gp_cached_bytes(const gp_pool *p, int min, int max)
+{
+    uint64_t n = 0;
+    for (unsigned k = 0; k < p->n_arenas; k++)
+        for (const gp_block *b = p->arenas[k].first; b; b = b->next)
+            if (gp_cached(p, &p->arenas[k], b, min, max, 0)) n += b->size;
+    return n;
+}
+
+/* At most what a trim for a request of `prio` could give back: its cache
+ * (whole chunks or not) and the blocks pending record_stream events, which
+ * the trim's sync frees; nothing while a graph captures. */
+static uint64_t gp_releasable(const gp_pool *p, int prio)
+{
+    if (p->n_capturing) return 0;
+    uint64_t n = gp_cached_bytes(p, 0, prio);
+    for (unsigned i = 0; i < p->n_recs; i++)
+        if (p->recs[i].pending && p->recs[i].b->prio <= prio) n += p->recs[i].b->size;
+    return n;
+}
+
+/* Whether `need` more bytes fit on the device, asked of its figures (the
+ * driver's free memory; yes when it has none to give, or while a graph
+ * captures: a call the driver deems unsafe then would invalidate the
+ * capture).  If not, *short_by is what is missing and *could what a trim
+ * for `prio` might add. */
+static int gp_device_fits(gp_pool *p, uint64_t need, int prio, uint64_t *short_by, uint64_t *could)
+{
+    uint64_t dev_free = 0, dev_total = 0;
+    if (p->n_capturing) return 1;
+    if (p->be->mem_info(p->be, &dev_free, &dev_total) != GP_OK) {
+        gp_error_clear(); /* no figures: the mapping will tell */
+        return 1;
+    }
+    if (need <= dev_free) return 1;
+    *short_by = need - dev_free;
+    *could = gp_releasable(p, prio);
+    return 0;
+}
+
+static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, int prio, gp_status *st,
+                            int may_trim);
+
 /* Map new memory so that a free block of at least `size` bytes exists on
  * stream slot sidx, in the slot's region, for a request of `prio` (which
- * may release cache of priorities up to its own to stay under the limit);
- * return it (removed from its bins) or NULL with the error set. */
+ * may release cache of priorities up to its own to stay under the limit
+ * or to make room on the device); return it (removed from its bins) or
+ * NULL with the error set. */
 gp_block *gp_grow(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, int prio, gp_status *st)
+{
+    return gp_grow_in(p, a, sidx, size, prio, st, 1);
+}
+
+static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, int prio, gp_status *st,
+                            int may_trim)
 {
     if (p->reserve_mode) {
         *st = gp_error_set(GP_ERR_OOM, "the reserved pool is exhausted (reserve mode never maps more)");
@@ -379,15 +464,29 @@ gp_block *gp_grow(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, int pri
     gp_block *pv = u->prev;
     if (pv && pv->state == GP_BLOCK_FREE && pv->sidx == sidx && pv->life == u->life && pv->size < size)
         need = gp_round_up(size - pv->size, a->chunk);
-    if ((*st = gp_reserve_headers(p, 2)) != GP_OK) return NULL;
-    if ((*st = gp_map_range(p, a, u->addr, need)) != GP_OK) return NULL;
-    gp_bins_remove(gp_bins_of(a, u), u);
-    gp_block *rest = u->size > need ? gp_split(p, u, need) : NULL;
-    u->state = GP_BLOCK_FREE; /* before the rest goes back, or they would merge */
-    u->sidx = (uint8_t)sidx;
-    u->prio = (uint8_t)prio;
-    if (rest) gp_insert_free(p, a, rest);
-    gp_block *b = gp_insert_free(p, a, u);
+    /* Whether the device has the memory, decided from its figures before
+     * anything is mapped: a mapping that fails half-way has cost a map and
+     * an unmap per chunk (0.47 s for 1 GiB in 64 KiB chunks).  What the
+     * cache may add is released first, once; if even that is too little,
+     * the request fails at once and the cache stays. */
+    uint64_t short_by, could;
+    if (!gp_device_fits(p, need, prio, &short_by, &could)) {
+        /* (The trim may merge u away: grow afresh after it.) */
+        if (may_trim && short_by <= could && gp_trim_in(p, NULL, short_by, prio))
+            return gp_grow_in(p, a, sidx, size, prio, st, 0);
+        *st = gp_error_set(GP_ERR_OOM,
+                           "the device lacks %" PRIu64 " of the %" PRIu64 " bytes needed, and the cache this "
+                           "request may release (priority <= %d) holds %" PRIu64 " bytes",
+                           short_by, need, prio, could);
+        return NULL;
+    }
+    if ((*st = gp_reserve_headers(p, 1)) != GP_OK) return NULL;
+    uint64_t kept;
+    if ((*st = gp_map_range(p, a, u->addr, need, &kept)) != GP_OK) {
+        if (kept) gp_mapped_head(p, a, u, kept, sidx, prio);
+        return NULL;
+    }
+    gp_block *b = gp_mapped_head(p, a, u, need, sidx, prio);
     gp_bins_remove(a->bins[sidx], b);
     return b;
 }
@@ -412,6 +511,17 @@ static gp_block *gp_steal(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size)
 }
 /* ------------------------------------------------------------ alloc, free */
 
+/* A cached block of at least `size` bytes for slot sidx, or for graph pool
+ * slot gslot (>= 0) while capturing (*a may change then); removed from its
+ * bins. */
+static inline gp_block *gp_fit(gp_pool *p, gp_arena **a, int gslot, unsigned sidx, uint64_t size)
+{
+    if (gslot >= 0) return gp_capture_find(p, a, (unsigned)gslot, sidx, size);
+    gp_block *b = gp_bins_find((*a)->bins[sidx], size);
+    if (b) gp_bins_remove((*a)->bins[sidx], b);
+    return b;
+}
+
 /* Whether live memory of a priority below `prio` exists (what the pressure
  * callback may give up). */
 static int gp_lower_live(const gp_pool *p, int prio)
@@ -421,56 +531,58 @@ static int gp_lower_live(const gp_pool *p, int prio)
     return 0;
 }
 
-/* Bytes cached at priorities above `prio`: what a request of `prio` may not
- * release (for its error message). */
-static uint64_t gp_cached_above(const gp_pool *p, int prio)
-{
-    uint64_t n = 0;
-    for (unsigned k = 0; k < p->n_arenas; k++)
-        for (const gp_block *b = p->arenas[k].first; b; b = b->next)
-            if (gp_cached(p, &p->arenas[k], b, prio + 1, GP_PRIO_MAX, 0)) n += b->size;
-    return n;
-}
-
 /* The limit or the device stands in the way of a request of `prio` that
- * found no cached block: give up, in this order, what it may displace, and
- * retry after each step -- (1) cached chunks of priorities up to its own,
- * the lowest first, as many as it needs, then all of them (the limit path
- * of gp_grow has done this already); (2) live memory of lower priorities,
- * through the pressure callback (offload, the arbiter), only if some
- * exists.  Nothing of a higher priority is touched, so only a request that
- * can displace nobody fails.  Called, and returns, with the lock held. */
+ * found no cached block: take back the blocks pending record_stream events
+ * (a device sync), then, if the device's figures say a trim can make room,
+ * release cached chunks of priorities up to its own, the lowest first, as
+ * many as it needs, then all of them (gp_grow has done this already for the
+ * limit and for the device's figures), retrying after each step.  Nothing
+ * of a higher priority is touched.  The pressure callback, the next step,
+ * is gp_alloc's: it needs the lock dropped. */
 static gp_block *gp_displace(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t bsize, int prio,
                              gp_status *st)
 {
     gp_block *b = NULL;
     p->st.n_alloc_retries++;
-    if (*st == GP_ERR_OOM && !p->reserve_mode) {
-        gp_trim_in(p, NULL, gp_round_up(bsize, a->chunk), prio);
-        if (!(b = gp_grow(p, a, sidx, bsize, prio, st)) && *st == GP_ERR_OOM) {
-            gp_trim_in(p, NULL, UINT64_MAX, prio);
-            b = gp_grow(p, a, sidx, bsize, prio, st);
+    /* Blocks waiting for record_stream events (or for a sync, when an event
+     * could not be recorded) are freed by a device sync: before failing,
+     * wait for them (a capture cannot). */
+    if (p->n_pending && !p->n_capturing) {
+        gp_status ss = gp_sync_locked(p);
+        if (ss != GP_OK) {
+            *st = ss;
+            return NULL;
         }
+        if ((b = gp_fit(p, &a, -1, sidx, bsize)) || (b = gp_steal(p, a, sidx, bsize))) return b;
     }
-    if (!b && (*st == GP_ERR_OOM || *st == GP_ERR_LIMIT) && p->pressure && gp_lower_live(p, prio)) {
-        gp_pressure_fn fn = p->pressure;
-        void *arg = p->pressure_arg;
-        pthread_mutex_unlock(&p->lock);
-        uint64_t got = fn(arg, p, bsize, prio);
-        pthread_mutex_lock(&p->lock);
-        if (got) {
-            /* What was given up is cache now: reuse it, or release it and map. */
-            if ((b = gp_bins_find(a->bins[sidx], bsize))) gp_bins_remove(a->bins[sidx], b);
-            else if (!(b = gp_steal(p, a, sidx, bsize))) {
-                b = gp_grow(p, a, sidx, bsize, prio, st);
-                if (!b && *st == GP_ERR_OOM && !p->reserve_mode) {
-                    gp_trim_in(p, NULL, UINT64_MAX, prio);
-                    b = gp_grow(p, a, sidx, bsize, prio, st);
-                }
-            }
-        }
-    }
+    /* (gp_grow released what the device's figures asked for: this is for a
+     * mapping that failed all the same, when a trim may still help.) */
+    uint64_t need = gp_round_up(bsize, a->chunk), short_by = 0, could = 0;
+    if (*st == GP_ERR_OOM && !p->reserve_mode &&
+        (gp_device_fits(p, need, prio, &short_by, &could) || short_by <= could) &&
+        gp_trim_in(p, NULL, need, prio) &&
+        !(b = gp_grow(p, a, sidx, bsize, prio, st)) && *st == GP_ERR_OOM && gp_trim_in(p, NULL, UINT64_MAX, prio))
+        b = gp_grow(p, a, sidx, bsize, prio, st);
     return b;
+}
+
+/* Ask the pressure callback (offload, the arbiter) to give up live memory
+ * of priorities below `prio`.  It runs without the lock, so anything may
+ * change meanwhile -- other threads and the callback itself allocate and
+ * free -- and the caller must decide everything again afterwards.  Returns
+ * whether it gave something up; the lock is held again on return, and the
+ * error the request failed with is kept. */
+static int gp_ask_pressure(gp_pool *p, uint64_t bsize, int prio, gp_status st)
+{
+    char why[1024];
+    snprintf(why, sizeof why, "%s", gp_last_error());
+    gp_pressure_fn fn = p->pressure;
+    void *arg = p->pressure_arg;
+    pthread_mutex_unlock(&p->lock);
+    uint64_t got = fn(arg, p, bsize, prio);
+    pthread_mutex_lock(&p->lock);
+    if (!got) gp_error_set(st, "%s", why);
+    return got != 0;
 }
 
 void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priority, gp_status *status)
@@ -490,41 +602,64 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
                                (unsigned)tag, priority, gp_tag_count(), GP_PRIO_MAX);
         return NULL;
     }
+    if ((*status = gp_pool_usable(p)) != GP_OK) return NULL;
     uint64_t bsize = gp_block_size(p, size);
     pthread_mutex_lock(&p->lock);
     unsigned sidx;
     gp_tag_stats *ts = &p->tags[tag];
-    gp_arena *a = &p->arenas[p->n_arenas == 1 || bsize >= p->small_size ? p->n_arenas - 1 : 0];
+    gp_arena *a;
     gp_block *b = NULL;
-    /* Placement: long-lived tags use their stream's slot of the long region
-     * (not while capturing: a capture draws on the capturing stream's slot). */
-    unsigned life = p->placement && !p->n_capturing ? (unsigned)gp_tag_lifetime(tag) : GP_LIFE_SHORT;
-    if ((st = gp_slot_of(p, stream, life, &sidx)) != GP_OK) goto fail;
-    int gslot = -1; /* the graph pool this allocation goes to, if capturing */
-    if (p->n_capturing && (st = gp_capture_route(p, stream, &gslot)) != GP_OK) goto fail;
-    if (p->n_pending) gp_poll_pending(p);
-    if (ts->limit && ts->allocated + bsize > ts->limit) {
-        st = gp_error_set(GP_ERR_LIMIT,
-                          "tag '%s' is limited to %" PRIu64 " bytes and holds %" PRIu64
-                          "; %" PRIu64 " more were asked for",
-                          gp_tag_name(tag), ts->limit, ts->allocated, (uint64_t)bsize);
-        goto fail;
-    }
-    if (gp_reserve_headers(p, 1) != GP_OK) { st = GP_ERR_NOMEM; goto fail; }
-    if (gslot >= 0) b = gp_capture_find(p, &a, (unsigned)gslot, sidx, bsize);
-    else if ((b = gp_bins_find(a->bins[sidx], bsize))) gp_bins_remove(a->bins[sidx], b);
-    if (b) {
-        p->st.cache_hits++;
-    } else if (gslot >= 0 || !(b = gp_steal(p, a, sidx, bsize))) {
+    int gslot;        /* the graph pool this allocation goes to, if capturing */
+    int asked = 0;    /* the pressure callback had its chance */
+    for (;;) {
+        /* Everything is decided here, and again after the pressure callback
+         * (which runs without the lock). */
+        a = &p->arenas[p->n_arenas == 1 || bsize >= p->small_size ? p->n_arenas - 1 : 0];
+        /* Placement: long-lived tags use their stream's slot of the long
+         * region (not while capturing: a capture draws on the capturing
+         * stream's slot). */
+        unsigned life = p->placement && !p->n_capturing ? (unsigned)gp_tag_lifetime(tag) : GP_LIFE_SHORT;
+        if ((st = gp_slot_of(p, stream, life, &sidx)) != GP_OK) goto fail;
+        gslot = -1;
+        if (p->n_capturing && (st = gp_capture_route(p, stream, &gslot)) != GP_OK) goto fail;
+        if (ts->limit && ts->allocated + bsize > ts->limit) {
+            st = gp_error_set(GP_ERR_LIMIT,
+                              "tag '%s' is limited to %" PRIu64 " bytes and holds %" PRIu64
+                              "; %" PRIu64 " more were asked for",
+                              gp_tag_name(tag), ts->limit, ts->allocated, (uint64_t)bsize);
+            goto fail;
+        }
+        b = gp_fit(p, &a, gslot, sidx, bsize);
+        /* Blocks whose record_stream events completed, asked of the driver
+         * only on a miss: a hit makes no driver call. */
+        if (!b && p->n_pending) {
+            gp_poll_pending(p);
+            b = gp_fit(p, &a, gslot, sidx, bsize);
+        }
+        if (b) {
+            p->st.cache_hits++;
+            break;
+        }
         /* (A capture cannot wait on another stream: it never steals.) */
-        b = gp_grow(p, a, sidx, bsize, priority, &st);
-        if (!b && (st == GP_ERR_OOM || st == GP_ERR_LIMIT))
-            b = gp_displace(p, a, sidx, bsize, priority, &st);
-        if (!b) goto fail;
+        if (gslot < 0 && (b = gp_steal(p, a, sidx, bsize))) break;
+        if ((b = gp_grow(p, a, sidx, bsize, priority, &st))) break;
+        if (st != GP_ERR_OOM && st != GP_ERR_LIMIT) goto fail;
+        if ((b = gp_displace(p, a, sidx, bsize, priority, &st))) break;
+        /* Live memory of lower priorities, through the callback, once. */
+        if ((st != GP_ERR_OOM && st != GP_ERR_LIMIT) || asked || !p->pressure || !gp_lower_live(p, priority))
+            goto fail;
+        asked = 1;
+        if (!gp_ask_pressure(p, bsize, priority, st)) goto fail;
     }
     b->state = GP_BLOCK_USED; /* before the tail goes back, or they would merge */
     if (b->size - bsize >= GP_ALIGN) {
         gp_block *tail = gp_split(p, b, bsize);
+        if (!tail) { /* no header for the tail: the block goes back */
+            st = GP_ERR_NOMEM;
+            b->state = GP_BLOCK_FREE;
+            gp_insert_free(p, a, b);
+            goto fail;
+        }
         tail->state = GP_BLOCK_FREE;
         gp_insert_free(p, a, tail);
     }
@@ -551,6 +686,7 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
     ts->n_alloc++;
     gp_peak(&p->prio_alloc[priority], &p->prio_peak[priority], b->size);
     GP_TRACE(p, GP_EV_ALLOC, b->addr, b->size, stream, tag, priority);
+    gp_debug_tick(p);
     pthread_mutex_unlock(&p->lock);
     *status = GP_OK;
     return (void *)b->addr;
@@ -563,7 +699,7 @@ fail:
         gp_oom_report_locked(p, size, p->last_oom, sizeof p->last_oom);
         size_t n = strlen(p->last_oom);
         n += (size_t)snprintf(p->last_oom + n, sizeof p->last_oom - n, "\n  cause: %s", why);
-        uint64_t kept = gp_cached_above(p, priority);
+        uint64_t kept = gp_cached_bytes(p, priority + 1, GP_PRIO_MAX);
         if (kept && n < sizeof p->last_oom)
             snprintf(p->last_oom + n, sizeof p->last_oom - n,
                      "\n  %" PRIu64 " bytes cached at priorities above this request's (%d) stay theirs",
@@ -606,7 +742,7 @@ gp_status gp_bad_pointer(gp_pool *p, const void *ptr, const char *what)
         return gp_error_set(GP_ERR_FOREIGN,
                             "gpupool: %s of %p, which gpupool did not allocate (device %d)",
                             what, ptr, p->be->device);
-    if (b->state != GP_BLOCK_USED)
+    if (b->state != GP_BLOCK_USED && b->state != GP_BLOCK_OFFLOADED)
         return gp_error_set(GP_ERR_DOUBLE_FREE,
                             "gpupool: %s of %p, which is not allocated: freed twice, or used after free",
                             what, ptr);
@@ -619,12 +755,20 @@ gp_status gp_bad_pointer(gp_pool *p, const void *ptr, const char *what)
 gp_status gp_free(gp_pool *p, void *ptr)
 {
     if (!ptr) return GP_OK;
+    gp_status st = gp_pool_usable(p);
+    if (st != GP_OK) return st;
     pthread_mutex_lock(&p->lock);
     gp_block *b = gp_hash_remove(p, (uintptr_t)ptr);
     if (!b) {
-        gp_status st = gp_bad_pointer(p, ptr, "free");
+        st = gp_bad_pointer(p, ptr, "free");
         pthread_mutex_unlock(&p->lock);
         return st;
+    }
+    if (b->state == GP_BLOCK_OFFLOADED) {
+        gp_free_offloaded(p, b);
+        gp_debug_tick(p);
+        pthread_mutex_unlock(&p->lock);
+        return GP_OK;
     }
     gp_tag_stats *ts = &p->tags[b->tag];
     p->st.allocated -= b->size;
@@ -646,9 +790,72 @@ gp_status gp_free(gp_pool *p, void *ptr)
         b->state = GP_BLOCK_FREE;
         gp_insert_free(p, &p->arenas[b->arena], b);
     }
+    gp_debug_tick(p);
     pthread_mutex_unlock(&p->lock);
     return GP_OK;
 }
+/* ------------------------------------------------------------------- fork */
+
+/* fork() copies a pool's lock as it is: if another thread held it, the
+ * child (which has only the forking thread) would wait for it forever.  So
+ * the handlers take every pool's lock before the fork and release them in
+ * both processes after; in the child the pools then refuse use, since their
+ * device memory belongs to the parent (CUDA does not survive a fork). */
+static pthread_mutex_t gp_all_lock = PTHREAD_MUTEX_INITIALIZER;
+static gp_pool *gp_all;
+static pthread_once_t gp_atfork_once = PTHREAD_ONCE_INIT;
+atomic_uint gp_fork_generation;
+
+static void gp_fork_prepare(void)
+{
+    pthread_mutex_lock(&gp_all_lock);
+    for (gp_pool *p = gp_all; p; p = p->all_next) pthread_mutex_lock(&p->lock);
+}
+
+static void gp_fork_parent(void)
+{
+    for (gp_pool *p = gp_all; p; p = p->all_next) pthread_mutex_unlock(&p->lock);
+    pthread_mutex_unlock(&gp_all_lock);
+}
+
+static void gp_fork_child(void)
+{
+    atomic_fetch_add_explicit(&gp_fork_generation, 1, memory_order_relaxed);
+    gp_fork_parent();
+}
+
+static void gp_atfork_register(void) { pthread_atfork(gp_fork_prepare, gp_fork_parent, gp_fork_child); }
+
+void gp_pool_atfork_install(void) { pthread_once(&gp_atfork_once, gp_atfork_register); }
+
+gp_status gp_forked_error(const gp_pool *p)
+{
+    return gp_error_set(GP_ERR_INVALID,
+                        "gpupool: this pool belongs to process %d; a forked child cannot use its parent's "
+                        "CUDA memory; use the 'spawn' start method (multiprocessing.set_start_method('spawn'), "
+                        "or DataLoader(..., multiprocessing_context='spawn')) or make a new pool in the child",
+                        p->pid);
+}
+
+static void gp_all_insert(gp_pool *p)
+{
+    gp_pool_atfork_install();
+    pthread_mutex_lock(&gp_all_lock);
+    p->all_next = gp_all;
+    if (gp_all) gp_all->all_prev = p;
+    gp_all = p;
+    pthread_mutex_unlock(&gp_all_lock);
+}
+
+static void gp_all_remove(gp_pool *p)
+{
+    pthread_mutex_lock(&gp_all_lock);
+    if (p->all_prev) p->all_prev->all_next = p->all_next;
+    else if (gp_all == p) gp_all = p->all_next;
+    if (p->all_next) p->all_next->all_prev = p->all_prev;
+    pthread_mutex_unlock(&gp_all_lock);
+}
+
 /* ---------------------------------------------------------- create, destroy */
 
 /* Reserve arena k: `size` bytes, and a long-lived region of `long_size`
@@ -661,8 +868,11 @@ static gp_status gp_arena_init(gp_pool *p, unsigned k, uint64_t size, uint64_t c
     a->size = gp_round_up(size, chunk) + long_size;
     a->handles = calloc(a->size / chunk, sizeof *a->handles);
     if (!a->handles) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the chunk table");
-    gp_status st = p->be->reserve(p->be, a->size, chunk, &a->base);
+    /* (a failed call's output is no address: the arena keeps none) */
+    uintptr_t base = 0;
+    gp_status st = p->be->reserve(p->be, a->size, chunk, &base);
     if (st != GP_OK) return st;
+    a->base = base;
     a->long_base = a->base + a->size - long_size;
     if ((st = gp_reserve_headers(p, 2)) != GP_OK) return st;
     gp_block *b = gp_new_block(p);
@@ -689,20 +899,16 @@ static gp_status gp_map_reserve(gp_pool *p, uint64_t bytes)
     gp_block *u = a->first;
     uint64_t len = bytes / a->chunk * a->chunk;
     if (len == 0) len = a->chunk;
+    uint64_t kept = 0;
     gp_status st = gp_reserve_headers(p, 1);
-    if (st == GP_OK) st = gp_map_range(p, a, u->addr, len);
+    if (st == GP_OK) st = gp_map_range(p, a, u->addr, len, &kept);
     if (st != GP_OK) {
         char why[512]; /* (the cause lies in the buffer the message is written to) */
         snprintf(why, sizeof why, "%s", gp_last_error());
         return gp_error_set(st, "gpupool: cannot map the reserve of %" PRIu64 " bytes on device %d: %s",
                             len, p->be->device, why);
     }
-    gp_bins_remove(&a->unmapped[GP_LIFE_SHORT], u);
-    gp_block *rest = u->size > len ? gp_split(p, u, len) : NULL;
-    u->state = GP_BLOCK_FREE;
-    u->sidx = 0;
-    if (rest) gp_insert_free(p, a, rest);
-    gp_insert_free(p, a, u);
+    gp_mapped_head(p, a, u, len, 0, 0);
     return GP_OK;
 }
 
@@ -715,6 +921,9 @@ gp_status gp_pool_create(gp_backend *be, const gp_config *cfg, gp_pool **out)
         return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the pool");
     }
     pthread_mutex_init(&p->lock, NULL);
+    p->fork_gen = atomic_load_explicit(&gp_fork_generation, memory_order_relaxed);
+    p->pid = (int)getpid();
+    gp_all_insert(p);
     p->be = be;
     p->cfg = *cfg;
     p->small_size = cfg->small_size ? cfg->small_size : (1u << 20);
@@ -739,7 +948,13 @@ gp_status gp_pool_create(gp_backend *be, const gp_config *cfg, gp_pool **out)
             uint64_t big = chunk;
             while (big < (1ull << 30) && big * 64 < r) big *= 2;
             p->n_arenas = 1;
-            st = gp_arena_init(p, 0, r < big ? big : r, big, 0);
+            /* The reserve is whole chunks, at least one: never past the limit. */
+            if (p->st.limit && p->st.limit < big)
+                st = gp_error_set(GP_ERR_INVALID,
+                                  "gpupool: reserve mode maps whole chunks of %" PRIu64 " bytes, and the limit of %"
+                                  PRIu64 " bytes is below one: set a limit of at least %" PRIu64
+                                  " bytes (or a smaller GPUPOOL_CHUNK)", big, p->st.limit, big);
+            if (st == GP_OK) st = gp_arena_init(p, 0, r < big ? big : r, big, 0);
             p->st.arena_size[GP_ARENA_LARGE] = p->arenas[0].size;
             p->st.chunk = big;
             if (st == GP_OK) st = gp_stream_index(p, NULL, &(unsigned){0});
@@ -778,25 +993,24 @@ gp_status gp_pool_create(gp_backend *be, const gp_config *cfg, gp_pool **out)
 void gp_pool_destroy(gp_pool *p)
 {
     if (!p) return;
-    if (p->st.reserved) p->be->synchronize(p->be);
-    for (unsigned i = 0; i < p->n_recs; i++)
+    gp_all_remove(p);
+    /* In a forked child the device is the parent's: host memory only. */
+    int device = p->fork_gen == atomic_load_explicit(&gp_fork_generation, memory_order_relaxed);
+    if (device && p->st.reserved) p->be->synchronize(p->be);
+    for (unsigned i = 0; device && i < p->n_recs; i++)
         for (unsigned j = 0; j < p->recs[i].n; j++)
             if (p->recs[i].events[j]) p->be->event_release(p->be, p->recs[i].events[j]);
     free(p->recs);
     for (unsigned k = 0; k < GP_ARENA_COUNT; k++) {
         gp_arena *a = &p->arenas[k];
-        if (!a->base) continue;
-        /* Blocks are in address order and two mapped blocks may share a
-         * chunk: `done` keeps each chunk from being released twice. */
-        uintptr_t done = a->base;
-        for (gp_block *b = a->first; b; b = b->next) {
-            if (b->state == GP_BLOCK_FREE_UNMAPPED) continue;
-            uintptr_t c = b->addr / a->chunk * a->chunk;
-            for (c = c < done ? done : c; c < b->addr + b->size; c += a->chunk)
-                p->be->unmap(p->be, c, a->chunk, a->handles[gp_chunk_index(a, c)]);
-            done = c;
+        /* (A failed creation may leave an arena with a chunk table and no
+         * reservation.) */
+        if (device && a->base) {
+            /* The chunk table names every chunk the backend has mapped. */
+            for (uint64_t i = 0; i < a->size / a->chunk; i++)
+                if (a->handles[i]) p->be->unmap(p->be, a->base + i * a->chunk, a->chunk, a->handles[i]);
+            p->be->unreserve(p->be, a->base, a->size);
         }
-        p->be->unreserve(p->be, a->base, a->size);
         free(a->handles);
         for (unsigned s = 0; s < GP_MAX_STREAMS; s++) free(a->bins[s]);
     }
@@ -804,7 +1018,7 @@ void gp_pool_destroy(gp_pool *p)
     free(p->slabs);
     free(p->buckets);
     gp_trace_free(p->trace);
-    p->be->destroy(p->be);
+    if (device) p->be->destroy(p->be);
     pthread_mutex_destroy(&p->lock);
     free(p);
 }
@@ -848,10 +1062,10 @@ gp_status gp_pool_retag(gp_pool *p, void *const *ptrs, size_t n, gp_tag tag, int
                             "gpupool: cannot retag to tag id %u, priority %d: the tag must be interned "
                             "and the priority 0..%d (or %d to keep each block's)",
                             (unsigned)tag, priority, GP_PRIO_MAX, GP_PRIO_DEFAULT);
-    if (n == 0) return GP_OK;
+    gp_status st = gp_pool_usable(p);
+    if (st != GP_OK || n == 0) return st;
     gp_block **bl = malloc(n * sizeof *bl);
     if (!bl) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory to retag %zu blocks", n);
-    gp_status st = GP_OK;
     pthread_mutex_lock(&p->lock);
     /* Resolve every address first, so that a bad one changes nothing. */
     for (size_t i = 0; i < n; i++) {
@@ -860,7 +1074,7 @@ gp_status gp_pool_retag(gp_pool *p, void *const *ptrs, size_t n, gp_tag tag, int
         if (!b) { /* an address inside a block (a view): the slow walk */
             gp_arena *a = gp_arena_of(p, x);
             b = a ? gp_block_at(a, x) : NULL;
-            if (b && b->state != GP_BLOCK_USED) b = NULL;
+            if (b && b->state != GP_BLOCK_USED && b->state != GP_BLOCK_OFFLOADED) b = NULL;
         }
         if (!b) {
             st = gp_error_set(GP_ERR_FOREIGN, "gpupool: retag of %p, which lies in no live block of "
@@ -875,7 +1089,7 @@ gp_status gp_pool_retag(gp_pool *p, void *const *ptrs, size_t n, gp_tag tag, int
     for (size_t i = 0; i < n; i++) {
         if (m && bl[m - 1] == bl[i]) continue;
         bl[m++] = bl[i];
-        if (bl[i]->tag != tag) add += bl[i]->size;
+        if (bl[i]->tag != tag && bl[i]->state == GP_BLOCK_USED) add += bl[i]->size;
     }
     gp_tag_stats *ts = &p->tags[tag];
     if (ts->limit && ts->allocated + add > ts->limit) {
@@ -889,14 +1103,19 @@ gp_status gp_pool_retag(gp_pool *p, void *const *ptrs, size_t n, gp_tag tag, int
         int np = priority == GP_PRIO_DEFAULT ? b->prio : priority;
         if (b->tag == tag && b->prio == np) continue;
         gp_tag_stats *os = &p->tags[b->tag];
-        os->allocated -= b->size;
-        os->requested -= b->requested;
         os->active_blocks--;
-        gp_peak(&ts->allocated, &ts->allocated_peak, b->size);
-        ts->requested += b->requested;
         ts->active_blocks++;
-        p->prio_alloc[b->prio] -= b->size;
-        gp_peak(&p->prio_alloc[np], &p->prio_peak[np], b->size);
+        if (b->state == GP_BLOCK_OFFLOADED) { /* its bytes are on the host: they move as such */
+            os->offloaded -= b->size;
+            ts->offloaded += b->size;
+        } else {
+            os->allocated -= b->size;
+            os->requested -= b->requested;
+            gp_peak(&ts->allocated, &ts->allocated_peak, b->size);
+            ts->requested += b->requested;
+            p->prio_alloc[b->prio] -= b->size;
+            gp_peak(&p->prio_alloc[np], &p->prio_peak[np], b->size);
+        }
         b->tag = tag;
         b->prio = (uint8_t)np;
         moved += b->size;

@@ -119,13 +119,22 @@ struct gp_pool {
 
     gp_pressure_fn pressure;
     void *pressure_arg;
-    char last_oom[1024];
+    char last_oom[GP_OOM_REPORT_MAX];
 
     /* The history (trace.c), NULL while off: every event site tests it,
      * under the lock.  history_stacks mirrors "on, with stacks" for
      * gp_pool_history_stacks, which reads it without the lock. */
     gp_trace *trace;
     _Atomic int history_stacks;
+
+    /* Every pool of the process, for the fork handlers (pool.c). */
+    gp_pool *all_prev, *all_next;
+    /* The process and fork generation it was made in: in the child of a
+     * fork it belongs to the parent (gp_pool_usable). */
+    unsigned fork_gen;
+    int pid;
+
+    uint64_t debug_ops; /* GPUPOOL_DEBUG: allocations and frees counted */
 };
 
 /* Record an event in the history if it is on (the lock is held). */
@@ -135,6 +144,21 @@ struct gp_pool {
     } while (0)
 
 static inline uint64_t gp_round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+/* Incremented in the child of every fork(): a pool made before it is its
+ * parent's, whose device memory the child cannot use. */
+extern atomic_uint gp_fork_generation;
+gp_status gp_forked_error(const gp_pool *p);
+
+/* GP_OK, or the error of a pool used in a forked child: what every entry
+ * point that changes the pool or calls its backend asks first (a load and
+ * a compare, no syscall: the hot path runs it). */
+static inline gp_status gp_pool_usable(const gp_pool *p)
+{
+    if (__builtin_expect(p->fork_gen == atomic_load_explicit(&gp_fork_generation, memory_order_relaxed), 1))
+        return GP_OK;
+    return gp_forked_error(p);
+}
 
 static inline uint64_t gp_chunk_index(const gp_arena *a, uintptr_t addr)
 {
@@ -168,14 +192,27 @@ static inline gp_bins *gp_bins_of(gp_arena *a, const gp_block *b)
 
 /* ------------------------------------------------ pool.c: blocks and memory */
 
-/* Make sure `n` block headers are spare, so that a change of several blocks
- * never fails half-way; gp_new_block takes one of them. */
+/* Make sure `n` block headers are spare, so that the next n splits cannot
+ * fail: a change of several blocks then never fails half-way.  It holds
+ * only while the lock is: after dropping it (the pressure callback) a
+ * caller reserves again.  gp_new_block takes a spare header, refilling the
+ * list if empty, and returns NULL (error set) if the host has no memory. */
 gp_status gp_reserve_headers(gp_pool *p, int n);
 gp_block *gp_new_block(gp_pool *p);
 /* b (in no bin) becomes free: merged with its free neighbours and binned. */
 gp_block *gp_insert_free(gp_pool *p, gp_arena *a, gp_block *b);
 /* Cut b (in no bin) after `size` bytes; returns the tail (in no bin). */
 gp_block *gp_split(gp_pool *p, gp_block *b, uint64_t size);
+/* Map [addr, addr+len) of arena a chunk by chunk (all or nothing, but for
+ * chunks whose unmap failed in the rollback: the mapped prefix they keep is
+ * *kept bytes long, and stays mapped and counted); unmap from addr,
+ * returning the bytes unmapped (less than len only if the backend failed).
+ * Both keep reserved, the chunk table and the history. */
+gp_status gp_map_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len, uint64_t *kept);
+uint64_t gp_unmap_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len);
+/* Give back at least `want` bytes of cached chunks of priority <= max_prio
+ * (arena `only`, or all when NULL); returns the bytes released. */
+uint64_t gp_trim_in(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio);
 /* Merge free neighbours of different streams (the device is idle). */
 void gp_coalesce_idle(gp_pool *p, gp_arena *a);
 /* Map so that a free block of `size` exists on slot sidx; returned removed
@@ -204,15 +241,42 @@ static inline int gp_cached(const gp_pool *p, const gp_arena *a, const gp_block 
 gp_status gp_slot_of(gp_pool *p, gp_stream s, unsigned life, unsigned *out);
 gp_status gp_stream_index(gp_pool *p, gp_stream s, unsigned *out);
 /* record_stream: give back the pending blocks whose events completed (no
- * host wait); after a device synchronisation, all of them; b, with recorded
- * streams, is freed. */
+ * host wait: a driver call per event, so only off the hot path -- a miss,
+ * a trim); b, with recorded streams, is freed. */
 void gp_poll_pending(gp_pool *p);
-void gp_release_pending(gp_pool *p);
 void gp_free_recorded(gp_pool *p, gp_block *b);
+/* Synchronise the device (counted in n_sync); then every pending block is
+ * safe and goes back to the bins. */
+gp_status gp_sync_locked(gp_pool *p);
+/* Whether a pending block of priority <= max_prio exists (a sync would
+ * turn it into cache that priority may release). */
+int gp_pending_upto(const gp_pool *p, int max_prio);
+/* The record_stream record of live block b goes (b is freed while
+ * offloaded: no stream can use memory that is not there). */
+void gp_rec_forget(gp_pool *p, gp_block *b);
 /* While a capture is underway: the graph pool slot an allocation on stream
  * s goes to (*slot -1: none), and a free block for it. */
 gp_status gp_capture_route(gp_pool *p, gp_stream s, int *slot);
 gp_block *gp_capture_find(gp_pool *p, gp_arena **ap, unsigned slot, unsigned sidx, uint64_t size);
+
+/* ------------------------------------------------------- check.c: integrity */
+
+/* GPUPOOL_DEBUG: gp_pool_check under the held lock; if the pool is corrupt,
+ * print the first violation on stderr and abort. */
+void gp_debug_check(gp_pool *p);
+
+/* Count an allocation or free; every GP_DEBUG_EVERY, check (debug only: one
+ * branch otherwise). */
+static inline void gp_debug_tick(gp_pool *p)
+{
+    if (__builtin_expect(p->cfg.debug, 0) && ++p->debug_ops % GP_DEBUG_EVERY == 0) gp_debug_check(p);
+}
+
+/* ------------------------------------------------ pool_offload.c: offload */
+
+/* gp_free of a live block whose memory is offloaded: it becomes a free
+ * piece of its run (FREE_OFFLOADED) until the run is restored. */
+void gp_free_offloaded(gp_pool *p, gp_block *b);
 
 /* ------------------------------------------------------- stats.c: reports */
 

@@ -31,11 +31,7 @@ PyObject *gp_raise(gp_status st)
 
 /* ------------------------------------------------------------- Pool type */
 
-typedef struct {
-    PyObject_HEAD
-    gp_pool *pool;
-    int owned;
-} PoolObject;
+typedef gp_pool_object PoolObject;
 
 PyObject *gp_pool_wrap(gp_pool *p, int owned)
 {
@@ -48,7 +44,10 @@ PyObject *gp_pool_wrap(gp_pool *p, int owned)
 
 static void pool_dealloc(PoolObject *self)
 {
-    if (self->owned && self->pool) gp_pool_destroy(self->pool);
+    if (self->owned && self->pool) {
+        gp_offloader_forget(self->pool);
+        gp_pool_destroy(self->pool);
+    }
     PyObject_Free(self);
 }
 
@@ -210,14 +209,14 @@ static PyObject *pool_stats(PoolObject *self, PyObject *args)
 
 /* The keys of the per-tag dicts, made once: stats() is meant to be called
  * every step, and making these strings anew for every tag was most of it. */
-#define GP_TAG_KEYS 6
+#define GP_TAG_KEYS 7
 static PyObject *g_tag_keys[GP_TAG_KEYS];
 
 static PyObject *pool_tag_stats(PoolObject *self, PyObject *noargs)
 {
     (void)noargs;
     static const char *const names[GP_TAG_KEYS] = {"allocated", "allocated_peak", "requested",
-                                                   "active_blocks", "n_alloc", "limit"};
+                                                   "active_blocks", "n_alloc", "limit", "offloaded"};
     for (int i = 0; i < GP_TAG_KEYS; i++)
         if (!g_tag_keys[i] && !(g_tag_keys[i] = PyUnicode_InternFromString(names[i]))) return NULL;
     PyObject *out = PyDict_New();
@@ -228,7 +227,7 @@ static PyObject *pool_tag_stats(PoolObject *self, PyObject *noargs)
         gp_pool_tag_stats(self->pool, (gp_tag)t, &ts);
         if (!ts.n_alloc && !ts.limit && !ts.allocated_peak) continue; /* (retagged blocks) */
         const uint64_t v[GP_TAG_KEYS] = {ts.allocated, ts.allocated_peak, ts.requested,
-                                         ts.active_blocks, ts.n_alloc, ts.limit};
+                                         ts.active_blocks, ts.n_alloc, ts.limit, ts.offloaded};
         PyObject *d = PyDict_New();
         int rc = d ? 0 : -1;
         for (int i = 0; rc == 0 && i < GP_TAG_KEYS; i++) {
@@ -356,7 +355,9 @@ static PyObject *pool_reset_peaks(PoolObject *self, PyObject *noargs)
 static PyObject *pool_last_oom(PoolObject *self, PyObject *noargs)
 {
     (void)noargs;
-    return PyUnicode_FromString(gp_pool_last_oom(self->pool));
+    char buf[GP_OOM_REPORT_MAX];
+    gp_pool_last_oom(self->pool, buf, sizeof buf);
+    return PyUnicode_FromString(buf);
 }
 
 static PyObject *pool_lookup(PoolObject *self, PyObject *arg)
@@ -513,6 +514,7 @@ static PyObject *pool_history_note(PoolObject *self, PyObject *args)
 }
 
 static PyMethodDef pool_methods[] = {
+    GP_OFFLOAD_METHODS
     {"alloc", (PyCFunction)(void (*)(void))pool_alloc, METH_VARARGS | METH_KEYWORDS,
      "alloc(size, stream=0, tag=-1, priority=-1) -> address; tag/priority -1: this thread's context"},
     {"free", (PyCFunction)pool_free, METH_O, "free(address)"},

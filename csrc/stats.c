@@ -34,7 +34,7 @@ gp_status gp_pool_lookup(gp_pool *p, const void *ptr, gp_block_info *out)
     if (!b) {
         gp_arena *a = gp_arena_of(p, (uintptr_t)ptr);
         b = a ? gp_block_at(a, (uintptr_t)ptr) : NULL;
-        if (b && b->state != GP_BLOCK_USED) b = NULL;
+        if (b && b->state != GP_BLOCK_USED && b->state != GP_BLOCK_OFFLOADED) b = NULL;
     }
     gp_status st = GP_OK;
     if (b) gp_info_of(p, b, out);
@@ -62,7 +62,8 @@ void gp_scan_locked(gp_pool *p, gp_stats *o)
     for (unsigned k = 0; k < p->n_arenas; k++) {
         int in_run = 0;
         for (gp_block *b = p->arenas[k].first; b; b = b->next) {
-            int mapped = b->state != GP_BLOCK_FREE_UNMAPPED;
+            int mapped = b->state != GP_BLOCK_FREE_UNMAPPED && b->state != GP_BLOCK_OFFLOADED &&
+                         b->state != GP_BLOCK_FREE_OFFLOADED;
             if (mapped && !in_run) o->segments++;
             in_run = mapped;
             if (b->state == GP_BLOCK_FREE) {
@@ -75,6 +76,7 @@ void gp_scan_locked(gp_pool *p, gp_stats *o)
 
 uint64_t gp_pool_headroom(gp_pool *p)
 {
+    if (gp_pool_usable(p) != GP_OK) return 0;
     gp_stats s;
     gp_pool_stats(p, &s, 1);
     uint64_t best = s.largest_free, dev_free = 0, dev_total = 0;
@@ -188,7 +190,14 @@ size_t gp_pool_oom_report(gp_pool *p, uint64_t requested, char *buf, size_t len)
     return strlen(tmp);
 }
 
-const char *gp_pool_last_oom(gp_pool *p) { return p->last_oom; }
+size_t gp_pool_last_oom(gp_pool *p, char *buf, size_t len)
+{
+    pthread_mutex_lock(&p->lock);
+    size_t n = strlen(p->last_oom);
+    if (len) snprintf(buf, len, "%s", p->last_oom);
+    pthread_mutex_unlock(&p->lock);
+    return n;
+}
 
 /* ---------------------------------------------------------------- history */
 

@@ -84,6 +84,17 @@ static gp_rec *gp_rec_of(gp_pool *p, const gp_block *b)
     return NULL;
 }
 
+void gp_rec_forget(gp_pool *p, gp_block *b)
+{
+    for (unsigned i = 0; i < p->n_recs; i++) {
+        if (p->recs[i].b == b) {
+            p->recs[i] = p->recs[--p->n_recs];
+            break;
+        }
+    }
+    b->rec = 0;
+}
+
 /* The events of pending record i have completed: its block goes back to the
  * bins and the record is dropped (the last one takes its place). */
 static void gp_rec_finish(gp_pool *p, unsigned i)
@@ -128,12 +139,27 @@ void gp_poll_pending(gp_pool *p)
 }
 
 /* After a device synchronisation every pending block is safe. */
-void gp_release_pending(gp_pool *p)
+static void gp_release_pending(gp_pool *p)
 {
     for (unsigned i = 0; i < p->n_recs;) {
         if (p->recs[i].pending) gp_rec_finish(p, i);
         else i++;
     }
+}
+
+gp_status gp_sync_locked(gp_pool *p)
+{
+    p->st.n_sync++;
+    gp_status st = p->be->synchronize(p->be);
+    if (st == GP_OK) gp_release_pending(p);
+    return st;
+}
+
+int gp_pending_upto(const gp_pool *p, int max_prio)
+{
+    for (unsigned i = 0; i < p->n_recs; i++)
+        if (p->recs[i].pending && p->recs[i].b->prio <= max_prio) return 1;
+    return 0;
 }
 
 /* b, with extra streams, is freed: record an event on each and keep it out
@@ -159,8 +185,9 @@ void gp_free_recorded(gp_pool *p, gp_block *b)
 
 gp_status gp_record_stream(gp_pool *p, void *ptr, gp_stream s)
 {
+    gp_status st = gp_pool_usable(p);
+    if (st != GP_OK) return st;
     pthread_mutex_lock(&p->lock);
-    gp_status st = GP_OK;
     gp_block *b = gp_hash_find(p, (uintptr_t)ptr);
     gp_rec *r = NULL;
     if (!b) {
@@ -266,30 +293,40 @@ gp_block *gp_capture_find(gp_pool *p, gp_arena **ap, unsigned slot, unsigned sid
 
 gp_status gp_pool_capture_prepare(gp_pool *p, gp_stream stream)
 {
+    gp_status st = gp_pool_usable(p);
+    if (st != GP_OK) return st;
     pthread_mutex_lock(&p->lock);
     unsigned sidx;
-    gp_status st = gp_stream_index(p, stream, &sidx);
+    st = gp_stream_index(p, stream, &sidx);
     /* With another capture underway the device cannot be synchronised: the
      * new capture then draws on its stream's own blocks and new mappings. */
     if (st != GP_OK || p->n_capturing) goto out;
-    p->st.n_sync++;
-    if ((st = p->be->synchronize(p->be)) != GP_OK) goto out;
-    gp_release_pending(p);
+    if ((st = gp_sync_locked(p)) != GP_OK) goto out;
     /* The device is idle: every cached block is safe for the capturing
      * stream.  Hand them all to it, so that the capture finds them without
-     * a cross-stream wait (which a capture cannot make). */
+     * a cross-stream wait (which a capture cannot make): each to the
+     * stream's slot of its own region, so that regions stay apart (a
+     * capture draws on the short one). */
     uint64_t have = 0;
+    unsigned to[2] = {sidx, 0};
+    int have_long = 0;
     for (unsigned k = 0; k < p->n_arenas; k++) {
         gp_arena *a = &p->arenas[k];
         gp_coalesce_idle(p, a);
         for (gp_block *b = a->first; b; b = b->next) {
             if (b->state != GP_BLOCK_FREE || p->slot_kind[b->sidx] != GP_SLOT_STREAM) continue;
-            if (b->sidx != sidx) {
+            if (b->life == GP_LIFE_LONG && !have_long) {
+                /* (Out of slots: the long region's blocks stay where they are.) */
+                have_long = gp_slot_of(p, stream, GP_LIFE_LONG, &to[GP_LIFE_LONG]) == GP_OK ? 1 : -1;
+                if (have_long < 0) gp_error_clear();
+            }
+            if (b->life == GP_LIFE_LONG && have_long < 0) continue;
+            if (b->sidx != to[b->life]) {
                 gp_bins_remove(a->bins[b->sidx], b);
-                b->sidx = (uint8_t)sidx;
+                b->sidx = (uint8_t)to[b->life];
                 b = gp_insert_free(p, a, b);
             }
-            if (k == p->n_arenas - 1) have += b->size;
+            if (k == p->n_arenas - 1 && b->life == GP_LIFE_SHORT) have += b->size;
         }
     }
     /* Map ahead, before the capture starts, what the workload needed at its
@@ -311,8 +348,9 @@ out:
 
 gp_status gp_pool_capture_begin(gp_pool *p, uint64_t key, gp_stream stream)
 {
+    gp_status st = gp_pool_usable(p);
+    if (st != GP_OK) return st;
     pthread_mutex_lock(&p->lock);
-    gp_status st = GP_OK;
     gp_gpool *g = gp_gpool_find(p, key);
     if (!g) {
         unsigned i = 0, home, slot;
@@ -382,8 +420,10 @@ static gp_status gp_gpools_collect(gp_pool *p)
 
 gp_status gp_pool_capture_end(gp_pool *p, gp_stream stream)
 {
+    gp_status st = gp_pool_usable(p);
+    if (st != GP_OK) return st;
     pthread_mutex_lock(&p->lock);
-    gp_status st = gp_error_set(GP_ERR_INVALID, "gpupool: capture_end on stream %p, which is not capturing "
+    st = gp_error_set(GP_ERR_INVALID, "gpupool: capture_end on stream %p, which is not capturing "
                                 "into a graph pool", stream);
     for (unsigned i = 0; i < GP_MAX_GPOOLS && st != GP_OK; i++) {
         gp_gpool *g = &p->gpools[i];
@@ -404,8 +444,9 @@ gp_status gp_pool_capture_end(gp_pool *p, gp_stream stream)
 
 gp_status gp_pool_capture_release(gp_pool *p, uint64_t key)
 {
+    gp_status st = gp_pool_usable(p);
+    if (st != GP_OK) return st;
     pthread_mutex_lock(&p->lock);
-    gp_status st = GP_OK;
     gp_gpool *g = gp_gpool_find(p, key);
     /* A live pool that no graph holds, with no capture underway, is one
      * whose memory could not be given back (the device sync failed): a

@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional
 
 from . import _C
 from ._context import current_tag, priority_value, tag, tag_lifetime, tagged
+from ._offload import OffloadHandle, offload, offloadable, offloaded, prefetch, restore
 from ._plot import plot
 from ._pool import Block, HostPool, PoolView, format_bytes
 from ._snapshot import dump_snapshot, record_history, snapshot
@@ -26,6 +27,7 @@ __all__ = [
     "PoolView", "Block", "format_bytes", "config", "config_options", "priority_value",
     "tagged", "tag_lifetime",
     "disable_torch_patches", "snapshot", "dump_snapshot", "record_history", "plot",
+    "offload", "restore", "prefetch", "offloaded", "offloadable", "OffloadHandle",
 ]
 
 

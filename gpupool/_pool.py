@@ -10,7 +10,9 @@ from ._report import format_bytes, format_report
 
 __all__ = ["Block", "PoolView", "HostPool", "format_bytes"]
 
-_STATES = ("unmapped", "free", "used", "pending")  # pending: waits for record_stream events
+# pending: waits for record_stream events; offloaded: live, its memory on the
+# host; free_offloaded: free space inside an offloaded run (indexed by GP_BLOCK_*)
+_STATES = ("unmapped", "free", "used", "pending", "offloaded", "free_offloaded")
 _ARENAS = ("small", "large")
 
 
@@ -23,7 +25,7 @@ class Block(NamedTuple):
     stream: int
     tag: str
     priority: int
-    state: str   # "used", "free" or "unmapped"
+    state: str   # "used", "free", "unmapped", "pending", "offloaded" or "free_offloaded"
     arena: str   # "small" or "large"
     lifetime: str  # region of the arena it lies in: "short" or "long" (placement)
 
@@ -46,7 +48,9 @@ class PoolView:
         waiting for record_stream streams), their peaks, counts, cache hit
         rate, driver calls (maps + unmaps + device syncs), mapped runs
         ('segments'), the largest free block, fragmentation (share of free
-        mapped bytes outside the largest free block), offloaded bytes, the
+        mapped bytes outside the largest free block), offloaded bytes and the
+        host bytes holding them ('host_bytes'; 'offload': the offloader's
+        figures, None before any offload), the
         history's state, per tag ('tags') and per priority ('priorities')."""
         s: Dict[str, Any] = self._pool.stats(True)
         n = s["n_alloc"]
@@ -56,6 +60,13 @@ class PoolView:
         s["driver_calls"] = s["n_map"] + s["n_unmap"] + s["n_sync"]
         s["history"] = self._pool.history_info()
         s["tags"] = self._pool.tag_stats()
+        # Offload's figures (an offloader exists once something offloaded or
+        # registered): host bytes of the pool and per tag.
+        off = self._pool.offload_stats()
+        s["host_bytes"] = off["host_bytes"] if off else 0
+        s["offload"] = off
+        for name, t in s["tags"].items():
+            t["host_bytes"] = off["tags"].get(name, {}).get("host_bytes", 0) if off else 0
         s["priorities"] = {p: {"allocated": c, "allocated_peak": pk}
                            for p, (c, pk) in self._pool.prio_stats().items()}
         return s

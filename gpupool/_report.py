@@ -46,18 +46,19 @@ def format_report(name: str, s: Dict[str, Any]) -> str:
         f"retries {s['n_alloc_retries']}, OOMs {s['n_oom']}",
     ]
     if s["offloaded"] or s["pending"]:
-        lines.append(f"offloaded to host {fb(s['offloaded'])}; freed, waiting for streams "
-                     f"{fb(s['pending'])}")
+        lines.append(f"offloaded to host {fb(s['offloaded'])} (in {fb(s.get('host_bytes', 0))} of host memory); "
+                     f"freed, waiting for streams {fb(s['pending'])}")
     tags = sorted(s["tags"].items(), key=lambda kv: (-kv[1]["allocated_peak"], kv[0]))
     if tags:
         peak = s["allocated_peak"] or 1
         lines.append(f"{'tag':24}{'allocated':>12}{'peak':>12}{'of peak':>9}{'blocks':>9}"
-                     f"{'allocs':>10}{'limit':>12}")
+                     f"{'allocs':>10}{'limit':>12}{'offloaded':>12}")
         for tag, t in tags:
             short = tag if len(tag) <= 24 else tag[:23] + "~"
             lines.append(f"{short:24}{fb(t['allocated']):>12}{fb(t['allocated_peak']):>12}"
                          f"{100 * t['allocated_peak'] / peak:>8.1f}%{t['active_blocks']:>9}"
-                         f"{t['n_alloc']:>10}{fb(t['limit']) if t['limit'] else '-':>12}")
+                         f"{t['n_alloc']:>10}{fb(t['limit']) if t['limit'] else '-':>12}"
+                         f"{fb(t['offloaded']) if t.get('offloaded') else '-':>12}")
     prios = sorted(s["priorities"].items())
     if prios:
         lines.append(f"{'priority':24}{'allocated':>12}{'peak':>12}")

@@ -81,7 +81,9 @@ def pool_snapshot(view: "PoolView", device: int = 0,
     seg: Optional[Dict[str, Any]] = None
     end, arena = -1, ""
     for b in blocks:
-        if b.state == "unmapped":
+        # Offloaded memory is on the host: outside the device's segments (its
+        # blocks' offload and restore are in the trace).
+        if b.state in ("unmapped", "offloaded", "free_offloaded"):
             seg = None
             continue
         if seg is None or b.addr != end or b.arena != arena:

@@ -27,7 +27,7 @@ def build(tmp: Path, test: str, sanitize: List[str], extra: List[str] = ()) -> P
     cmd = [CC, "-std=c11", "-D_GNU_SOURCE", "-g", "-O1", "-Wall", "-Wextra", "-Werror",
            "-Wno-missing-field-initializers", *sanitize, "-fno-omit-frame-pointer",
            f"-I{ROOT / 'csrc'}", f"-I{ROOT / 'tests' / 'c'}", str(ROOT / "tests" / "c" / test),
-           *[str(ROOT / "csrc" / c) for c in CORE], *extra, "-lpthread", "-o", str(out)]
+           *[str(ROOT / "csrc" / c) for c in CORE], *extra, "-lpthread", "-ldl", "-o", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"build of {test} failed:\n{' '.join(cmd)}\n{r.stderr}"
     return out
@@ -57,6 +57,9 @@ ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0", "UBSAN_OPTIONS": 
     ("test_compat.c", []),
     ("test_prio.c", []),
     ("test_trace.c", []),
+    ("test_offload_pool.c", []),
+    ("test_offload.c", []),
+    ("test_codec.c", []),  # built without libzstd: the host codecs are raw only
     ("test_model.c", [os.environ.get("GP_TEST_MODEL_OPS", "2000000")]),
     ("test_stress.c", ["100000"]),
     ("test_faults.c", []),
@@ -66,16 +69,41 @@ def test_c_asan_ubsan(tmp_path: Path, test: str, args: List[str]) -> None:
     assert "passed" in out
 
 
-def test_c_stress_tsan(tmp_path: Path) -> None:
-    exe = build(tmp_path, "test_stress.c", ["-fsanitize=thread"])
-    run(exe, ["20000"], {"TSAN_OPTIONS": "halt_on_error=1"})
+@pytest.mark.parametrize("test,args", [("test_stress.c", ["20000"]), ("test_offload.c", [])])
+def test_c_tsan(tmp_path: Path, test: str, args: List[str]) -> None:
+    # The threaded parts: the pool under concurrent callers, offload's workers.
+    exe = build(tmp_path, test, ["-fsanitize=thread"])
+    run(exe, args, {"TSAN_OPTIONS": "halt_on_error=1"})
 
 
-@pytest.mark.parametrize("bench", ["bench_hotpath.c", "bench_frag.c"])
+def test_codec_with_zstd_and_nvcomp(tmp_path: Path) -> None:
+    """The codec test as the extension is built here: with libzstd when the
+    extension has it, and on the real nvCOMP library when its wheel is
+    installed (loader, sizes, a launch that fails without a GPU)."""
+    import gpupool
+    from gpupool._nvcomp import wheel_dir
+
+    if not gpupool.build_info()["zstd"]:
+        pytest.skip("the extension was built without libzstd (install libzstd-dev)")
+    env = dict(ASAN_ENV)
+    lib = wheel_dir()
+    if lib:
+        env["GP_TEST_NVCOMP"] = str(Path(lib) / "libnvcomp.so.6")
+    out = run(build(tmp_path, "test_codec.c", ASAN, ["-DGP_HAVE_ZSTD", "-lzstd"]), [], env)
+    assert "zstd on planes" in out
+    assert ("nvCOMP checked as absent only" in out) == (lib is None), out
+
+
+@pytest.mark.parametrize("bench", ["bench_hotpath.c", "bench_frag.c", "bench_codec.c"])
 def test_benchmark_build_line_works(tmp_path: Path, bench: str) -> None:
     # The command in the benchmark's header is what people copy: it must
     # still name every source the core needs (it missed trace.c once).
     text = (ROOT / "benchmarks" / bench).read_text()
+    if "-lzstd" in text:
+        import gpupool
+
+        if not gpupool.build_info()["zstd"]:
+            pytest.skip("libzstd is not installed (install libzstd-dev)")
     lines = text[text.index(" *   cc "):].splitlines()
     cmd = ""
     for line in lines:

@@ -63,7 +63,7 @@ def build(tmp: Path, target: str) -> Path:
         objs.append(str(obj))
     guided = [str(ROOT / "csrc" / c) for c in CORE if c not in UNGUIDED]
     cmd = [CLANG, *FLAGS, "-fsanitize=fuzzer,address,undefined", str(FUZZ / f"{target}.c"), *guided, *objs,
-           "-lpthread", "-lm", "-o", str(exe)]
+           "-lpthread", "-ldl", "-lm", "-o", str(exe)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"build of {target} failed:\n{' '.join(cmd)}\n{r.stderr}"
     return exe
@@ -89,9 +89,9 @@ def test_every_fuzzer_has_a_seed_corpus() -> None:
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_fuzzer_replays_its_corpus_and_findings(built: dict, target: str) -> None:
+def test_fuzzer_replays_its_corpus_and_findings(built: dict, target: str, tmp_path: Path) -> None:
     dirs = [str(d) for d in (corpus(target), findings(target)) if d.is_dir()]
-    r = fuzz(built[target], ["-runs=0", *dirs], timeout=600)
+    r = fuzz(built[target], ["-runs=0", f"-artifact_prefix={tmp_path}/", *dirs], timeout=600)
     assert r.returncode == 0, r.stderr[-6000:]
     n = sum(len(list(Path(d).iterdir())) for d in dirs)
     assert "corp: " in r.stderr and n > 0

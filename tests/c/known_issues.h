@@ -1,23 +1,14 @@
 /*
  * known_issues.h -- issue 14 items this tree does not have fixed yet, which
- * the fault walk (tests/c/test_faults.c) and the fuzzers (tests/fuzz/) reach
- * and step around, each where it says so, until the fix is in.  Then the
- * switch must become 1, and nothing is stepped around.
- *
- * Fixed on branch h1: the pressure callback's spare headers and tag limit
- * (item 1), pool creation after a failed reserve (item 3), a map's rollback
- * that ignores a failed unmap (item 4), pending blocks stuck (item 5),
- * capture_prepare with placement (item 6).
+ * the fuzzers (tests/fuzz/) reach and step around, each where it says so,
+ * until the fix is in.  Then the switch must become 1, and nothing is
+ * stepped around.
  */
 #ifndef GP_KNOWN_ISSUES_H
 #define GP_KNOWN_ISSUES_H
 
-#ifndef GP_H1_MERGED
-#define GP_H1_MERGED 0
-#endif
-
 /* Issue 14: "values printed by config (0%, 1e-07%, an empty tenant) are not
- * accepted back as input" (config.c, not on h1).  The parser fuzzer
+ * accepted back as input" (config.c; fixed on branch h3).  The parser fuzzer
  * (tests/fuzz/fuzz_config.c) finds them at once, and more: a fraction
  * prints with 6 digits ("%.6g"), so 33.3333333% prints as 33.3333% and
  * sets another configuration.  While GP_CONFIG_PRINT_FIXED is 0 its round

@@ -29,26 +29,32 @@ static void test_record_stream_waits_for_the_side_stream(void)
 {
     gp_backend *be;
     gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
-    char *x = AS(p, 4096, S_MAIN);
+    char *x = AS(p, 3 * MiB, S_MAIN); /* whole chunks: no free neighbour */
     CHECK(gp_record_stream(p, x, S_SIDE) == GP_OK);
     CHECK(gp_record_stream(p, x, S_SIDE) == GP_OK); /* twice: one stream */
     CHECK(gp_free(p, x) == GP_OK);
     gp_stats s;
     gp_pool_stats(p, &s, 1);
-    CHECK(s.pending == 4096 && s.allocated == 0);
+    CHECK(s.pending == 3 * MiB && s.allocated == 0);
     CHECK(counters(be).n_event_record == 1);
     CHECK(pool_consistent(p, be) == 0);
     CHECK(gp_free(p, x) == GP_ERR_DOUBLE_FREE);
     /* The side stream has not finished: the block must not come back, though
      * it is the best fit on the very stream that freed it. */
-    char *y = AS(p, 4096, S_MAIN);
+    char *y = AS(p, 3 * MiB, S_MAIN);
     CHECK(y && y != x);
-    CHECK(counters(be).n_event_query >= 1);
+    CHECK(counters(be).n_event_query == 1); /* asked on the miss */
     gp_block_info info;
     CHECK(gp_pool_lookup(p, x, &info) == GP_ERR_DOUBLE_FREE);
-    /* Once it has, the next allocation reuses the block. */
+    /* Allocations served from the cache make no driver call, pending
+     * blocks or not: their events are asked only on a miss. */
+    gp_free(p, AS(p, 4096, S_MAIN)); /* (maps the small arena's first chunk) */
+    uint64_t queries = counters(be).n_event_query;
     gp_host_stream_complete(be, S_SIDE);
-    char *z = AS(p, 4096, S_MAIN);
+    for (int i = 0; i < 100; i++) gp_free(p, AS(p, 4096, S_MAIN));
+    CHECK(counters(be).n_event_query == queries);
+    /* The next miss finds the block's event completed and reuses it. */
+    char *z = AS(p, 3 * MiB, S_MAIN);
     CHECK(z == x);
     gp_pool_stats(p, &s, 1);
     CHECK(s.pending == 0 && counters(be).events_live == 0);
@@ -57,11 +63,67 @@ static void test_record_stream_waits_for_the_side_stream(void)
     /* Recording the block's own stream changes nothing. */
     CHECK(gp_record_stream(p, z, S_MAIN) == GP_OK);
     gp_free(p, z);
-    CHECK(AS(p, 4096, S_MAIN) == z);
+    CHECK(AS(p, 3 * MiB, S_MAIN) == z);
     /* Not a live block. */
     CHECK(gp_record_stream(p, (char *)y + 512, S_SIDE) == GP_ERR_FOREIGN);
     int local;
     CHECK(gp_record_stream(p, &local, S_SIDE) == GP_ERR_FOREIGN);
+    done(p);
+}
+
+/* Events that cannot be recorded (the backend refuses): the block waits for
+ * the next device synchronisation. */
+static gp_status (*real_event_record)(gp_backend *, gp_stream, uint64_t *);
+static gp_status refused_event_record(gp_backend *be, gp_stream s, uint64_t *ev)
+{
+    (void)be;
+    (void)s;
+    (void)ev;
+    return gp_error_set(GP_ERR_BACKEND, "test: event_record refused");
+}
+
+/* A pending block must never be stuck: a miss that would fail synchronises
+ * and takes it back (reserve mode never trims, so nothing else would), and
+ * a trim releases it even when no other cache exists. */
+static void test_pending_blocks_are_never_stuck(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_RESERVE, &be);
+    real_event_record = be->event_record;
+    be->event_record = refused_event_record;
+    gp_stats s;
+    gp_pool_stats(p, &s, 0);
+    uint64_t all = s.reserved;
+    char *x = AS(p, all, S_MAIN); /* the whole reserve */
+    CHECK(x && gp_record_stream(p, x, S_SIDE) == GP_OK && gp_free(p, x) == GP_OK);
+    gp_host_stream_complete(be, S_SIDE);
+    gp_status st;
+    char *y = gp_alloc(p, all, S_MAIN, GP_TAG_UNTAGGED, GP_PRIO_NORMAL, &st);
+    CHECK(y == x && st == GP_OK);
+    CHECK(pool_consistent(p, be) == 0);
+    /* empty_cache in reserve mode releases nothing, but pending blocks. */
+    CHECK(gp_record_stream(p, y, S_SIDE) == GP_OK && gp_free(p, y) == GP_OK);
+    uint64_t syncs = counters(be).n_sync;
+    CHECK(gp_pool_empty_cache(p) == 0);
+    gp_pool_stats(p, &s, 0);
+    CHECK(s.pending == 0 && counters(be).n_sync == syncs + 1);
+    CHECK(pool_consistent(p, be) == 0);
+    be->event_record = real_event_record;
+    done(p);
+
+    /* Expandable mode, the only cache pending: empty_cache synchronises and
+     * gives it back. */
+    p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    x = AS(p, 1 * MiB, S_MAIN);
+    y = AS(p, 2 * MiB, S_MAIN);
+    CHECK(x && y && y == x + 1 * MiB);
+    CHECK(gp_record_stream(p, x, S_SIDE) == GP_OK && gp_free(p, x) == GP_OK);
+    CHECK(gp_record_stream(p, y, S_SIDE) == GP_OK && gp_free(p, y) == GP_OK);
+    CHECK(pool_consistent(p, be) == 0); /* two pending neighbours: never merged, and rightly so */
+    CHECK(gp_pool_empty_cache(p) == 3 * MiB);
+    gp_pool_stats(p, &s, 0);
+    CHECK(s.pending == 0 && s.reserved == 0 && counters(be).mapped == 0);
+    CHECK(pool_consistent(p, be) == 0);
     done(p);
 }
 
@@ -228,6 +290,36 @@ static void test_capture_maps_ahead_and_when_short(void)
     done(p);
 }
 
+/* Placement (make_pool's default): preparing a capture hands the cached
+ * blocks to the capturing stream, each to its slot of the block's own
+ * region -- the long-lived region's blocks moved into the short slot, and
+ * the next untagged allocation landed among the long-lived ones. */
+static void test_capture_prepare_keeps_regions_apart(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    gp_tag weights;
+    CHECK(gp_tag_intern("weights", &weights) == GP_OK && gp_tag_lifetime(weights) == GP_LIFE_LONG);
+    void *w = gp_alloc(p, 1 * MiB, S_OTHER, weights, GP_PRIO_NORMAL, NULL);
+    void *keep = gp_alloc(p, 1 * MiB, S_OTHER, weights, GP_PRIO_NORMAL, NULL);
+    void *a = AS(p, 1 * MiB, S_OTHER);
+    CHECK(w && keep && a);
+    gp_free(p, w);
+    gp_free(p, a);
+    CHECK(gp_pool_capture_prepare(p, S_MAIN) == GP_OK);
+    CHECK(pool_consistent(p, be) == 0);
+    uint64_t maps = counters(be).n_map;
+    gp_block_info info;
+    void *x = AS(p, 1 * MiB, S_MAIN), *y = gp_alloc(p, 1 * MiB, S_MAIN, weights, GP_PRIO_NORMAL, NULL);
+    CHECK(x == a && gp_pool_lookup(p, x, &info) == GP_OK && info.lifetime == GP_LIFE_SHORT);
+    CHECK(y == w && gp_pool_lookup(p, y, &info) == GP_OK && info.lifetime == GP_LIFE_LONG);
+    CHECK(counters(be).n_map == maps);
+    gp_free(p, x);
+    gp_free(p, y);
+    gp_free(p, keep);
+    done(p);
+}
+
 /* cacheInfo's answer: the largest free block, or what the device and the
  * limit still let the pool map, whichever is larger; reserve mode never maps. */
 static void test_headroom(void)
@@ -263,7 +355,9 @@ int main(void)
     test_headroom();
     test_record_stream_waits_for_the_side_stream();
     test_record_stream_released_by_trim_and_destroy();
+    test_pending_blocks_are_never_stuck();
     test_capture_memory_stays_with_the_graph();
     test_capture_maps_ahead_and_when_short();
+    test_capture_prepare_keeps_regions_apart();
     return check_done();
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "codec.h"
 #include "error.h"
 #include "check.h"
 
@@ -23,11 +24,12 @@ static int cfg_eq(const gp_config *a, const gp_config *b)
     return a->mode == b->mode && a->reserve.bytes == b->reserve.bytes &&
            a->reserve.fraction == b->reserve.fraction && a->limit.bytes == b->limit.bytes &&
            a->limit.fraction == b->limit.fraction && a->priority == b->priority &&
-           strcmp(a->codec, b->codec) == 0 && a->offload_threads == b->offload_threads &&
+           strcmp(a->codec, b->codec) == 0 && strcmp(a->nvcomp, b->nvcomp) == 0 &&
+           a->offload_threads == b->offload_threads &&
            strcmp(a->tenant, b->tenant) == 0 && a->log == b->log && a->trace == b->trace &&
            a->chunk == b->chunk && a->small_size == b->small_size &&
            a->large_chunk == b->large_chunk && a->cache_slack == b->cache_slack &&
-           a->torch_patch == b->torch_patch && a->placement == b->placement;
+           a->torch_patch == b->torch_patch && a->placement == b->placement && a->debug == b->debug;
 }
 
 static int has(const char *needle) { return strstr(gp_last_error(), needle) != NULL; }
@@ -110,7 +112,10 @@ static void test_table(void)
 {
     size_t n = 0;
     const gp_option_info *o = gp_config_options(&n);
-    CHECK(n == 15);
+    const char *keys[] = {"mode", "reserve", "limit", "priority", "codec", "nvcomp", "offload_threads",
+                          "tenant", "log", "trace", "chunk", "small_size", "torch_patch",
+                          "placement", "large_chunk", "cache_slack", "host_limit", "debug"};
+    CHECK(n == sizeof keys / sizeof keys[0]);
     gp_config cfg;
     gp_config_default(&cfg);
     for (size_t i = 0; i < n; i++) {
@@ -122,16 +127,14 @@ static void test_table(void)
             env[8 + j] = (char)(o[i].key[j] >= 'a' && o[i].key[j] <= 'z' ? o[i].key[j] - 32 : o[i].key[j]);
         CHECK(strcmp(env, o[i].env) == 0);
         /* The documented default is what gp_config_default gives, but for
-         * the two whose default is "nothing set". */
+         * the three whose default is "nothing set". */
         if (strcmp(o[i].key, "reserve") == 0) CHECK(get_is(&cfg, o[i].key, "none"));
-        else if (strcmp(o[i].key, "tenant") == 0) CHECK(get_is(&cfg, o[i].key, ""));
+        else if (strcmp(o[i].key, "tenant") == 0 || strcmp(o[i].key, "nvcomp") == 0)
+            CHECK(get_is(&cfg, o[i].key, ""));
         else CHECK(get_is(&cfg, o[i].key, o[i].def));
     }
     CHECK(strstr(o[1].def, "80%") != NULL);
-    const char *keys[] = {"mode", "reserve", "limit", "priority", "codec", "offload_threads",
-                          "tenant", "log", "trace", "chunk", "small_size", "torch_patch",
-                          "placement", "large_chunk", "cache_slack"};
-    for (size_t i = 0; i < n && i < 15; i++) CHECK(strcmp(o[i].key, keys[i]) == 0);
+    for (size_t i = 0; i < n && i < sizeof keys / sizeof keys[0]; i++) CHECK(strcmp(o[i].key, keys[i]) == 0);
 }
 
 static void test_defaults(void)
@@ -143,8 +146,8 @@ static void test_defaults(void)
     CHECK(c.reserve.bytes == 0 && c.reserve.fraction == 0);
     CHECK(c.limit.bytes == 0 && c.limit.fraction == 0);
     CHECK(c.priority == GP_PRIO_NORMAL);
-    CHECK(strcmp(c.codec, "none") == 0);
-    CHECK(c.offload_threads == 4);
+    CHECK(strcmp(c.codec, "auto") == 0 && c.nvcomp[0] == '\0');
+    CHECK(c.offload_threads == 8);
     CHECK(c.tenant[0] == '\0');
     CHECK(c.log == GP_LOG_OOM);
     CHECK(c.trace == 0);
@@ -153,6 +156,7 @@ static void test_defaults(void)
     CHECK(c.large_chunk == 64 * MiB);
     CHECK(c.cache_slack == 0.05);
     CHECK(c.torch_patch == 1);
+    CHECK(c.debug == 0);
 }
 
 static void test_sizes(void)
@@ -333,14 +337,26 @@ static void test_options(void)
     CHECK(set_ok(&c, "priority", "200") && c.priority == 200);
     CHECK(set_bad("priority", "urgent") && has("0..255"));
     CHECK(set_bad("priority", "256"));
-    /* codec: stored in its canonical spelling */
-    const char *codecs[] = {"none", "lz4", "zstd", "bytesplit", "bytesplit+lz4", "bytesplit+zstd", NULL};
-    for (int i = 0; codecs[i]; i++) CHECK(set_ok(&c, "codec", codecs[i]) && strcmp(c.codec, codecs[i]) == 0);
-    CHECK(set_ok(&c, "codec", "ByteSplit+ZSTD") && strcmp(c.codec, "bytesplit+zstd") == 0);
-    CHECK(set_bad("codec", "gzip") && has("bytesplit+zstd"));
-    CHECK(set_bad("codec", "zstd+bytesplit"));
-    CHECK(set_bad("codec", "bytesplit+"));
-    CHECK(set_bad("codec", "lz4 "));
+    /* codec: codec.h's names, stored in their canonical spelling */
+    for (int i = 0; i < GP_CODEC_COUNT; i++) {
+        const char *name = gp_codec_id_name((gp_codec_id)i);
+        CHECK(set_ok(&c, "codec", name) && strcmp(c.codec, name) == 0);
+    }
+    CHECK(set_ok(&c, "codec", "Bitcomp") && strcmp(c.codec, "bitcomp") == 0);
+    CHECK(set_bad("codec", "gzip") && has("GPUPOOL_CODEC") && has("one of: raw auto zstd ans bitcomp"));
+    CHECK(strstr(gp_last_error(), "is not known") == NULL); /* the codec's own words do not leak in */
+    CHECK(set_bad("codec", "none"));
+    CHECK(set_bad("codec", "ans "));
+    /* nvcomp: a path that exists and fits */
+    CHECK(set_ok(&c, "nvcomp", "/tmp") && strcmp(c.nvcomp, "/tmp") == 0);
+    CHECK(set_bad("nvcomp", "/nonexistent/libnvcomp.so.6") && has("No such file"));
+    char long_path[GP_PATH_MAX + 1];
+    memset(long_path, 'x', GP_PATH_MAX);
+    long_path[GP_PATH_MAX] = '\0';
+    gp_config_default(&c);
+    CHECK(gp_config_set(&c, "nvcomp", long_path) == GP_ERR_INVALID && has("GPUPOOL_NVCOMP") && has("at most 1023") &&
+          c.nvcomp[0] == '\0');
+
     /* offload_threads */
     CHECK(set_ok(&c, "offload_threads", "1") && c.offload_threads == 1);
     CHECK(set_ok(&c, "offload_threads", "64") && c.offload_threads == 64);
@@ -380,15 +396,18 @@ static void test_options(void)
     for (int i = 0; yes[i]; i++) {
         CHECK(set_ok(&c, "trace", yes[i]) && c.trace == 1);
         CHECK(set_ok(&c, "torch_patch", yes[i]) && c.torch_patch == 1);
+        CHECK(set_ok(&c, "GPUPOOL_DEBUG", yes[i]) && c.debug == 1);
     }
     for (int i = 0; no[i]; i++) {
         CHECK(set_ok(&c, "trace", no[i]) && c.trace == 0);
         CHECK(set_ok(&c, "torch_patch", no[i]) && c.torch_patch == 0);
+        CHECK(set_ok(&c, "debug", no[i]) && c.debug == 0);
     }
     const char *notbool[] = {"2", "maybe", "y", "n", "01", "", " 1", NULL};
     for (int i = 0; notbool[i]; i++) {
         CHECK(set_bad("trace", notbool[i]));
         CHECK(set_bad("torch_patch", notbool[i]));
+        CHECK(set_bad("debug", notbool[i]));
     }
     /* chunk: absolute, a power of two in [64KiB, 1GiB] */
     CHECK(set_ok(&c, "chunk", "64KiB") && c.chunk == 64 * KiB);
@@ -486,9 +505,10 @@ static void test_get(void)
     gp_config a, b;
     gp_config_default(&a);
     const char *set[][2] = {{"mode", "reserve"},     {"reserve", "0.9"},     {"limit", "20GB"},
-                            {"priority", "42"},      {"codec", "BYTESPLIT"}, {"offload_threads", "9"},
+                            {"priority", "42"},      {"codec", "BITCOMP"}, {"nvcomp", "/"}, {"offload_threads", "9"},
                             {"tenant", "x.y-z"},     {"log", "all"},         {"trace", "on"},
-                            {"chunk", "128KiB"},     {"small_size", "12345"}, {"torch_patch", "off"}};
+                            {"chunk", "128KiB"},     {"small_size", "12345"}, {"torch_patch", "off"},
+                            {"debug", "yes"}};
     for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) CHECK(gp_config_set(&a, set[i][0], set[i][1]) == GP_OK);
     size_t n;
     const gp_option_info *o = gp_config_options(&n);
@@ -514,6 +534,7 @@ static void test_env(void)
     setenv("GPUPOOL_LIMIT", "30GiB", 1);
     setenv("GPUPOOL_PRIORITY", "high", 1);
     setenv("GPUPOOL_CODEC", "zstd", 1);
+    setenv("GPUPOOL_NVCOMP", "/tmp", 1);
     setenv("GPUPOOL_OFFLOAD_THREADS", "2", 1);
     setenv("GPUPOOL_TENANT", "jobs", 1);
     setenv("GPUPOOL_LOG", "off", 1);
@@ -526,6 +547,7 @@ static void test_env(void)
     CHECK(gp_config_from_env(&c) == GP_OK);
     CHECK(c.mode == GP_MODE_RESERVE && c.reserve.fraction == 0.7 && c.limit.bytes == 30 * GiB);
     CHECK(c.priority == GP_PRIO_HIGH && strcmp(c.codec, "zstd") == 0 && c.offload_threads == 2);
+    CHECK(strcmp(c.nvcomp, "/tmp") == 0);
     CHECK(strcmp(c.tenant, "jobs") == 0 && c.log == GP_LOG_OFF && c.trace == 1);
     CHECK(c.chunk == 4 * MiB && c.small_size == 512 * KiB && c.torch_patch == 0);
     unsetenv("GPUPOOLX");

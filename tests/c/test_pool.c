@@ -3,8 +3,15 @@
  * merge, alignment, streams, limits, OOM, bad pointers, injected failures,
  * trimming and reserve mode.  Run under ASan and UBSan by the test suite.
  */
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "pool.h" /* test_debug corrupts a pool on purpose */
 #include "pool_check.h"
 
 static void *A(gp_pool *p, size_t n) { return gp_alloc(p, n, NULL, GP_TAG_UNTAGGED, GP_PRIO_NORMAL, NULL); }
@@ -120,6 +127,15 @@ static void test_bad_pointers(void)
     CHECK(gp_alloc(p, SIZE_MAX, NULL, 0, 1, &st) == NULL && st == GP_ERR_INVALID);
     CHECK(strstr(gp_last_error(), "256 TiB") != NULL);
     CHECK(gp_alloc(p, 10, NULL, 0, 999, &st) == NULL && st == GP_ERR_INVALID);
+    /* A tag id never interned would break every report of the pool (a
+     * block whose tag has no name): refused. */
+    gp_tag never[] = {(gp_tag)gp_tag_count(), GP_MAX_TAGS - 1, GP_MAX_TAGS, UINT16_MAX};
+    for (int i = 0; i < 4; i++) {
+        CHECK(gp_alloc(p, 10, NULL, never[i], GP_PRIO_NORMAL, &st) == NULL && st == GP_ERR_INVALID);
+        CHECK(strstr(gp_last_error(), "must be interned") != NULL);
+    }
+    gp_pool_stats(p, &s, 0);
+    CHECK(s.active_blocks == 1);
     gp_free(p, b);
     done(p);
 }
@@ -134,7 +150,11 @@ static void test_oom_and_trim(void)
     void *too = gp_alloc(p, 4 * MiB, NULL, 0, 1, &st);
     CHECK(too == NULL && st == GP_ERR_OOM);
     CHECK(strstr(gp_last_error(), "out of memory") != NULL);
-    CHECK(strstr(gp_pool_last_oom(p), "largest free block") != NULL);
+    char report[GP_OOM_REPORT_MAX];
+    CHECK(gp_pool_last_oom(p, report, sizeof report) == strlen(report));
+    CHECK(strstr(report, "largest free block") != NULL && strcmp(report, gp_last_error()) == 0);
+    char part[8];
+    CHECK(gp_pool_last_oom(p, part, sizeof part) == strlen(report) && strlen(part) == 7);
     CHECK(pool_consistent(p, be) == 0);
     /* Small blocks fill a chunk of the small arena; once freed, that cached
      * chunk is what the next large request needs: the pool trims and retries. */
@@ -308,6 +328,250 @@ static void test_injected_failures(void)
     CHECK(strstr(gp_last_error(), "reserve") != NULL);
 }
 
+/* A pool whose creation fails frees what it had made (LeakSanitizer
+ * checks): the chunk table of an arena whose reservation failed too. */
+static void test_create_failure_leaks_nothing(void)
+{
+    for (int nth = 1; nth <= 2; nth++) {
+        gp_config cfg;
+        gp_config_default(&cfg);
+        gp_backend *be;
+        CHECK(gp_backend_host_create(64 * MiB, &be) == GP_OK);
+        /* the small arena's, then the large one's */
+        gp_host_fail(be, GP_HOST_RESERVE, (uint64_t)nth, GP_ERR_OOM, GP_HOST_FAIL_ONCE);
+        gp_pool *p = (gp_pool *)&cfg;
+        CHECK(gp_pool_create(be, &cfg, &p) == GP_ERR_OOM && p == NULL);
+        CHECK(strstr(gp_last_error(), "host reserve: injected failure") != NULL);
+    }
+}
+
+/* An unmap that fails keeps its chunk mapped in the backend: the pool
+ * must keep it too (as reserved memory it can use and release later), or
+ * that physical memory is lost for good -- here while a failed growth is
+ * rolled back, and while a trim releases a block. */
+static void test_failed_unmap_keeps_the_chunk(void)
+{
+    gp_backend *be;
+    CHECK(gp_backend_host_create(64 * MiB, &be) == GP_OK);
+    gp_config cfg;
+    gp_config_default(&cfg);
+    cfg.chunk = cfg.large_chunk = 256 * KiB;
+    cfg.small_size = 64 * KiB;
+    cfg.cache_slack = -1;
+    gp_pool *p;
+    CHECK(gp_pool_create(be, &cfg, &p) == GP_OK);
+    void *keep = A(p, 100 * KiB);
+    gp_stats s0, s1;
+    gp_pool_stats(p, &s0, 0);
+    /* The 3rd chunk of a 1 MiB growth fails; rolling back, the unmap of the
+     * 1st one fails too. */
+    gp_host_fail(be, GP_HOST_MAP, 3, GP_ERR_BACKEND, GP_HOST_FAIL_ONCE);
+    gp_host_fail(be, GP_HOST_UNMAP, 2, GP_ERR_BACKEND, GP_HOST_FAIL_ONCE);
+    gp_status st;
+    CHECK(gp_alloc(p, 1 * MiB, NULL, 0, 1, &st) == NULL && st == GP_ERR_BACKEND);
+    CHECK(strstr(gp_last_error(), "injected") != NULL);
+    gp_pool_stats(p, &s1, 0);
+    CHECK(s1.reserved == s0.reserved + 256 * KiB && s1.allocated == s0.allocated);
+    CHECK(pool_consistent(p, be) == 0);
+    /* The chunk is cache: the next growth uses it and maps the rest. */
+    char *x = A(p, 1 * MiB);
+    CHECK(x != NULL);
+    gp_stats s2;
+    gp_pool_stats(p, &s2, 0);
+    CHECK(s2.reserved == s0.reserved + 1 * MiB && s2.n_map == s1.n_map + 3);
+    memset(x, 1, 1 * MiB);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_free(p, x);
+
+    /* A trim whose 2nd unmap fails: the first chunk goes, the rest stays
+     * mapped and cached, and the next trim gives it back. */
+    gp_host_fail(be, GP_HOST_UNMAP, 2, GP_ERR_BACKEND, GP_HOST_FAIL_ONCE);
+    uint64_t freed = gp_pool_empty_cache(p);
+    CHECK(freed == 256 * KiB);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_pool_stats(p, &s2, 0);
+    CHECK(s2.reserved == s0.reserved + 768 * KiB);
+    CHECK(gp_pool_empty_cache(p) == 768 * KiB);
+    gp_pool_stats(p, &s2, 0);
+    CHECK(s2.reserved == s0.reserved && pool_consistent(p, be) == 0);
+    gp_free(p, keep);
+    done(p);
+}
+
+/* A request that cannot fit fails from the figures, mapping nothing: it
+ * used to map chunk by chunk up to the device's capacity, unmap it all, and
+ * do so three times (0.47 s on a 1 GiB pool of 64 KiB chunks).  And its
+ * cache stays: trimming could not have made it fit. */
+static void test_hopeless_request_fails_fast(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(1024 * MiB, 64 * KiB, GP_MODE_EXPANDABLE, &be);
+    void *live = A(p, 512 * MiB), *cached = A(p, 128 * MiB), *sep = A(p, 64 * KiB);
+    CHECK(live && cached && sep);
+    gp_free(p, cached);
+    gp_host_counters c0, c1;
+    gp_host_counters_get(be, &c0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    gp_status st;
+    CHECK(gp_alloc(p, 768 * MiB, NULL, 0, 1, &st) == NULL); /* free 384 MiB + cached 128 */
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    gp_host_counters_get(be, &c1);
+    printf("a failing 768 MiB request on a 1 GiB pool of 64 KiB chunks: %.3f ms, %llu maps, %llu unmaps, "
+           "%llu syncs\n", (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6,
+           (unsigned long long)(c1.n_map - c0.n_map), (unsigned long long)(c1.n_unmap - c0.n_unmap),
+           (unsigned long long)(c1.n_sync - c0.n_sync));
+    CHECK(st == GP_ERR_OOM && strstr(gp_last_error(), "device lacks") != NULL);
+    CHECK(c1.n_map == c0.n_map && c1.n_unmap == c0.n_unmap && c1.n_sync == c0.n_sync);
+    gp_stats s;
+    gp_pool_stats(p, &s, 0);
+    CHECK(s.reserved == 640 * MiB + 64 * KiB);
+    /* One that fits once the cache goes: released, then mapped. */
+    void *x = A(p, 500 * MiB);
+    CHECK(x != NULL);
+    gp_host_counters_get(be, &c1);
+    gp_pool_stats(p, &s, 0);
+    CHECK(s.n_map_fail == 0 && c1.n_sync == c0.n_sync + 1);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_free(p, x);
+    gp_free(p, live);
+    gp_free(p, sep);
+    done(p);
+}
+
+/* fork() while another thread holds the pool's lock (here: a walk, whose
+ * callback runs under it): the child must not find the lock held forever,
+ * and a pool made before the fork must refuse its use with a clear error
+ * (its device memory is the parent's); a pool made in the child works. */
+static atomic_int walker_inside;
+static int slow_visit(void *arg, const gp_block_info *b)
+{
+    (void)arg;
+    (void)b;
+    atomic_store(&walker_inside, 1);
+    struct timespec ts = {0, 200 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    return 1;
+}
+
+static void *walker(void *p)
+{
+    gp_pool_walk(p, slow_visit, NULL);
+    return NULL;
+}
+
+static int forked_error(gp_status st)
+{
+    return st == GP_ERR_INVALID && strstr(gp_last_error(), "forked child") != NULL &&
+           strstr(gp_last_error(), "spawn") != NULL;
+}
+
+static void test_fork(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    void *x = A(p, 4096);
+    pthread_t t;
+    atomic_store(&walker_inside, 0);
+    CHECK(pthread_create(&t, NULL, walker, p) == 0);
+    while (!atomic_load(&walker_inside)) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(5); /* a lock left held: the child dies of SIGALRM */
+        gp_status st;
+        int ok = 1;
+        ok &= gp_alloc(p, 4096, NULL, GP_TAG_UNTAGGED, GP_PRIO_NORMAL, &st) == NULL && forked_error(st);
+        ok &= forked_error(gp_free(p, x));
+        ok &= forked_error(gp_record_stream(p, x, (gp_stream)0x10));
+        ok &= forked_error(gp_pool_capture_prepare(p, NULL));
+        ok &= forked_error(gp_pool_retag(p, &x, 1, GP_TAG_UNTAGGED, GP_PRIO_DEFAULT, NULL));
+        ok &= gp_pool_trim(p, UINT64_MAX) == 0 && forked_error(GP_ERR_INVALID);
+        gp_stats s; /* what the pool says of itself is still there */
+        gp_pool_stats(p, &s, 1);
+        ok &= s.active_blocks == 1 && gp_pool_check(p, NULL, 0) == 0;
+        gp_pool *q = make_pool(16 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, NULL);
+        void *y = A(q, 4096);
+        ok &= y != NULL && gp_free(q, y) == GP_OK && gp_pool_check(q, NULL, 0) == 0;
+        gp_pool_destroy(q);
+        gp_pool_destroy(p); /* the parent's: host memory only, no device call */
+        if (!ok) fprintf(stderr, "forked child: %s\n", gp_last_error());
+        _exit(ok ? 0 : 1);
+    }
+    CHECK(pid > 0);
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (WIFSIGNALED(status)) fprintf(stderr, "forked child killed by signal %d\n", WTERMSIG(status));
+    pthread_join(t, NULL);
+    CHECK(gp_free(p, x) == GP_OK); /* the parent's pool is its own */
+    CHECK(pool_consistent(p, be) == 0);
+    done(p);
+}
+
+/* GPUPOOL_DEBUG: in a child process, a pool with `debug`, corrupted or not
+ * (a figure off by 512 bytes), makes `ops` allocations and frees; returns
+ * how the child ended, its stderr in `err` and how many it made in *made. */
+static int debug_child(int debug, int corrupt, int ops, char *err, size_t n, int *made)
+{
+    int pe[2], po[2];
+    if (pipe(pe) || pipe(po)) return -1;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(pe[1], 2);
+        close(pe[0]);
+        close(po[0]);
+        gp_config cfg;
+        gp_config_default(&cfg);
+        cfg.debug = debug;
+        gp_backend *be;
+        gp_pool *p;
+        if (gp_backend_host_create(16 * MiB, &be) != GP_OK || gp_pool_create(be, &cfg, &p) != GP_OK) _exit(2);
+        if (corrupt) p->st.requested += 512;
+        void *keep = A(p, 1000);
+        for (int i = 1; i < ops; i++) {
+            if (i % 2) keep = A(p, (size_t)i * 100);
+            else gp_free(p, keep);
+            if (write(po[1], &i, sizeof i) != sizeof i) _exit(3);
+        }
+        _exit(0);
+    }
+    close(pe[1]);
+    close(po[1]);
+    int i, status = 0;
+    *made = 0;
+    while (read(po[0], &i, sizeof i) == sizeof i) *made = i + 1;
+    ssize_t got = read(pe[0], err, n - 1);
+    err[got > 0 ? got : 0] = '\0';
+    close(pe[0]);
+    close(po[0]);
+    waitpid(pid, &status, 0);
+    return status;
+}
+
+static void test_debug(void)
+{
+    char err[1024];
+    int made;
+    /* Consistent: the checks pass, thousands of operations run. */
+    int st = debug_child(1, 0, 20 * GP_DEBUG_EVERY, err, sizeof err, &made);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && made == 20 * GP_DEBUG_EVERY && err[0] == '\0');
+    /* Corrupt: the check runs at the GP_DEBUG_EVERY-th operation, names
+     * the violation and aborts. */
+    st = debug_child(1, 1, 20 * GP_DEBUG_EVERY, err, sizeof err, &made);
+    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT && made == GP_DEBUG_EVERY - 1);
+    char after[64];
+    snprintf(after, sizeof after, "after %d allocations", GP_DEBUG_EVERY);
+    CHECK(strstr(err, "GPUPOOL_DEBUG") && strstr(err, "requested says") && strstr(err, after));
+    /* Without GPUPOOL_DEBUG nothing is checked. */
+    st = debug_child(0, 1, 20 * GP_DEBUG_EVERY, err, sizeof err, &made);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && made == 20 * GP_DEBUG_EVERY);
+}
+
 static uint64_t pressure_calls;
 static uint64_t pressure_fn(void *arg, gp_pool *pool, uint64_t needed, int prio)
 {
@@ -363,6 +627,32 @@ static void test_reserve_mode(void)
     CHECK(s1.n_map == s0.n_map && s1.n_unmap == 0 && s1.reserved == 32 * MiB);
     CHECK(pool_consistent(p, be) == 0);
     for (int i = 1; i < 64; i += 2) gp_free(p, v[i]);
+    done(p);
+}
+
+/* Reserve mode maps whole chunks: a limit below one is refused at creation
+ * (it used to map a chunk past it). */
+static void test_reserve_limit_below_a_chunk(void)
+{
+    gp_config cfg;
+    gp_config_default(&cfg);
+    cfg.mode = GP_MODE_RESERVE;
+    cfg.chunk = 2 * MiB;
+    cfg.limit = (gp_size_spec){.bytes = 1 * MiB};
+    gp_backend *be;
+    gp_pool *p = NULL;
+    CHECK(gp_backend_host_create(64 * MiB, &be) == GP_OK);
+    gp_status st = gp_pool_create(be, &cfg, &p);
+    CHECK(st == GP_ERR_INVALID && p == NULL);
+    CHECK(strstr(gp_last_error(), "limit of 1048576 bytes") != NULL && strstr(gp_last_error(), "2097152") != NULL);
+    if (p) gp_pool_destroy(p);
+    /* One chunk exactly is a pool of one chunk. */
+    cfg.limit = (gp_size_spec){.bytes = 2 * MiB};
+    CHECK(gp_backend_host_create(64 * MiB, &be) == GP_OK);
+    CHECK(gp_pool_create(be, &cfg, &p) == GP_OK);
+    gp_stats s;
+    gp_pool_stats(p, &s, 0);
+    CHECK(s.reserved == 2 * MiB);
     done(p);
 }
 
@@ -455,8 +745,14 @@ int main(void)
     test_limits();
     test_streams();
     test_injected_failures();
+    test_create_failure_leaks_nothing();
+    test_failed_unmap_keeps_the_chunk();
+    test_hopeless_request_fails_fast();
+    test_fork();
+    test_debug();
     test_pressure();
     test_reserve_mode();
+    test_reserve_limit_below_a_chunk();
     test_tags();
     test_lean_growth();
     return check_done();

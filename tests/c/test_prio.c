@@ -7,6 +7,7 @@
  */
 #include <string.h>
 
+#include "pool.h"
 #include "pool_check.h"
 
 enum { LOW = GP_PRIO_LOW, NORMAL = GP_PRIO_NORMAL, HIGH = GP_PRIO_HIGH, CRIT = GP_PRIO_CRITICAL };
@@ -226,6 +227,79 @@ static void test_pressure_priorities(void)
     done(p);
 }
 
+/* The pressure callback runs without the pool's lock, and what happens
+ * meanwhile must not break what the request decided before it (issue 14):
+ * here the callback makes n small allocations, then frees the low-priority
+ * block, which the request then splits.  Each allocation uses one spare
+ * block header, so one n in a slab's worth leaves the spare list empty
+ * whatever its length was before -- the split dereferenced it (SEGV). */
+typedef struct greedy {
+    void *victim;
+    void *small[GP_SLAB_BLOCKS + 64];
+    int n, made;
+    gp_tag tag;       /* also allocate `tag_bytes` under this tag */
+    uint64_t tag_bytes;
+    void *tagged;
+} greedy;
+
+static uint64_t greedy_fn(void *arg, gp_pool *pool, uint64_t needed, int prio)
+{
+    (void)needed;
+    (void)prio;
+    greedy *g = arg;
+    for (int i = 0; i < g->n; i++) g->small[g->made++] = AP(pool, 512, CRIT, NULL);
+    if (g->tag_bytes) g->tagged = gp_alloc(pool, g->tag_bytes, NULL, g->tag, CRIT, NULL);
+    gp_free(pool, g->victim);
+    g->victim = NULL;
+    return 4 * MiB;
+}
+
+static void test_pressure_callback_that_allocates(void)
+{
+    int ok = 1;
+    for (int n = 0; n <= GP_SLAB_BLOCKS + 32; n++) {
+        gp_backend *be;
+        gp_pool *p = pool_with(64 * MiB, GP_PLACE_NONE, NORMAL, &be);
+        gp_pool_set_limit(p, 8 * MiB);
+        greedy g = {.n = n};
+        gp_pool_set_pressure(p, greedy_fn, &g);
+        g.victim = AP(p, 5 * MiB, LOW, NULL);
+        gp_status st;
+        void *x = AP(p, 4 * MiB, HIGH, &st); /* over the limit: the callback frees the victim */
+        ok &= x != NULL && g.victim == NULL && g.made == n && pool_consistent(p, be) == 0;
+        gp_free(p, x);
+        for (int i = 0; i < g.made; i++) ok &= g.small[i] != NULL && gp_free(p, g.small[i]) == GP_OK;
+        ok &= pool_consistent(p, be) == 0;
+        gp_pool_destroy(p);
+    }
+    CHECK(ok);
+
+    /* The tag limit, checked before the callback, is checked again after
+     * it: the callback allocated under the same tag meanwhile. */
+    gp_tag kv;
+    CHECK(gp_tag_intern("kv_cache", &kv) == GP_OK);
+    gp_backend *be;
+    gp_pool *p = pool_with(64 * MiB, GP_PLACE_NONE, NORMAL, &be);
+    gp_pool_set_limit(p, 8 * MiB);
+    CHECK(gp_pool_set_tag_limit(p, kv, 6 * MiB) == GP_OK);
+    greedy g = {.tag = kv, .tag_bytes = 2 * MiB};
+    gp_pool_set_pressure(p, greedy_fn, &g);
+    void *k = gp_alloc(p, 1 * MiB, NULL, kv, HIGH, NULL);
+    g.victim = AP(p, 4 * MiB, LOW, NULL);
+    gp_status st;
+    void *x = gp_alloc(p, 4 * MiB, NULL, kv, HIGH, &st); /* 1 + 2 + 4 > 6 once the callback ran */
+    CHECK(x == NULL && st == GP_ERR_LIMIT && g.victim == NULL && g.tagged != NULL);
+    CHECK(strstr(gp_last_error(), "kv_cache") != NULL);
+    gp_tag_stats ts;
+    gp_pool_tag_stats(p, kv, &ts);
+    CHECK(ts.allocated == 3 * MiB);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_free(p, x);
+    gp_free(p, k);
+    gp_free(p, g.tagged);
+    done(p);
+}
+
 /* Free neighbours merge to the highest of their priorities. */
 static void test_cache_priority_merges_up(void)
 {
@@ -437,6 +511,7 @@ int main(void)
     test_limit_lowest_cache_first();
     test_device_full();
     test_pressure_priorities();
+    test_pressure_callback_that_allocates();
     test_cache_priority_merges_up();
     test_default_priority();
     test_retag();

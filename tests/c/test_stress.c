@@ -1,6 +1,7 @@
 /*
  * test_stress.c -- 8 threads allocate, stamp, check and free at random on one
- * pool while a ninth trims and reads statistics.  Built under ASan/UBSan and
+ * pool while a ninth trims, reads statistics and fails allocations, and a
+ * tenth reads their OOM reports.  Built under ASan/UBSan and
  * once under ThreadSanitizer by the test suite: any race on the pool's state
  * or any overlap of two live blocks fails it.
  *
@@ -73,7 +74,23 @@ static void *trimmer(void *arg)
         gp_pool_stats(pool, &st, 1);
         if (st.allocated > st.reserved) atomic_fetch_add(&corrupt, 1);
         gp_pool_trim(pool, 4 * MiB);
+        if (gp_alloc(pool, 1024 * MiB, NULL, GP_TAG_UNTAGGED, GP_PRIO_NORMAL, NULL)) atomic_fetch_add(&corrupt, 1);
         struct timespec ts = {0, 200000};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+/* Reads the last OOM report while the trimmer's failures write it: the
+ * copy must be whole (the pool copies it out under its lock). */
+static void *reporter(void *arg)
+{
+    (void)arg;
+    while (atomic_load(&done_threads) < THREADS) {
+        char r[GP_OOM_REPORT_MAX];
+        gp_pool_last_oom(pool, r, sizeof r);
+        if (r[0] && strncmp(r, "gpupool: out of memory", 22) != 0) atomic_fetch_add(&corrupt, 1);
+        struct timespec ts = {0, 50000};
         nanosleep(&ts, NULL);
     }
     return NULL;
@@ -84,10 +101,11 @@ int main(int argc, char **argv)
     if (argc > 1) ops_per_thread = atol(argv[1]);
     gp_backend *be;
     pool = make_pool(512 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
-    pthread_t t[THREADS + 1];
+    pthread_t t[THREADS + 2];
     for (uintptr_t i = 0; i < THREADS; i++) pthread_create(&t[i], NULL, worker, (void *)(i + 1));
     pthread_create(&t[THREADS], NULL, trimmer, NULL);
-    for (int i = 0; i <= THREADS; i++) pthread_join(t[i], NULL);
+    pthread_create(&t[THREADS + 1], NULL, reporter, NULL);
+    for (int i = 0; i <= THREADS + 1; i++) pthread_join(t[i], NULL);
     CHECK(atomic_load(&corrupt) == 0);
     CHECK(atomic_load(&failed) == 0);
     gp_stats st;

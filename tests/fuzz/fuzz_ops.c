@@ -45,7 +45,6 @@
 
 #include "backend_host.h"
 #include "fuzz.h"
-#include "known_issues.h"
 #include "stamps.h"
 
 #define KiB (1024ull)
@@ -103,7 +102,6 @@ typedef struct model {
     int gpool_live[NKEYS]; /* GP_LIVE_* */
     unsigned captures; /* streams capturing now */
     uint8_t capturing[NSTREAMS], forked[NSTREAMS];
-    int prepared;      /* capture_prepare ran (issue 14 item 6) */
     /* the pressure callback */
     int pressure_on, pressure_allocs, pressure_keep, pressure_first, in_pressure;
     uint64_t stamp_seq, misuse;
@@ -291,11 +289,8 @@ static uint64_t pressure(void *arg, gp_pool *p, uint64_t needed, int priority)
     if (M.in_pressure) return 0; /* an allocation of its own ran short */
     M.in_pressure = 1;
     uint64_t got = M.pressure_first ? give_up(p, priority) : 0;
-    /* Its own allocations -- issue 14 item 1 (a spare-header crash and an
-     * unchecked tag limit after them) is fixed on h1: until it is merged,
-     * the callback allocates nothing. */
     int made[256], n_made = 0;
-    for (int k = 0; GP_H1_MERGED && k < M.pressure_allocs && M.n < MAXLIVE - 2; k++) {
+    for (int k = 0; k < M.pressure_allocs && M.n < MAXLIVE - 2; k++) {
         int before = M.n;
         if (do_alloc(512 + 4096 * (uint64_t)(k % 8), 1, 0, 0, "an allocation in the pressure callback") &&
             M.n > before)
@@ -346,7 +341,7 @@ static int do_alloc(uint64_t size, unsigned si, uint8_t tag_byte, uint8_t prio_b
                "%s of %llu bytes failed with %s: %s", what, (unsigned long long)size, gp_status_str(st),
                gp_last_error());
         if (st == GP_ERR_OOM || st == GP_ERR_LIMIT)
-            EXPECT(gp_pool_last_oom(M.p)[0], "%s failed for lack of memory and left no OOM report", what);
+            EXPECT(gp_pool_last_oom(M.p, NULL, 0) > 0, "%s failed for lack of memory and left no OOM report", what);
         return 0;
     }
     if (prio == GP_PRIO_DEFAULT) prio = M.cfg.priority;
@@ -365,9 +360,8 @@ static int do_alloc(uint64_t size, unsigned si, uint8_t tag_byte, uint8_t prio_b
                "%s: the block at %p of %llu bytes overlaps the live one at %p of %llu", what, (void *)q,
                (unsigned long long)info.size, (void *)M.b[i].ptr, (unsigned long long)M.b[i].size);
     /* Placement: outside captures, a tag's blocks lie in its lifetime's
-     * region (capture_prepare breaks this: issue 14 item 6, fixed on h1). */
-    if (M.cfg.placement == GP_PLACE_LIFETIME && M.cfg.mode == GP_MODE_EXPANDABLE && !captures && !M.in_pressure &&
-        (GP_H1_MERGED || !M.prepared))
+     * region. */
+    if (M.cfg.placement == GP_PLACE_LIFETIME && M.cfg.mode == GP_MODE_EXPANDABLE && !captures && !M.in_pressure)
         EXPECT(info.lifetime == gp_tag_lifetime(tag), "%s under tag %s lies in region %u, the tag is %d", what,
                tag_names[ti], (unsigned)info.lifetime, gp_tag_lifetime(tag));
     gp_stats s1;
@@ -636,7 +630,6 @@ static void op_capture(reader *r)
         expect_message(st, "capture_prepare");
         EXPECT(st == GP_OK || st == GP_ERR_TOO_MANY || (st == GP_ERR_BACKEND && injected() > M.injected0),
                "capture_prepare gave %s: %s", gp_status_str(st), gp_last_error());
-        if (st == GP_OK) M.prepared = 1;
         return;
     case 1: {
         if (M.capturing[si]) return; /* (one capture per stream: the model could not tell which ends) */
@@ -815,14 +808,11 @@ static void op_capacity(reader *r)
     gp_host_set_capacity(M.be, c);
 }
 
-/* Injected backend failures.  Unmap is left alone until h1 is merged: a
- * failed unmap while a failed map rolls back loses the chunk (issue 14
- * item 4), which the checks here see at once. */
+/* Injected backend failures. */
 static void op_fault(reader *r)
 {
     uint8_t k = u8(r);
     gp_host_fn fn = (gp_host_fn)(k % GP_HOST_FN_COUNT);
-    if (fn == GP_HOST_UNMAP && !GP_H1_MERGED) return;
     static const gp_status sts[] = {GP_ERR_BACKEND, GP_ERR_OOM, GP_ERR_NOMEM};
     gp_host_fail(M.be, fn, u8(r) % 8, sts[(k >> 4) % 3], k & 0x80 ? GP_HOST_FAIL_FROM : GP_HOST_FAIL_ONCE);
 }
@@ -875,9 +865,10 @@ static void setup(reader *r)
     st = gp_pool_create(M.be, cfg, &M.p);
     expect_message(st, "pool creation");
     if (st != GP_OK) {
-        /* Only a reserve bigger than the device may fail. */
-        EXPECT(cfg->mode == GP_MODE_RESERVE && st == GP_ERR_OOM, "pool creation failed with %s: %s",
-               gp_status_str(st), gp_last_error());
+        /* Only a reserve may fail: bigger than the device, or a limit below
+         * one of its chunks. */
+        EXPECT(cfg->mode == GP_MODE_RESERVE && (st == GP_ERR_OOM || (st == GP_ERR_INVALID && cfg->limit.bytes)),
+               "pool creation failed with %s: %s", gp_status_str(st), gp_last_error());
         M.p = NULL;
         return;
     }
@@ -918,13 +909,10 @@ static void teardown(void)
     gp_stats s;
     gp_pool_stats(M.p, &s, 1);
     check_figures("the teardown", 1);
-    /* (pending blocks stuck: issue 14 item 5, fixed on h1) */
-    if (GP_H1_MERGED || !s.pending) {
-        EXPECT(s.pending == 0, "%llu bytes stay pending at the end", (unsigned long long)s.pending);
-        if (M.cfg.mode == GP_MODE_EXPANDABLE)
-            EXPECT(s.reserved == 0, "%llu bytes stay reserved after freeing everything and emptying the cache",
-                   (unsigned long long)s.reserved);
-    }
+    EXPECT(s.pending == 0, "%llu bytes stay pending at the end", (unsigned long long)s.pending);
+    if (M.cfg.mode == GP_MODE_EXPANDABLE)
+        EXPECT(s.reserved == 0, "%llu bytes stay reserved after freeing everything and emptying the cache",
+               (unsigned long long)s.reserved);
     gp_pool_destroy(M.p);
     char msg[256];
     EXPECT(gp_host_misuse(msg, sizeof msg) == M.misuse, "backend misuse at the end: %s", msg);

@@ -1,0 +1,66 @@
+/*
+ * host_store.h -- where offloaded bytes live on the host: a pool of pinned
+ * (page-locked) slabs from the backend's host_alloc, kept for the life of
+ * the offloader (pinning costs about 1.6 GB/s: it must not sit on the
+ * offload path once warm), capped by a host limit (GPUPOOL_HOST_LIMIT).
+ *
+ * Space is handed out as extents of a slab, 16-byte aligned, first fit;
+ * an extent taken for the worst case (a slice before compression) is shrunk
+ * to what was written, so compressed slices pack densely.  Freed extents
+ * coalesce; slabs are never returned to the host while the store lives
+ * (the next offload reuses them), except by gp_host_store_trim.
+ *
+ * Thread-safe (one mutex); never called with a pool lock held.
+ */
+#ifndef GP_HOST_STORE_H
+#define GP_HOST_STORE_H
+
+#include "backend.h"
+
+typedef struct gp_host_store gp_host_store;
+
+typedef struct gp_extent {
+    void *ptr;       /* NULL: none */
+    uint64_t size;
+    uint32_t slab;
+} gp_extent;
+
+typedef struct gp_host_store_stats {
+    uint64_t limit;      /* bytes the slabs may total (0: none)           */
+    uint64_t slabs;      /* bytes of pinned slabs held                    */
+    uint64_t used;       /* bytes in extents                              */
+    uint64_t reserved;   /* bytes promised to offloads under way          */
+    uint64_t n_pin;      /* slabs pinned, ever                            */
+    double pin_seconds;  /* time spent pinning, ever                      */
+} gp_host_store_stats;
+
+/* A store over backend `be` whose slabs total at most `limit` bytes (0: no
+ * limit), `slab` bytes each (a slab is at least as large as the largest
+ * extent asked for). */
+gp_status gp_host_store_create(gp_backend *be, uint64_t limit, uint64_t slab, gp_host_store **out);
+/* Frees every slab: extents still held are lost. */
+void gp_host_store_destroy(gp_host_store *hs);
+
+/* Promise `bytes` to an offload about to start: GP_ERR_LIMIT (naming the
+ * limit) when used + reserved + bytes would pass it, GP_ERR_NOMEM when the
+ * host refuses to pin; on success the slabs hold room for them (pinned now
+ * if need be), so the extents taken under the promise cannot fail for lack
+ * of space.  gp_host_store_settle gives back what the offload did not use. */
+gp_status gp_host_store_reserve(gp_host_store *hs, uint64_t bytes);
+void gp_host_store_settle(gp_host_store *hs, uint64_t bytes);
+
+/* An extent of `size` bytes (> 0, at most the slab size) from reserved
+ * room: the reservation shrinks by `size`.  GP_ERR_LIMIT when the
+ * reservation or the slabs hold too little room. */
+gp_status gp_host_store_alloc(gp_host_store *hs, uint64_t size, gp_extent *out);
+/* Keep only the first `size` bytes of `e` (the rest is free again). */
+void gp_host_store_shrink(gp_host_store *hs, gp_extent *e, uint64_t size);
+void gp_host_store_free(gp_host_store *hs, gp_extent *e);
+
+/* Pin one more slab ahead of need when less than a slab is free, within the
+ * limit (a caller's background thread calls it after an offload). */
+void gp_host_store_grow_ahead(gp_host_store *hs);
+
+void gp_host_store_stats_get(gp_host_store *hs, gp_host_store_stats *out);
+
+#endif /* GP_HOST_STORE_H */

@@ -1,0 +1,126 @@
+/*
+ * offload.h -- moving the memory of tags to the host and back at the same
+ * addresses (issue 15; the pool's part is gp_pool_offload_* in gpupool.h).
+ *
+ * An offloader serves one pool.  gp_offload_tags copies the live blocks of
+ * some tags to pinned host memory and gives their physical chunks back to
+ * the device; gp_restore_tags maps fresh chunks at the same addresses and
+ * copies the bytes back, so every pointer into them (every tensor) stays
+ * valid.  The copies run in slices on two streams of the backend's own; a
+ * chunk is unmapped as soon as the copies out of it have completed, and on
+ * restore chunks are mapped ahead of the copies into them, on worker
+ * threads.  Each piece has a checksum, computed on the device before it
+ * leaves and again after it came back (checksum.h): a mismatch leaves the
+ * memory offloaded and names the tag.
+ *
+ * Failure leaves things whole: an offload that fails half way (host limit,
+ * a device error) maps back what it had released and copies it back, so
+ * the tags are resident as before; a restore that fails (device full after
+ * asking lower-priority idle tags to make room, a checksum mismatch) gives
+ * back what it had mapped, so the tags stay offloaded and their bytes safe
+ * on the host.
+ *
+ * Offloadable tags (gp_offload_register) are what the pool's pressure
+ * callback may offload on its own: when an allocation of priority P finds
+ * the device or the limit full, idle registered tags of priority below P
+ * are offloaded, the lowest priority first, then the least recently used,
+ * until enough was released.  A tag is busy between gp_offload_use(tag, 1)
+ * and gp_offload_use(tag, 0) (the Python hooks mark a module's forward, an
+ * optimizer's step) and is never offloaded then.
+ *
+ * Every call may block (device synchronisation, copies); none may be made
+ * with the pool's lock held or from inside a pool callback other than the
+ * pressure callback it installs.  Calls are serialised per offloader.
+ */
+#ifndef GP_OFFLOAD_H
+#define GP_OFFLOAD_H
+
+#include "gpupool.h"
+
+typedef struct gp_offloader gp_offloader;
+
+/* An offloader for `pool` (which must outlive it): host memory capped at
+ * `host_limit` bytes (0: none), `threads` worker threads (1..64).  It takes
+ * 1 MiB of the pool (tag "gpupool") for its checksums and installs itself
+ * as the pool's pressure callback. */
+gp_status gp_offloader_create(gp_pool *pool, uint64_t host_limit, unsigned threads, gp_offloader **out);
+/* Restores nothing: memory still offloaded is lost (its addresses stay
+ * reserved in the pool until the pool goes).  Removes the callback. */
+void gp_offloader_destroy(gp_offloader *o);
+
+enum { GP_CODEC_RAW = 0 };
+
+typedef struct gp_offload_opts {
+    int keep;           /* 0: drop the contents (restored memory is
+                           uninitialised: a cache to recompute)          */
+    int codec;          /* GP_CODEC_*                                      */
+} gp_offload_opts;
+
+/* What one offload or restore did. */
+typedef struct gp_offload_result {
+    uint64_t bytes;      /* bytes of live blocks that moved (offloaded or
+                            restored), whole blocks                         */
+    uint64_t copied;     /* bytes copied over PCIe (the blocks' parts in
+                            released chunks; 0 when contents are dropped)   */
+    uint64_t host_bytes; /* host bytes they take (offload) or took         */
+    uint64_t released;   /* device bytes unmapped (offload) or mapped      */
+    uint64_t kept;       /* offload: bytes of the tags' live blocks that
+                            stay on the device (chunks shared with other
+                            live memory)                                   */
+    double seconds;      /* wall time of the call                          */
+    int codec;           /* GP_CODEC_* used                                */
+} gp_offload_result;
+
+/* Offload the live blocks of `tags`.  GP_ERR_LIMIT when the host limit
+ * cannot hold them, GP_ERR_INVALID for a bad tag or while a graph captures,
+ * GP_ERR_BACKEND for a device error; in every failure the tags are resident
+ * as before.  Offloading a tag whose memory is already offloaded offloads
+ * only its blocks made since. */
+gp_status gp_offload_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, const gp_offload_opts *opts,
+                          gp_offload_result *res);
+
+/* Restore every offload that holds one of `tags` (an offload of several
+ * tags at once comes back whole).  Waits for a prefetch of them under way.
+ * To make room it releases cached chunks of any priority (what comes back
+ * was live when displaced; cache is nobody's data), then offloads idle
+ * registered tags of lower priority than the restored memory's.
+ * GP_ERR_OOM (after trying to make room) or GP_ERR_LIMIT when the device
+ * cannot hold them; GP_ERR_BACKEND for a device error or a checksum
+ * mismatch (named); the memory then stays offloaded.  Restoring tags that
+ * are not offloaded does nothing. */
+gp_status gp_restore_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, gp_offload_result *res);
+
+/* Start restoring `tags` on a worker thread and return at once; a later
+ * gp_restore_tags (or the next prefetch) waits for it and reports its
+ * failure. */
+gp_status gp_prefetch_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags);
+
+/* Make `tag` offloadable under pressure, at `priority` (its memory's:
+ * lower goes first); 0 <= priority <= GP_PRIO_MAX, or -1 to unregister. */
+gp_status gp_offload_register(gp_offloader *o, gp_tag tag, int priority);
+/* Mark `tag` in use (busy != 0: never offloaded under pressure) or idle
+ * (its last use is now). */
+gp_status gp_offload_use(gp_offloader *o, gp_tag tag, int busy);
+
+/* Figures of the offloader. */
+typedef struct gp_offload_stats {
+    uint64_t host_bytes;     /* bytes of offloaded data on the host now   */
+    uint64_t host_slabs;     /* pinned host memory held (slabs)           */
+    uint64_t host_limit;
+    uint64_t n_offload, n_restore, n_pressure; /* calls that moved memory;
+                                pressure: offloads made by the callback   */
+    uint64_t bytes_out, bytes_in;              /* bytes copied, ever      */
+    uint64_t n_pin;          /* slabs pinned, ever                        */
+    uint64_t tag_host_bytes[GP_MAX_TAGS]; /* host bytes per tag now       */
+} gp_offload_stats;
+
+void gp_offload_stats_get(gp_offloader *o, gp_offload_stats *out);
+
+/* Whether `tag` has memory offloaded now (any offload holding it). */
+int gp_offload_is_offloaded(gp_offloader *o, gp_tag tag);
+
+/* For tests: flip one stored byte of the newest offload holding `tag`, as
+ * a failing host DIMM would (GP_ERR_INVALID if it has no stored bytes). */
+gp_status gp_offload_corrupt_for_test(gp_offloader *o, gp_tag tag);
+
+#endif /* GP_OFFLOAD_H */

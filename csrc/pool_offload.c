@@ -1,0 +1,492 @@
+/*
+ * pool_offload.c -- the pool's side of offload: which physical chunks can
+ * leave the device while every address stays valid, and the block states
+ * and figures while they are away (see gpupool.h, "offload, pool side").
+ * offload.c moves the bytes; this file never copies anything.
+ *
+ * A chunk is the unit of physical memory: it can only be given back whole.
+ * It is released when every block overlapping it is a live block of the
+ * tags (a candidate) or free cache of a stream.  A candidate that touches a
+ * released chunk is offloaded as a whole block (no kernel may touch it), but
+ * only its bytes in released chunks move: its head or tail in a chunk shared
+ * with other live memory stays where it is, untouched, until the restore.
+ * Free blocks straddling a run's edge are split at the chunk boundary: the
+ * part inside waits in the run (FREE_OFFLOADED).
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool.h"
+
+static inline uintptr_t gp_chunk_down(const gp_arena *a, uintptr_t x)
+{
+    return a->base + (x - a->base) / a->chunk * a->chunk;
+}
+
+static inline uintptr_t gp_chunk_up(const gp_arena *a, uintptr_t x)
+{
+    return a->base + gp_round_up(x - a->base, a->chunk);
+}
+
+/* At least n spare block headers, refilling as many slabs as it takes. */
+static gp_status gp_spare_at_least(gp_pool *p, size_t n)
+{
+    for (;;) {
+        size_t have = 0;
+        for (gp_block *b = p->spare; b && have < n; b = b->fnext) have++;
+        if (have >= n) return GP_OK;
+        gp_status st = gp_reserve_headers(p, (int)(have + 1));
+        if (st != GP_OK) return st;
+    }
+}
+
+/* Growable arrays for plans (host memory, under the lock: an offload is no
+ * hot path). */
+static void *gp_push(void **v, size_t *n, size_t *cap, size_t elem)
+{
+    if (*n == *cap) {
+        size_t nc = *cap ? 2 * *cap : 16;
+        void *nv = realloc(*v, nc * elem);
+        if (!nv) return NULL;
+        *v = nv;
+        *cap = nc;
+    }
+    return (char *)*v + elem * (*n)++;
+}
+
+typedef struct gp_plan_build {
+    gp_offload_plan *pl;
+    size_t cap_runs, cap_ranges;
+    const gp_arena *last; /* the arena of the last run */
+} gp_plan_build;
+
+static gp_status gp_nomem_plan(void)
+{
+    return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for an offload plan");
+}
+
+/* Add chunk range [lo, hi) of arena a to the runs, joining the last run
+ * when they touch. */
+static gp_status gp_add_run(gp_plan_build *pb, const gp_arena *a, uintptr_t lo, uintptr_t hi)
+{
+    gp_offload_plan *pl = pb->pl;
+    gp_offload_run *last = pl->n_runs && pb->last == a ? &pl->runs[pl->n_runs - 1] : NULL;
+    if (last && last->addr + last->size >= lo && last->addr <= lo) {
+        if (hi > last->addr + last->size) {
+            pl->released += hi - (last->addr + last->size);
+            last->size = hi - last->addr;
+        }
+        return GP_OK;
+    }
+    gp_offload_run *r = gp_push((void **)&pl->runs, &pl->n_runs, &pb->cap_runs, sizeof *r);
+    if (!r) return gp_nomem_plan();
+    *r = (gp_offload_run){.addr = lo, .size = hi - lo, .chunk = a->chunk};
+    pl->released += hi - lo;
+    pb->last = a;
+    return GP_OK;
+}
+
+/* The part of live block b inside [lo, hi), as a range to copy. */
+static gp_status gp_add_range(gp_plan_build *pb, const gp_block *b, uintptr_t lo, uintptr_t hi)
+{
+    uintptr_t x = b->addr > lo ? b->addr : lo, e = b->addr + b->size < hi ? b->addr + b->size : hi;
+    if (e <= x) return GP_OK;
+    gp_offload_plan *pl = pb->pl;
+    gp_offload_range *r = gp_push((void **)&pl->ranges, &pl->n_ranges, &pb->cap_ranges, sizeof *r);
+    if (!r) return gp_nomem_plan();
+    *r = (gp_offload_range){.addr = x, .size = e - x, .tag = b->tag, .priority = b->prio};
+    pl->bytes += e - x;
+    return GP_OK;
+}
+
+static gp_offload_plan *gp_plan_new(int restore)
+{
+    gp_offload_plan *pl = calloc(1, sizeof *pl);
+    if (pl) pl->restore = restore;
+    return pl;
+}
+
+static void gp_plan_free(gp_offload_plan *pl)
+{
+    if (!pl) return;
+    free(pl->runs);
+    free(pl->ranges);
+    free(pl);
+}
+
+/* The figures of a live block that leaves the device or comes back. */
+static void gp_block_away(gp_pool *p, gp_block *b)
+{
+    gp_tag_stats *ts = &p->tags[b->tag];
+    p->st.allocated -= b->size;
+    p->st.requested -= b->requested;
+    p->st.offloaded += b->size;
+    ts->allocated -= b->size;
+    ts->requested -= b->requested;
+    ts->offloaded += b->size;
+    p->prio_alloc[b->prio] -= b->size;
+    b->state = GP_BLOCK_OFFLOADED;
+}
+
+static void gp_block_back(gp_pool *p, gp_block *b)
+{
+    gp_tag_stats *ts = &p->tags[b->tag];
+    gp_peak(&p->st.allocated, &p->st.allocated_peak, b->size);
+    gp_peak(&p->st.requested, &p->st.requested_peak, b->requested);
+    p->st.offloaded -= b->size;
+    gp_peak(&ts->allocated, &ts->allocated_peak, b->size);
+    ts->requested += b->requested;
+    ts->offloaded -= b->size;
+    gp_peak(&p->prio_alloc[b->prio], &p->prio_peak[b->prio], b->size);
+    b->state = GP_BLOCK_USED;
+}
+
+/* Put free block b (of a stream slot, in its bins) in two at chunk-aligned
+ * address x, both halves back in the bins (b was maximal, so neither merges
+ * with anything).  Returns the half that starts at x. */
+static gp_block *gp_cut_free(gp_pool *p, gp_arena *a, gp_block *b, uintptr_t x)
+{
+    gp_bins_remove(gp_bins_of(a, b), b);
+    gp_block *t = gp_split(p, b, x - b->addr);
+    gp_bins_insert(gp_bins_of(a, b), b);
+    gp_bins_insert(gp_bins_of(a, t), t);
+    return t;
+}
+
+/* The first block overlapping address x, from a block at or after it. */
+static gp_block *gp_back_to(gp_block *b, uintptr_t x)
+{
+    while (b->prev && b->prev->addr + b->prev->size > x) b = b->prev;
+    return b;
+}
+
+typedef struct gp_want {
+    const gp_pool *p;
+    uint8_t tag[GP_MAX_TAGS];
+} gp_want;
+
+static int gp_cand(const gp_want *w, const gp_block *b)
+{
+    return b->state == GP_BLOCK_USED && w->tag[b->tag] && w->p->slot_kind[b->sidx] == GP_SLOT_STREAM;
+}
+
+/* Whether chunk [x, x + chunk) can be released: every block in it is a
+ * candidate or free cache of a stream.  `near` is a block in or after it. */
+static int gp_chunk_free_of_others(const gp_want *w, const gp_arena *a, gp_block *near, uintptr_t x)
+{
+    for (gp_block *y = gp_back_to(near, x); y && y->addr < x + a->chunk; y = y->next)
+        if (!gp_cand(w, y) && !(y->state == GP_BLOCK_FREE && w->p->slot_kind[y->sidx] == GP_SLOT_STREAM))
+            return 0;
+    return 1;
+}
+
+gp_status gp_pool_offload_begin(gp_pool *p, const gp_tag *tags, size_t n_tags, gp_offload_plan **out)
+{
+    *out = NULL;
+    if (gp_pool_usable(p) != GP_OK) return gp_pool_usable(p);
+    if (!tags || n_tags == 0) return gp_error_set(GP_ERR_INVALID, "gpupool: offload of no tag");
+    static _Thread_local gp_want w; /* 1 KiB: off the stack */
+    memset(&w, 0, sizeof w);
+    w.p = p;
+    for (size_t i = 0; i < n_tags; i++) {
+        if (tags[i] >= gp_tag_count())
+            return gp_error_set(GP_ERR_INVALID, "gpupool: offload of tag id %u, which was never interned",
+                                (unsigned)tags[i]);
+        w.tag[tags[i]] = 1;
+    }
+    gp_plan_build pb = {.pl = gp_plan_new(0)};
+    gp_offload_plan *pl = pb.pl;
+    gp_status st = GP_OK;
+    if (!pl) return gp_nomem_plan();
+    pthread_mutex_lock(&p->lock);
+    if (p->n_capturing) {
+        st = gp_error_set(GP_ERR_INVALID, "gpupool: cannot offload while a CUDA graph is being captured on "
+                          "device %d (a capture may not synchronise)", p->be->device);
+        goto out;
+    }
+    /* Pass 1: the runs.  A candidate's inner chunks are its own; its edge
+     * chunks are released when nothing else lives in them. */
+    size_t n_arena_runs[GP_ARENA_COUNT] = {0};
+    for (unsigned k = 0; k < p->n_arenas; k++) {
+        gp_arena *a = &p->arenas[k];
+        size_t before = pl->n_runs;
+        for (gp_block *b = a->first; b; b = b->next) {
+            if (!gp_cand(&w, b)) continue;
+            uintptr_t lo = gp_chunk_down(a, b->addr), hi = gp_chunk_up(a, b->addr + b->size);
+            if (lo != b->addr && !gp_chunk_free_of_others(&w, a, b, lo)) lo += a->chunk;
+            if (hi != b->addr + b->size && hi - a->chunk >= lo &&
+                !gp_chunk_free_of_others(&w, a, b, hi - a->chunk))
+                hi -= a->chunk;
+            if (hi > lo && (st = gp_add_run(&pb, a, lo, hi)) != GP_OK) goto out;
+        }
+        n_arena_runs[k] = pl->n_runs - before;
+    }
+    /* Each run may cut a free block at either end. */
+    if ((st = gp_spare_at_least(p, 2 * pl->n_runs)) != GP_OK) goto out;
+    /* The ranges (this pass can fail; nothing is marked yet). */
+    size_t ri = 0;
+    for (unsigned k = 0; k < p->n_arenas; k++) {
+        gp_arena *a = &p->arenas[k];
+        gp_block *b = a->first; /* the runs are in address order: b only advances */
+        for (size_t j = 0; j < n_arena_runs[k]; j++, ri++) {
+            const gp_offload_run *r = &pl->runs[ri];
+            while (b->addr + b->size <= r->addr) b = b->next;
+            for (gp_block *y = b; y && y->addr < r->addr + r->size; y = y->next)
+                if (gp_cand(&w, y) && (st = gp_add_range(&pb, y, r->addr, r->addr + r->size)) != GP_OK) goto out;
+        }
+    }
+    /* Pass 2: mark.  Nothing can fail from here on: all or nothing. */
+    ri = 0;
+    for (unsigned k = 0; k < p->n_arenas; k++) {
+        gp_arena *a = &p->arenas[k];
+        gp_block *b = a->first;
+        for (size_t j = 0; j < n_arena_runs[k]; j++, ri++) {
+            const gp_offload_run *r = &pl->runs[ri];
+            uintptr_t end = r->addr + r->size;
+            while (b->addr + b->size <= r->addr) b = b->next;
+            gp_block *y = b;
+            if (y->state == GP_BLOCK_FREE && y->addr < r->addr) y = gp_cut_free(p, a, y, r->addr);
+            for (; y && y->addr < end; y = y->next) {
+                if (y->state == GP_BLOCK_FREE) {
+                    if (y->addr + y->size > end) gp_cut_free(p, a, y, end);
+                    gp_bins_remove(gp_bins_of(a, y), y);
+                    y->state = GP_BLOCK_FREE_OFFLOADED;
+                } else if (gp_cand(&w, y)) {
+                    pl->offloaded += y->size;
+                    gp_block_away(p, y);
+                }
+            }
+            b = y ? y : b;
+        }
+    }
+    /* What stays: the tags' live blocks that touch no released chunk. */
+    for (unsigned k = 0; k < p->n_arenas; k++)
+        for (gp_block *b = p->arenas[k].first; b; b = b->next)
+            if (b->state == GP_BLOCK_USED && w.tag[b->tag]) pl->kept += b->size;
+out:
+    pthread_mutex_unlock(&p->lock);
+    if (st != GP_OK) {
+        gp_plan_free(pl);
+        return st;
+    }
+    *out = pl;
+    return GP_OK;
+}
+
+/* The arena holding run r, if r is chunk-aligned and inside it. */
+static gp_arena *gp_run_arena(gp_pool *p, const gp_offload_run *r)
+{
+    gp_arena *a = gp_arena_of(p, r->addr);
+    if (!a || r->size == 0 || r->chunk != a->chunk || (r->addr - a->base) % a->chunk || r->size % a->chunk ||
+        r->addr + r->size > a->base + a->size || r->addr + r->size < r->addr)
+        return NULL;
+    return a;
+}
+
+gp_status gp_pool_restore_begin(gp_pool *p, const gp_offload_run *runs, size_t n_runs, gp_offload_plan **out)
+{
+    *out = NULL;
+    if (gp_pool_usable(p) != GP_OK) return gp_pool_usable(p);
+    gp_plan_build pb = {.pl = gp_plan_new(1)};
+    gp_offload_plan *pl = pb.pl;
+    gp_status st = GP_OK;
+    if (!pl) return gp_nomem_plan();
+    pthread_mutex_lock(&p->lock);
+    for (size_t i = 0; i < n_runs && st == GP_OK; i++) {
+        const gp_offload_run *r = &runs[i];
+        gp_arena *a = gp_run_arena(p, r);
+        gp_block *b = a ? gp_block_at(a, r->addr) : NULL;
+        if (!b) {
+            st = gp_error_set(GP_ERR_INVALID, "gpupool: restore of 0x%" PRIxPTR "+%" PRIu64 ", which is not an "
+                              "offloaded run of this pool", r->addr, r->size);
+            break;
+        }
+        for (uintptr_t x = r->addr; x < r->addr + r->size; x += a->chunk)
+            if (a->handles[gp_chunk_index(a, x)]) {
+                st = gp_error_set(GP_ERR_INVALID, "gpupool: restore of 0x%" PRIxPTR "+%" PRIu64 ": chunk 0x%"
+                                  PRIxPTR " is mapped, the run is not wholly offloaded", r->addr, r->size, x);
+                break;
+            }
+        for (; st == GP_OK && b && b->addr < r->addr + r->size; b = b->next) {
+            if (b->state != GP_BLOCK_OFFLOADED && b->state != GP_BLOCK_FREE_OFFLOADED) {
+                st = gp_error_set(GP_ERR_INVALID, "gpupool: restore of 0x%" PRIxPTR "+%" PRIu64 ": the block at "
+                                  "0x%" PRIxPTR " is not offloaded", r->addr, r->size, b->addr);
+                break;
+            }
+            if (b->state == GP_BLOCK_OFFLOADED) {
+                st = gp_add_range(&pb, b, r->addr, r->addr + r->size);
+                pl->offloaded += b->size;
+            }
+        }
+        if (st == GP_OK) st = gp_add_run(&pb, a, r->addr, r->addr + r->size);
+    }
+    pthread_mutex_unlock(&p->lock);
+    if (st != GP_OK) {
+        gp_plan_free(pl);
+        return st;
+    }
+    *out = pl;
+    return GP_OK;
+}
+
+/* The run of the plan containing [addr, addr+size), chunk-aligned in it. */
+static const gp_offload_run *gp_plan_run(const gp_offload_plan *pl, uintptr_t addr, uint64_t size)
+{
+    for (size_t i = 0; i < pl->n_runs; i++) {
+        const gp_offload_run *r = &pl->runs[i];
+        if (addr >= r->addr && size && addr + size <= r->addr + r->size && addr + size > addr &&
+            (addr - r->addr) % r->chunk == 0 && size % r->chunk == 0)
+            return r;
+    }
+    return NULL;
+}
+
+gp_status gp_pool_plan_unmap(gp_pool *p, gp_offload_plan *pl, uintptr_t addr, uint64_t size)
+{
+    if (!pl || !gp_plan_run(pl, addr, size))
+        return gp_error_set(GP_ERR_INVALID, "gpupool: unmap of 0x%" PRIxPTR "+%" PRIu64 ", which is not a "
+                            "chunk-aligned piece of one run of the plan", addr, size);
+    pthread_mutex_lock(&p->lock);
+    gp_arena *a = gp_arena_of(p, addr);
+    gp_status st = GP_OK;
+    /* Chunk by chunk: what is unmapped already stays so (a retry after a
+     * failure resumes). */
+    for (uintptr_t x = addr; x < addr + size && st == GP_OK; x += a->chunk) {
+        if (!a->handles[gp_chunk_index(a, x)]) continue;
+        if (gp_unmap_range(p, a, x, a->chunk) != a->chunk)
+            st = gp_error_set(GP_ERR_BACKEND, "gpupool: offload could not give back the chunk at 0x%" PRIxPTR
+                              " of device %d: %s", x, p->be->device, gp_last_error());
+    }
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
+gp_status gp_pool_plan_map(gp_pool *p, gp_offload_plan *pl, uintptr_t addr, uint64_t size, int priority)
+{
+    if (!pl || !gp_plan_run(pl, addr, size))
+        return gp_error_set(GP_ERR_INVALID, "gpupool: map of 0x%" PRIxPTR "+%" PRIu64 ", which is not a "
+                            "chunk-aligned piece of one run of the plan", addr, size);
+    if (priority < 0 || priority > GP_PRIO_MAX)
+        return gp_error_set(GP_ERR_INVALID, "gpupool: map with priority %d (0..%d)", priority, GP_PRIO_MAX);
+    pthread_mutex_lock(&p->lock);
+    gp_arena *a = gp_arena_of(p, addr);
+    gp_status st = GP_OK;
+    for (uintptr_t x = addr; x < addr + size && st == GP_OK;) {
+        if (a->handles[gp_chunk_index(a, x)]) {
+            x += a->chunk;
+            continue;
+        }
+        uintptr_t end = x; /* the unmapped stretch from x */
+        while (end < addr + size && !a->handles[gp_chunk_index(a, end)]) end += a->chunk;
+        uint64_t need = end - x, limit = p->st.limit;
+        /* The limit first, then the device: cached chunks of priorities up
+         * to the caller's make room, as for an allocation. */
+        if (limit && p->st.reserved + need > limit) gp_trim_in(p, NULL, p->st.reserved + need - limit, priority);
+        if (limit && p->st.reserved + need > limit) {
+            st = gp_error_set(GP_ERR_LIMIT, "gpupool: restoring %" PRIu64 " bytes would exceed the pool limit of "
+                              "%" PRIu64 " bytes (reserved %" PRIu64 ")", need, limit, p->st.reserved);
+            break;
+        }
+        uint64_t kept; /* (a prefix a failed rollback left mapped: not mapped again) */
+        st = gp_map_range(p, a, x, need, &kept);
+        if (st == GP_ERR_OOM && gp_trim_in(p, NULL, need - kept, priority)) {
+            gp_error_clear();
+            st = gp_map_range(p, a, x + kept, need - kept, &kept);
+        }
+        x = end;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
+gp_status gp_pool_plan_end(gp_pool *p, gp_offload_plan *pl, int resident)
+{
+    if (!pl) return gp_error_set(GP_ERR_INVALID, "gpupool: end of no plan");
+    pthread_mutex_lock(&p->lock);
+    gp_status st = GP_OK;
+    for (size_t i = 0; i < pl->n_runs && st == GP_OK; i++) {
+        const gp_offload_run *r = &pl->runs[i];
+        gp_arena *a = gp_arena_of(p, r->addr);
+        for (uintptr_t x = r->addr; x < r->addr + r->size; x += a->chunk)
+            if (!a->handles[gp_chunk_index(a, x)] == !!resident) {
+                st = gp_error_set(GP_ERR_INVALID, "gpupool: %s plan ended %s, but the chunk at 0x%" PRIxPTR " is %s",
+                                  pl->restore ? "restore" : "offload", resident ? "resident" : "offloaded", x,
+                                  resident ? "not mapped" : "still mapped");
+                break;
+            }
+    }
+    if (st != GP_OK) {
+        pthread_mutex_unlock(&p->lock);
+        return st;
+    }
+    for (size_t i = 0; i < pl->n_runs; i++) {
+        const gp_offload_run *r = &pl->runs[i];
+        gp_arena *a = gp_arena_of(p, r->addr);
+        gp_block *b = gp_block_at(a, r->addr); /* (may start before the run) */
+        if (!resident) {
+            for (; !pl->restore && b && b->addr < r->addr + r->size; b = b->next)
+                if (b->state == GP_BLOCK_OFFLOADED)
+                    GP_TRACE(p, GP_EV_OFFLOAD, b->addr, b->size, NULL, b->tag, b->prio);
+            continue;
+        }
+        /* Live blocks first (no block moves), then the free pieces, which
+         * merge with their free neighbours as they go back to the bins. */
+        for (gp_block *y = b; y && y->addr < r->addr + r->size; y = y->next) {
+            if (y->state != GP_BLOCK_OFFLOADED) continue;
+            gp_block_back(p, y);
+            if (pl->restore) GP_TRACE(p, GP_EV_RESTORE, y->addr, y->size, NULL, y->tag, y->prio);
+        }
+        uintptr_t end = r->addr + r->size;
+        for (gp_block *y = b; y && y->addr < end;) {
+            if (y->state != GP_BLOCK_FREE_OFFLOADED) {
+                y = y->next;
+                continue;
+            }
+            y->state = GP_BLOCK_FREE;
+            y = gp_insert_free(p, a, y)->next;
+        }
+    }
+    pthread_mutex_unlock(&p->lock);
+    gp_plan_free(pl);
+    return GP_OK;
+}
+
+void gp_free_offloaded(gp_pool *p, gp_block *b)
+{
+    gp_tag_stats *ts = &p->tags[b->tag];
+    p->st.offloaded -= b->size;
+    p->st.active_blocks--;
+    p->st.n_free++;
+    ts->offloaded -= b->size;
+    ts->active_blocks--;
+    if (p->trace) {
+        gp_stream bs = p->streams[b->sidx];
+        gp_trace_add(p->trace, GP_EV_FREE_REQUESTED, b->addr, b->size, bs, b->tag, b->prio);
+        gp_trace_add(p->trace, GP_EV_FREE_COMPLETED, b->addr, b->size, bs, b->tag, b->prio);
+    }
+    if (b->rec) gp_rec_forget(p, b);
+    b->requested = 0;
+    b->state = GP_BLOCK_FREE_OFFLOADED;
+}
+
+gp_status gp_pool_synchronize(gp_pool *p)
+{
+    gp_status st = gp_pool_usable(p);
+    if (st != GP_OK) return st;
+    pthread_mutex_lock(&p->lock);
+    p->st.n_sync++;
+    pthread_mutex_unlock(&p->lock);
+    return p->be->synchronize(p->be);
+}
+
+gp_backend *gp_pool_backend(gp_pool *p) { return p->be; }
+
+gp_status gp_pool_in_process(gp_pool *p) { return gp_pool_usable(p); }
+
+void gp_pool_config(gp_pool *p, gp_config *out)
+{
+    pthread_mutex_lock(&p->lock);
+    *out = p->cfg;
+    pthread_mutex_unlock(&p->lock);
+}

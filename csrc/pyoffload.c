@@ -1,0 +1,242 @@
+/*
+ * pyoffload.c -- offload's methods on the Python type Pool (offload.h):
+ * each pool gets one offloader, made on first use with the pool's own
+ * configuration (GPUPOOL_HOST_LIMIT, GPUPOOL_OFFLOAD_THREADS), kept in a
+ * small table beside the pools (a device pool lives as long as the
+ * process; a HostPool forgets its offloader before it goes).  Every call
+ * that copies or waits runs without the GIL.
+ */
+#include <unistd.h>
+
+#include "module.h"
+#include "offload.h"
+
+#define GP_MAX_OFFLOADERS 256
+
+static pthread_mutex_t g_off_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    gp_pool *pool;
+    gp_offloader *o;
+} g_off[GP_MAX_OFFLOADERS];
+
+static uint64_t gp_host_ram(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+}
+
+gp_offloader *gp_pool_offloader(gp_pool *p, int create)
+{
+    gp_offloader *o = NULL;
+    pthread_mutex_lock(&g_off_lock);
+    int free_slot = -1;
+    for (int i = 0; i < GP_MAX_OFFLOADERS && !o; i++) {
+        if (g_off[i].pool == p) o = g_off[i].o;
+        else if (!g_off[i].pool && free_slot < 0) free_slot = i;
+    }
+    if (!o && create) {
+        gp_config cfg;
+        gp_pool_config(p, &cfg);
+        if (free_slot < 0) {
+            gp_error_set(GP_ERR_TOO_MANY, "gpupool: more than %d pools offload at once", GP_MAX_OFFLOADERS);
+        } else if (gp_offloader_create(p, gp_size_resolve(cfg.host_limit, gp_host_ram()),
+                                       (unsigned)cfg.offload_threads, &o) == GP_OK) {
+            g_off[free_slot].pool = p;
+            g_off[free_slot].o = o;
+        }
+    }
+    pthread_mutex_unlock(&g_off_lock);
+    return o;
+}
+
+void gp_offloader_forget(gp_pool *p)
+{
+    gp_offloader *o = NULL;
+    pthread_mutex_lock(&g_off_lock);
+    for (int i = 0; i < GP_MAX_OFFLOADERS; i++)
+        if (g_off[i].pool == p) {
+            o = g_off[i].o;
+            g_off[i].pool = NULL;
+            g_off[i].o = NULL;
+        }
+    pthread_mutex_unlock(&g_off_lock);
+    gp_offloader_destroy(o);
+}
+
+/* A list of tag ids from Python; -1 with an exception set. */
+static int gp_tags_from(PyObject *seq_o, gp_tag *tags, size_t max, size_t *n)
+{
+    PyObject *seq = PySequence_Fast(seq_o, "tag ids must be a sequence of ints");
+    if (!seq) return -1;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
+    if (k <= 0 || (size_t)k > max) {
+        PyErr_Format(PyExc_ValueError, "%zd tags given: 1 to %zu are accepted", k, max);
+        Py_DECREF(seq);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        if (v < 0 || v >= (long)gp_tag_count()) {
+            PyErr_Format(PyExc_ValueError, "tag id %ld was never interned", v);
+            Py_DECREF(seq);
+            return -1;
+        }
+        tags[i] = (gp_tag)v;
+    }
+    *n = (size_t)k;
+    Py_DECREF(seq);
+    return 0;
+}
+
+static const char *const gp_codec_names[] = {"raw"};
+
+static PyObject *gp_result(const gp_offload_result *r)
+{
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:d,s:s}", "bytes", (unsigned long long)r->bytes, "copied",
+                         (unsigned long long)r->copied, "host_bytes", (unsigned long long)r->host_bytes,
+                         "released", (unsigned long long)r->released, "kept", (unsigned long long)r->kept,
+                         "seconds", r->seconds, "codec", gp_codec_names[r->codec]);
+}
+
+static gp_offloader *gp_off_of(gp_pool_object *self)
+{
+    gp_offloader *o = gp_pool_offloader(self->pool, 1);
+    if (!o) gp_raise(GP_ERR_NOMEM);
+    return o;
+}
+
+PyObject *gp_py_offload(gp_pool_object *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"tags", "keep", "codec", NULL};
+    PyObject *tags_o;
+    int keep = 1;
+    const char *codec = "raw";
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ps", kwlist, &tags_o, &keep, &codec)) return NULL;
+    gp_tag tags[16];
+    size_t n;
+    if (gp_tags_from(tags_o, tags, 16, &n) < 0) return NULL;
+    if (strcmp(codec, "raw") != 0) {
+        PyErr_Format(PyExc_ValueError, "offload codec '%s' is not available: 'raw' is accepted", codec);
+        return NULL;
+    }
+    gp_offloader *o = gp_off_of(self);
+    if (!o) return NULL;
+    gp_offload_opts opts = {.keep = keep, .codec = GP_CODEC_RAW};
+    gp_offload_result r;
+    gp_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = gp_offload_tags(o, tags, n, &opts, &r);
+    Py_END_ALLOW_THREADS
+    if (st != GP_OK) return gp_raise(st);
+    return gp_result(&r);
+}
+
+PyObject *gp_py_restore(gp_pool_object *self, PyObject *args)
+{
+    PyObject *tags_o;
+    if (!PyArg_ParseTuple(args, "O", &tags_o)) return NULL;
+    gp_tag tags[16];
+    size_t n;
+    if (gp_tags_from(tags_o, tags, 16, &n) < 0) return NULL;
+    gp_offloader *o = gp_pool_offloader(self->pool, 0);
+    gp_offload_result r = {0};
+    if (!o) return gp_result(&r); /* nothing was ever offloaded */
+    gp_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = gp_restore_tags(o, tags, n, &r);
+    Py_END_ALLOW_THREADS
+    if (st != GP_OK) return gp_raise(st);
+    return gp_result(&r);
+}
+
+PyObject *gp_py_prefetch(gp_pool_object *self, PyObject *args)
+{
+    PyObject *tags_o;
+    if (!PyArg_ParseTuple(args, "O", &tags_o)) return NULL;
+    gp_tag tags[16];
+    size_t n;
+    if (gp_tags_from(tags_o, tags, 16, &n) < 0) return NULL;
+    gp_offloader *o = gp_pool_offloader(self->pool, 0);
+    if (!o) Py_RETURN_NONE;
+    gp_status st = gp_prefetch_tags(o, tags, n);
+    if (st != GP_OK) return gp_raise(st);
+    Py_RETURN_NONE;
+}
+
+PyObject *gp_py_offload_register(gp_pool_object *self, PyObject *args)
+{
+    int tag, prio;
+    if (!PyArg_ParseTuple(args, "ii", &tag, &prio)) return NULL;
+    if (tag < 0 || tag >= (int)gp_tag_count()) {
+        PyErr_Format(PyExc_ValueError, "tag id %d was never interned", tag);
+        return NULL;
+    }
+    gp_offloader *o = gp_off_of(self);
+    if (!o) return NULL;
+    gp_status st = gp_offload_register(o, (gp_tag)tag, prio);
+    if (st != GP_OK) return gp_raise(st);
+    Py_RETURN_NONE;
+}
+
+PyObject *gp_py_offload_use(gp_pool_object *self, PyObject *args)
+{
+    int tag, busy;
+    if (!PyArg_ParseTuple(args, "ip", &tag, &busy)) return NULL;
+    if (tag < 0 || tag >= (int)gp_tag_count()) {
+        PyErr_Format(PyExc_ValueError, "tag id %d was never interned", tag);
+        return NULL;
+    }
+    gp_offloader *o = gp_pool_offloader(self->pool, 0);
+    if (!o) Py_RETURN_NONE; /* nothing registered: nothing to mark */
+    gp_status st = gp_offload_use(o, (gp_tag)tag, busy);
+    if (st != GP_OK) return gp_raise(st);
+    Py_RETURN_NONE;
+}
+
+PyObject *gp_py_offload_stats(gp_pool_object *self, PyObject *args)
+{
+    int create = 0;
+    if (!PyArg_ParseTuple(args, "|p", &create)) return NULL;
+    gp_offloader *o = gp_pool_offloader(self->pool, create);
+    if (!o) {
+        if (create) return gp_raise(GP_ERR_NOMEM);
+        Py_RETURN_NONE;
+    }
+    static _Thread_local gp_offload_stats s; /* 8 KiB: off the stack */
+    gp_offload_stats_get(o, &s);
+    PyObject *tags = PyDict_New();
+    unsigned nt = gp_tag_count();
+    for (unsigned t = 0; tags && t < nt; t++) {
+        if (!s.tag_host_bytes[t] && !gp_offload_is_offloaded(o, (gp_tag)t)) continue;
+        PyObject *v = Py_BuildValue("{s:K,s:O}", "host_bytes", (unsigned long long)s.tag_host_bytes[t], "offloaded",
+                                    gp_offload_is_offloaded(o, (gp_tag)t) ? Py_True : Py_False);
+        if (!v || PyDict_SetItemString(tags, gp_tag_name((gp_tag)t), v) < 0) Py_CLEAR(tags);
+        Py_XDECREF(v);
+    }
+    if (!tags) return NULL;
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "host_bytes",
+                         (unsigned long long)s.host_bytes, "host_slabs", (unsigned long long)s.host_slabs,
+                         "host_limit", (unsigned long long)s.host_limit, "n_offload",
+                         (unsigned long long)s.n_offload, "n_restore", (unsigned long long)s.n_restore,
+                         "n_pressure", (unsigned long long)s.n_pressure, "bytes_out",
+                         (unsigned long long)s.bytes_out, "bytes_in", (unsigned long long)s.bytes_in, "n_pin",
+                         (unsigned long long)s.n_pin, "tags", tags);
+}
+
+PyObject *gp_py_offload_corrupt(gp_pool_object *self, PyObject *arg)
+{
+    long tag = PyLong_AsLong(arg);
+    if (tag == -1 && PyErr_Occurred()) return NULL;
+    gp_offloader *o = gp_pool_offloader(self->pool, 0);
+    if (!o || tag < 0 || tag >= (long)gp_tag_count()) {
+        PyErr_Format(PyExc_ValueError, "tag id %ld has nothing offloaded", tag);
+        return NULL;
+    }
+    gp_status st = gp_offload_corrupt_for_test(o, (gp_tag)tag);
+    if (st != GP_OK) return gp_raise(st);
+    Py_RETURN_NONE;
+}

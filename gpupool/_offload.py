@@ -1,0 +1,281 @@
+"""Offload: the memory of a tag moves to host RAM and comes back at the same
+addresses, so every tensor that points there stays valid.
+
+    gpupool.offload("ref_model")          # device memory given back
+    ...
+    gpupool.restore("ref_model")          # same tensors, same data
+
+No kernel may touch offloaded memory (the GPU faults and the CUDA context is
+lost), so the usual way in is :func:`offloadable`, whose hooks restore a
+module before its forward and an optimizer before its step, and let the pool
+offload idle offloadable memory of lower priority when a more important
+allocation would otherwise run out of memory."""
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Union
+
+from . import _C
+from ._context import Priority, priority_value, tag_id, tag_lifetime, tagged
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._pool import PoolView
+
+__all__ = ["offload", "restore", "prefetch", "offloaded", "offloadable", "OffloadHandle", "CODECS"]
+
+Tags = Union[str, Sequence[str]]
+
+# Codecs offload accepts; "auto" picks the best one available (raw until a
+# compressing codec is).
+CODECS = ("auto", "raw")
+
+
+def _tag_ids(tags: Tags) -> List[int]:
+    names = [tags] if isinstance(tags, str) else list(tags)
+    if not names:
+        raise ValueError("no tag given: pass a tag name or a list of them")
+    return [tag_id(t) for t in names]
+
+
+def _pool(device: Optional[int], pool: Optional["PoolView"]) -> "PoolView":
+    if pool is not None:
+        return pool
+    from ._torch import device_pool
+
+    return device_pool(device)
+
+
+def _codec(codec: str) -> str:
+    if codec not in CODECS:
+        raise ValueError(f"offload codec {codec!r} is not one of {', '.join(CODECS)}")
+    return "raw"
+
+
+def offload(tag: Tags, *, codec: str = "auto", keep: bool = True, device: Optional[int] = None,
+            pool: Optional["PoolView"] = None) -> Dict[str, Any]:
+    """Move the memory of `tag` (a name or a list of names) to host RAM.
+
+    Waits for the streams that used the memory, copies its live blocks to
+    pinned host memory and gives their physical memory back to the device.
+    keep=False drops the contents instead (a cache to recompute: restored
+    memory is then uninitialised).  Returns ``{"bytes", "copied",
+    "host_bytes", "released", "kept", "seconds", "codec"}``: bytes of the
+    blocks offloaded, bytes copied, host bytes holding them, device bytes
+    released, bytes of the tag's blocks that had to stay (they share a
+    mapping unit with other live memory).  MemoryError when the host limit
+    (GPUPOOL_HOST_LIMIT) cannot hold them; the memory is then as it was."""
+    return dict(_pool(device, pool)._pool.offload(_tag_ids(tag), bool(keep), _codec(codec)))
+
+
+def restore(tag: Tags, *, device: Optional[int] = None, pool: Optional["PoolView"] = None) -> Dict[str, Any]:
+    """Bring the memory of `tag` back at the same addresses (waits).  An
+    offload of several tags at once comes back whole.  MemoryError when the
+    device has no room even after lower-priority idle offloadable memory
+    made way; RuntimeError when the host copy is corrupt; in both cases the
+    memory stays offloaded and its bytes safe on the host."""
+    return dict(_pool(device, pool)._pool.restore(_tag_ids(tag)))
+
+
+def prefetch(tag: Tags, *, device: Optional[int] = None, pool: Optional["PoolView"] = None) -> None:
+    """Start restoring `tag` on a worker thread and return at once; a later
+    :func:`restore` (or a hook of :func:`offloadable`) waits for it."""
+    _pool(device, pool)._pool.prefetch(_tag_ids(tag))
+
+
+@contextlib.contextmanager
+def offloaded(tag: Tags, *, codec: str = "auto", keep: bool = True, device: Optional[int] = None,
+              pool: Optional["PoolView"] = None) -> Iterator[Dict[str, Any]]:
+    """Offload `tag` for the duration of a ``with`` block (restored on exit,
+    also on an exception); yields what :func:`offload` returned."""
+    info = offload(tag, codec=codec, keep=keep, device=device, pool=pool)
+    try:
+        yield info
+    finally:
+        restore(tag, device=device, pool=pool)
+
+
+class OffloadHandle:
+    """What :func:`offloadable` returns: the tag, and the hooks it installed."""
+
+    # Offloadable modules in the order they were made so: a module's forward
+    # prefetches the next one.
+    _chain: "List[weakref.ReferenceType[OffloadHandle]]" = []
+    _chain_lock = threading.Lock()
+
+    def __init__(self, obj: Any, tag: str, priority: int, pool: "PoolView", tag_pool: Optional["PoolView"]) -> None:
+        self.tag = tag
+        self.priority = priority
+        self._pool = pool
+        self._tag_pool = tag_pool  # tagged()'s pool: None for CUDA tensors
+        self._tid = tag_id(tag)
+        self._hooks: List[Any] = []
+        self._state_count = -1
+
+    # -- what a user may call ------------------------------------------------
+    def offload(self, **kw: Any) -> Dict[str, Any]:
+        """Offload the object's memory now (see :func:`offload`)."""
+        return offload(self.tag, pool=self._pool, **kw)
+
+    def restore(self) -> Dict[str, Any]:
+        """Bring it back now (see :func:`restore`)."""
+        return restore(self.tag, pool=self._pool)
+
+    def prefetch(self) -> None:
+        """Start bringing it back (see :func:`prefetch`)."""
+        prefetch(self.tag, pool=self._pool)
+
+    def remove(self) -> None:
+        """Remove the hooks and stop offloading it under pressure (its memory
+        is restored first, so that nothing is left on the host)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        self._pool._pool.offload_register(self._tid, -1)
+        self.restore()
+        with OffloadHandle._chain_lock:
+            OffloadHandle._chain[:] = [r for r in OffloadHandle._chain if r() not in (None, self)]
+
+    # -- what the hooks do ---------------------------------------------------
+    def _use(self, busy: bool) -> None:
+        self._pool._pool.offload_use(self._tid, busy)
+
+    def _enter(self) -> None:
+        """Before the object is used: busy (never offloaded under pressure),
+        and resident (waits for a prefetch, restores if offloaded)."""
+        self._use(True)
+        self.restore()
+
+    def _prefetch_next(self) -> None:
+        with OffloadHandle._chain_lock:
+            chain = [r() for r in OffloadHandle._chain]
+        if self in chain:
+            i = chain.index(self)
+            nxt = chain[i + 1] if i + 1 < len(chain) else None
+            if nxt is not None:
+                nxt.prefetch()
+
+    def _retag_state(self, opt: Any) -> None:
+        """An optimizer's state tensors (made by its first step) join the tag."""
+        tensors = [v for st in opt.state.values() for v in st.values() if hasattr(v, "data_ptr")]
+        if len(tensors) != self._state_count:
+            tagged(tensors, self.tag, self.priority, pool=self._tag_pool)
+            self._state_count = len(tensors)
+
+    def __repr__(self) -> str:
+        return f"OffloadHandle(tag={self.tag!r}, priority={self.priority})"
+
+
+def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after_step: bool = False,
+                prefetch_next: bool = True, device: Optional[int] = None,
+                pool: Optional["PoolView"] = None) -> OffloadHandle:
+    """Make a ``torch.nn.Module`` or a ``torch.optim.Optimizer`` offloadable.
+
+    Its tensors move to `tag` with `priority` (re-tagged where they lie, no
+    copy), and hooks make offload transparent:
+
+    * a module: before its forward, its memory is restored (a prefetch under
+      way is waited for) and marked busy, and the next offloadable module's
+      is prefetched (``prefetch_next``); it stays busy until its backward has
+      run when the forward recorded a graph, else until the forward ends.
+      ``state_dict()`` restores first.
+    * an optimizer: before ``step()``, its state is restored and marked
+      busy; after it, the state (made by the first step) joins the tag, is
+      marked idle and, with ``offload_after_step=True``, offloaded at once.
+
+    Idle offloadable memory of a priority below an allocation's may be
+    offloaded by the pool when that allocation would otherwise run out of
+    memory (lowest priority first, then the least recently used); the hooks
+    bring it back when it is next used.  Returns a handle with
+    ``.offload()``, ``.restore()``, ``.prefetch()`` and ``.remove()``."""
+    prio = priority_value(priority)
+    tag_lifetime(tag, "long")  # with placement: apart from short-lived churn, so whole chunks can go
+    p = _pool(device, pool)
+    h = OffloadHandle(obj, tag, prio, p, pool)
+    p._pool.offload_register(h._tid, prio)
+    if hasattr(obj, "state") and hasattr(obj, "register_step_pre_hook"):
+        _optimizer_hooks(h, obj, offload_after_step)
+    elif hasattr(obj, "register_forward_pre_hook"):
+        tagged(obj, tag, prio, pool=pool)
+        _module_hooks(h, obj, prefetch_next)
+        with OffloadHandle._chain_lock:
+            OffloadHandle._chain.append(weakref.ref(h))
+    else:
+        raise TypeError(f"gpupool.offloadable() takes a torch.nn.Module or a torch.optim.Optimizer, "
+                        f"got {type(obj).__name__}")
+    h._use(False)
+    return h
+
+
+def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
+    import torch
+
+    def pre(mod: Any, args: Any) -> None:
+        h._enter()
+        if prefetch_next:
+            h._prefetch_next()
+
+    def post(mod: Any, args: Any, out: Any) -> None:
+        graph = [t for t in _flat(out) if getattr(t, "grad_fn", None) is not None]
+        if not (torch.is_grad_enabled() and graph):
+            h._use(False)
+            return
+        # Backward reads the weights again: busy until the backward pass has
+        # run (restored first, should pressure have taken them meanwhile).
+        # A tensor hook, not a module backward hook: those forbid in-place
+        # changes of the outputs, which models make.
+        def on_grad(grad: Any) -> Any:
+            h._enter()
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: h._use(False))
+            return grad
+
+        graph[0].register_hook(on_grad)
+
+    def sd_pre(*a: Any, **k: Any) -> None:
+        h.restore()
+
+    h._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    if hasattr(module, "register_state_dict_pre_hook"):
+        h._hooks.append(module.register_state_dict_pre_hook(sd_pre))
+
+
+def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> None:
+    # The context the step allocates under: its new state (the first step
+    # makes it) lands under the tag, in the tag's region (offloadable tags
+    # are long-lived), not among the gradients it would then share chunks
+    # with.  Per thread; a step that raised leaves it set until the next.
+    saved = threading.local()
+
+    def pre(o: Any, args: Any, kwargs: Any) -> None:
+        h._enter()
+        if getattr(saved, "ctx", None) is None:
+            saved.ctx = _C.set_context(h._tid, h.priority)
+
+    def post(o: Any, args: Any, kwargs: Any) -> None:
+        ctx, saved.ctx = getattr(saved, "ctx", None), None
+        if ctx is not None:
+            _C.set_context(*ctx)
+        h._retag_state(o)
+        h._use(False)
+        if offload_after_step:
+            h.offload()
+
+    def sd_pre(o: Any) -> None:
+        h.restore()
+
+    h._hooks += [opt.register_step_pre_hook(pre), opt.register_step_post_hook(post)]
+    if hasattr(opt, "register_state_dict_pre_hook"):
+        h._hooks.append(opt.register_state_dict_pre_hook(sd_pre))
+    h._retag_state(opt)
+
+
+def _flat(x: Any) -> Iterator[Any]:
+    if isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _flat(y)
+    elif isinstance(x, dict):
+        for y in x.values():
+            yield from _flat(y)
+    else:
+        yield x

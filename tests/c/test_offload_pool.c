@@ -1,0 +1,489 @@
+/*
+ * test_offload_pool.c -- the pool's side of offload on the host backend:
+ * which chunks a plan releases, the block states and figures while memory
+ * is away, restore at the same addresses, frees and retags of offloaded
+ * blocks, failures (limit, wrong end, capture), and a randomized run that
+ * offloads, restores and frees while checking every byte and the pool's
+ * integrity after each step.  The copies are memcpy: on the host backend
+ * "device" memory is host memory.
+ */
+#include <string.h>
+
+#include "pool_check.h"
+
+static gp_tag T_W, T_O, T_X;
+
+static void *A(gp_pool *p, size_t n, gp_tag t) { return gp_alloc(p, n, NULL, t, GP_PRIO_NORMAL, NULL); }
+
+static void fill(void *ptr, size_t n, unsigned seed)
+{
+    unsigned char *c = ptr;
+    for (size_t i = 0; i < n; i++) c[i] = (unsigned char)(seed * 131u + i * 7u + (i >> 9));
+}
+
+static int same(const void *ptr, size_t n, unsigned seed)
+{
+    const unsigned char *c = ptr;
+    for (size_t i = 0; i < n; i++)
+        if (c[i] != (unsigned char)(seed * 131u + i * 7u + (i >> 9))) return 0;
+    return 1;
+}
+
+/* The offload.c part, done by hand: copy each block out, unmap each run. */
+typedef struct saved {
+    size_t n;
+    void **data;
+} saved;
+
+static saved copy_out(const gp_offload_plan *pl)
+{
+    saved s = {pl->n_ranges, calloc(pl->n_ranges ? pl->n_ranges : 1, sizeof(void *))};
+    for (size_t i = 0; i < pl->n_ranges; i++) {
+        s.data[i] = malloc(pl->ranges[i].size);
+        memcpy(s.data[i], (void *)pl->ranges[i].addr, pl->ranges[i].size);
+    }
+    return s;
+}
+
+static void saved_free(saved *s)
+{
+    for (size_t i = 0; i < s->n; i++) free(s->data[i]);
+    free(s->data);
+}
+
+static int unmap_all(gp_pool *p, gp_offload_plan *pl)
+{
+    for (size_t i = 0; i < pl->n_runs; i++)
+        if (gp_pool_plan_unmap(p, pl, pl->runs[i].addr, pl->runs[i].size) != GP_OK) return 0;
+    return 1;
+}
+
+static int map_all(gp_pool *p, gp_offload_plan *pl)
+{
+    for (size_t i = 0; i < pl->n_runs; i++)
+        if (gp_pool_plan_map(p, pl, pl->runs[i].addr, pl->runs[i].size, GP_PRIO_NORMAL) != GP_OK) return 0;
+    return 1;
+}
+
+static int state_of(gp_pool *p, void *ptr)
+{
+    gp_block_info b;
+    return gp_pool_lookup(p, ptr, &b) == GP_OK ? b.state : -1;
+}
+
+static void test_offload_restore(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    /* Large blocks of W back to back, one of O after them. */
+    enum { N = 6 };
+    void *w[N];
+    size_t sz[N] = {300 * KiB, 1 * MiB, 700 * KiB, 2 * MiB + 4096, 90 * KiB + 512, 3 * MiB};
+    for (int i = 0; i < N; i++) {
+        w[i] = A(p, sz[i], T_W);
+        fill(w[i], sz[i], (unsigned)i + 1);
+    }
+    void *o = A(p, 500 * KiB, T_O);
+    fill(o, 500 * KiB, 99);
+    gp_stats s0, s1;
+    gp_host_counters c0, c1;
+    gp_pool_stats(p, &s0, 0);
+    gp_host_counters_get(be, &c0);
+
+    gp_offload_plan *pl;
+    gp_tag tags[1] = {T_W};
+    CHECK(gp_pool_offload_begin(p, tags, 1, &pl) == GP_OK && pl);
+    CHECK(pl->n_runs >= 1 && pl->restore == 0);
+    uint64_t wbytes = 0;
+    for (int i = 0; i < N; i++) {
+        gp_block_info b;
+        gp_pool_lookup(p, w[i], &b);
+        wbytes += b.size;
+    }
+    CHECK(pl->offloaded + pl->kept == wbytes);
+    CHECK(pl->bytes > 0 && pl->bytes <= pl->offloaded && pl->released >= pl->bytes);
+    for (size_t i = 0; i < pl->n_runs; i++) CHECK(pl->runs[i].addr % pl->runs[i].chunk == 0);
+    /* Marked at once: offloaded blocks are no longer allocated. */
+    gp_pool_stats(p, &s1, 0);
+    CHECK(s1.offloaded == pl->offloaded && s1.allocated == s0.allocated - pl->offloaded);
+    CHECK(s1.active_blocks == s0.active_blocks);
+    CHECK(pool_consistent(p, be) == 0);
+    saved sv = copy_out(pl);
+    CHECK(unmap_all(p, pl));
+    gp_pool_stats(p, &s1, 0);
+    gp_host_counters_get(be, &c1);
+    CHECK(s1.reserved == s0.reserved - pl->released);
+    CHECK(c1.mapped == c0.mapped - pl->released);
+    CHECK(pool_consistent(p, be) == 0);
+    /* Ending resident while unmapped is refused and changes nothing. */
+    CHECK(gp_pool_plan_end(p, pl, 1) == GP_ERR_INVALID && gp_last_error()[0]);
+    gp_offload_run runs[16];
+    size_t n_runs = pl->n_runs < 16 ? pl->n_runs : 16;
+    memcpy(runs, pl->runs, n_runs * sizeof *runs);
+    CHECK(gp_pool_plan_end(p, pl, 0) == GP_OK);
+    CHECK(pool_consistent(p, be) == 0);
+    int n_off = 0;
+    for (int i = 0; i < N; i++) n_off += state_of(p, w[i]) == GP_BLOCK_OFFLOADED;
+    CHECK(n_off > 0);
+    CHECK(state_of(p, o) == GP_BLOCK_USED && same(o, 500 * KiB, 99));
+    gp_tag_stats ts;
+    gp_pool_tag_stats(p, T_W, &ts);
+    CHECK(ts.offloaded == s1.offloaded);
+
+    /* Allocations meanwhile never land in a run. */
+    void *more[32];
+    for (int i = 0; i < 32; i++) {
+        more[i] = A(p, 64 * KiB + (size_t)i * 4096, T_X);
+        CHECK(more[i] != NULL);
+        for (size_t r = 0; r < n_runs; r++)
+            CHECK((uintptr_t)more[i] + 64 * KiB <= runs[r].addr ||
+                  (uintptr_t)more[i] >= runs[r].addr + runs[r].size);
+    }
+    CHECK(pool_consistent(p, be) == 0);
+
+    /* Restore: same addresses, same bytes. */
+    gp_offload_plan *rp;
+    CHECK(gp_pool_restore_begin(p, runs, n_runs, &rp) == GP_OK && rp->restore == 1);
+    CHECK(rp->n_ranges == sv.n);
+    CHECK(map_all(p, rp));
+    for (size_t i = 0; i < rp->n_ranges; i++) memcpy((void *)rp->ranges[i].addr, sv.data[i], rp->ranges[i].size);
+    CHECK(gp_pool_plan_end(p, rp, 1) == GP_OK);
+    for (int i = 0; i < N; i++) CHECK(state_of(p, w[i]) == GP_BLOCK_USED && same(w[i], sz[i], (unsigned)i + 1));
+    gp_pool_stats(p, &s1, 0);
+    CHECK(s1.offloaded == 0);
+    CHECK(pool_consistent(p, be) == 0);
+    /* A run that is resident now cannot be restored again. */
+    CHECK(gp_pool_restore_begin(p, runs, n_runs, &rp) == GP_ERR_INVALID);
+    saved_free(&sv);
+    for (int i = 0; i < 32; i++) gp_free(p, more[i]);
+    for (int i = 0; i < N; i++) CHECK(gp_free(p, w[i]) == GP_OK);
+    gp_free(p, o);
+    done(p);
+}
+
+/* A block sharing a chunk with another tag's live block stays resident
+ * (kept), and so does every block joined to it through shared chunks. */
+/* A chunk shared with another tag's live block stays mapped: a block wholly
+ * in it stays resident (kept); a block reaching into released chunks is
+ * offloaded, its part in the shared chunk left in place. */
+static void test_shared_chunk(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 1 * MiB, GP_MODE_EXPANDABLE, &be);
+    void *a = A(p, 300 * KiB, T_W);  /* chunk 0                     */
+    void *b = A(p, 300 * KiB, T_O);  /* chunk 0: keeps chunk 0 mapped */
+    void *c = A(p, 600 * KiB, T_W);  /* chunks 0-1                  */
+    fill(a, 300 * KiB, 1);
+    fill(b, 300 * KiB, 2);
+    fill(c, 600 * KiB, 3);
+    gp_offload_plan *pl;
+    gp_tag tags[1] = {T_W};
+    CHECK(gp_pool_offload_begin(p, tags, 1, &pl) == GP_OK);
+    CHECK(pl->n_runs == 1 && pl->runs[0].addr == (uintptr_t)c + 424 * KiB && pl->runs[0].size == 1 * MiB);
+    CHECK(pl->kept == 300 * KiB && pl->offloaded == 600 * KiB);
+    CHECK(pl->n_ranges == 1 && pl->bytes == 176 * KiB); /* c's tail */
+    CHECK(state_of(p, a) == GP_BLOCK_USED && state_of(p, c) == GP_BLOCK_OFFLOADED);
+    CHECK(pool_consistent(p, be) == 0);
+    saved sv = copy_out(pl);
+    gp_offload_run run = pl->runs[0];
+    CHECK(unmap_all(p, pl) && gp_pool_plan_end(p, pl, 0) == GP_OK);
+    CHECK(pool_consistent(p, be) == 0);
+    CHECK(same(a, 300 * KiB, 1) && same(b, 300 * KiB, 2));
+    gp_offload_plan *rp;
+    CHECK(gp_pool_restore_begin(p, &run, 1, &rp) == GP_OK && rp->n_ranges == 1 && map_all(p, rp));
+    memcpy((void *)rp->ranges[0].addr, sv.data[0], rp->ranges[0].size);
+    CHECK(gp_pool_plan_end(p, rp, 1) == GP_OK);
+    CHECK(same(c, 600 * KiB, 3));
+    CHECK(pool_consistent(p, be) == 0);
+    saved_free(&sv);
+    done(p);
+}
+
+/* Free and retag while offloaded; undo a failed offload; errors. */
+static void test_free_retag_abort(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    void *x = A(p, 2 * MiB, T_W), *y = A(p, 1 * MiB, T_W), *z = A(p, 3 * MiB, T_W);
+    fill(y, 1 * MiB, 5);
+    fill(z, 3 * MiB, 6);
+    gp_offload_plan *pl;
+    gp_tag tags[1] = {T_W};
+    CHECK(gp_pool_offload_begin(p, tags, 1, &pl) == GP_OK && pl->n_ranges == 3);
+    saved sv = copy_out(pl);
+    CHECK(unmap_all(p, pl));
+    /* Chunk-aligned neighbours: their runs touch and join. */
+    gp_offload_run runs[1];
+    CHECK(pl->n_runs == 1 && pl->released == 6 * MiB);
+    memcpy(runs, pl->runs, sizeof *runs);
+    CHECK(gp_pool_plan_end(p, pl, 0) == GP_OK);
+    /* Free x while it is away: its bytes leave offloaded; freeing it twice
+     * is a double free. */
+    CHECK(gp_free(p, x) == GP_OK);
+    CHECK(gp_free(p, x) == GP_ERR_DOUBLE_FREE);
+    gp_stats s;
+    gp_pool_stats(p, &s, 0);
+    CHECK(s.offloaded == 4 * MiB);
+    /* Retag z while away: the offloaded bytes move with it. */
+    void *zp[1] = {(char *)z + 100};
+    uint64_t moved = 0;
+    CHECK(gp_pool_retag(p, zp, 1, T_X, GP_PRIO_DEFAULT, &moved) == GP_OK && moved == 3 * MiB);
+    gp_tag_stats tw, tx;
+    gp_pool_tag_stats(p, T_W, &tw);
+    gp_pool_tag_stats(p, T_X, &tx);
+    CHECK(tw.offloaded == 1 * MiB && tx.offloaded == 3 * MiB && tx.allocated == 0);
+    CHECK(pool_consistent(p, be) == 0);
+    /* Restore: x's space comes back free, y and z with their bytes. */
+    gp_offload_plan *rp;
+    CHECK(gp_pool_restore_begin(p, runs, 1, &rp) == GP_OK && rp->n_ranges == 2);
+    CHECK(map_all(p, rp));
+    /* The plan lists blocks in address order; sv had x, y, z. */
+    memcpy(y, sv.data[1], 1 * MiB);
+    memcpy(z, sv.data[2], 3 * MiB);
+    CHECK(gp_pool_plan_end(p, rp, 1) == GP_OK);
+    CHECK(same(y, 1 * MiB, 5) && same(z, 3 * MiB, 6));
+    gp_pool_tag_stats(p, T_X, &tx);
+    CHECK(tx.allocated == 3 * MiB && tx.offloaded == 0);
+    CHECK(pool_consistent(p, be) == 0);
+    void *x2 = A(p, 2 * MiB, T_W); /* x's space is free cache again */
+    CHECK(x2 == x);
+    saved_free(&sv);
+
+    /* A failed offload undone: unmapped half, mapped again, ended resident. */
+    CHECK(gp_pool_offload_begin(p, tags, 1, &pl) == GP_OK && pl->n_runs >= 1 && pl->runs[0].size > pl->runs[0].chunk);
+    CHECK(gp_pool_plan_unmap(p, pl, pl->runs[0].addr, pl->runs[0].chunk) == GP_OK);
+    CHECK(gp_pool_plan_end(p, pl, 0) == GP_ERR_INVALID); /* half mapped: neither */
+    CHECK(gp_pool_plan_map(p, pl, pl->runs[0].addr, pl->runs[0].size, GP_PRIO_NORMAL) == GP_OK);
+    CHECK(gp_pool_plan_end(p, pl, 1) == GP_OK);
+    CHECK(state_of(p, y) == GP_BLOCK_USED);
+    CHECK(pool_consistent(p, be) == 0);
+
+    /* Bad input. */
+    CHECK(gp_pool_offload_begin(p, NULL, 0, &pl) == GP_ERR_INVALID);
+    gp_tag bad = (gp_tag)(GP_MAX_TAGS - 1);
+    CHECK(gp_pool_offload_begin(p, &bad, 1, &pl) == GP_ERR_INVALID && strstr(gp_last_error(), "interned"));
+    gp_offload_run junk = {.addr = 12345, .size = 4096, .chunk = 4096};
+    CHECK(gp_pool_restore_begin(p, &junk, 1, &rp) == GP_ERR_INVALID);
+    /* While a graph captures, offload is refused. */
+    gp_stream cs = (gp_stream)0x77;
+    CHECK(gp_pool_capture_begin(p, 1, cs) == GP_OK);
+    CHECK(gp_pool_offload_begin(p, tags, 1, &pl) == GP_ERR_INVALID && strstr(gp_last_error(), "captur"));
+    CHECK(gp_pool_capture_end(p, cs) == GP_OK && gp_pool_capture_release(p, 1) == GP_OK);
+    gp_free(p, x2);
+    gp_free(p, y);
+    gp_free(p, z);
+    done(p);
+}
+
+/* Restoring needs room: the pool limit applies (after releasing cache). */
+static void test_restore_limit(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    void *w = A(p, 8 * MiB, T_W);
+    gp_offload_plan *pl;
+    gp_tag tags[1] = {T_W};
+    CHECK(gp_pool_offload_begin(p, tags, 1, &pl) == GP_OK && unmap_all(p, pl));
+    gp_offload_run run = pl->runs[0];
+    CHECK(gp_pool_plan_end(p, pl, 0) == GP_OK);
+    /* Someone else takes the room, then a limit. */
+    void *o = A(p, 8 * MiB, T_O);
+    gp_stats s;
+    gp_pool_stats(p, &s, 0);
+    gp_pool_set_limit(p, s.reserved + 1 * MiB);
+    gp_offload_plan *rp;
+    CHECK(gp_pool_restore_begin(p, &run, 1, &rp) == GP_OK);
+    CHECK(gp_pool_plan_map(p, rp, run.addr, run.size, GP_PRIO_NORMAL) == GP_ERR_LIMIT);
+    CHECK(strstr(gp_last_error(), "limit") != NULL);
+    /* Nothing half mapped is left: end offloaded is still possible. */
+    CHECK(gp_pool_plan_end(p, rp, 0) == GP_OK);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_free(p, o);
+    gp_pool_set_limit(p, 0);
+    CHECK(gp_pool_restore_begin(p, &run, 1, &rp) == GP_OK && map_all(p, rp) && gp_pool_plan_end(p, rp, 1) == GP_OK);
+    CHECK(state_of(p, w) == GP_BLOCK_USED);
+    gp_free(p, w);
+    done(p);
+}
+
+/* Destroying a pool with memory offloaded: nothing unmapped twice, no leak. */
+static void test_destroy_offloaded(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 256 * KiB, GP_MODE_EXPANDABLE, &be);
+    A(p, 5 * MiB, T_W);
+    gp_offload_plan *pl;
+    gp_tag tags[1] = {T_W};
+    CHECK(gp_pool_offload_begin(p, tags, 1, &pl) == GP_OK && unmap_all(p, pl) && gp_pool_plan_end(p, pl, 0) == GP_OK);
+    done(p);
+}
+
+static unsigned rnd(unsigned *s)
+{
+    *s = *s * 1103515245u + 12345u;
+    return *s >> 8;
+}
+
+/* Free cache straddling a run's edge is cut at the chunk boundary: the
+ * part outside stays allocatable while the tag is away. */
+static void test_edge_cache_stays(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 1 * MiB, GP_MODE_EXPANDABLE, &be);
+    void *w = A(p, 1536 * KiB, T_W); /* [0, 1.5M)          */
+    void *f = A(p, 1536 * KiB, T_O); /* [1.5M, 3M)         */
+    void *o = A(p, 1 * MiB, T_O);    /* [3M, 4M)           */
+    CHECK((char *)f == (char *)w + 1536 * KiB && (char *)o == (char *)f + 1536 * KiB);
+    gp_free(p, f); /* free cache [1.5M, 3M), across the chunk boundary at 2M */
+    gp_offload_plan *pl;
+    gp_tag tags[1] = {T_W};
+    CHECK(gp_pool_offload_begin(p, tags, 1, &pl) == GP_OK && pl->n_runs == 1 && pl->runs[0].size == 2 * MiB);
+    CHECK(unmap_all(p, pl));
+    gp_offload_run run = pl->runs[0];
+    CHECK(gp_pool_plan_end(p, pl, 0) == GP_OK);
+    gp_stats s0, s1;
+    gp_pool_stats(p, &s0, 0);
+    void *g = A(p, 1 * MiB, T_O); /* fits [2M, 3M) without mapping */
+    gp_pool_stats(p, &s1, 0);
+    CHECK((char *)g == (char *)w + 2 * MiB && s1.n_map == s0.n_map);
+    gp_offload_plan *rp;
+    CHECK(gp_pool_restore_begin(p, &run, 1, &rp) == GP_OK && map_all(p, rp) && gp_pool_plan_end(p, rp, 1) == GP_OK);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_free(p, g);
+    gp_free(p, o);
+    gp_free(p, w);
+    done(p);
+}
+
+/* Random allocations of three tags; offload and restore whole tags and
+ * free blocks at random, checking every live block's bytes and the pool's
+ * integrity after each step. */
+static void test_random(unsigned seed0, gp_mode mode, int placement)
+{
+    gp_backend *be;
+    gp_config cfg;
+    gp_config_default(&cfg);
+    cfg.chunk = 64 * KiB;
+    cfg.small_size = 64 * KiB;
+    cfg.large_chunk = 256 * KiB;
+    cfg.cache_slack = -1;
+    cfg.mode = mode;
+    cfg.reserve = (gp_size_spec){.bytes = 48 * MiB};
+    cfg.placement = placement ? GP_PLACE_LIFETIME : GP_PLACE_NONE;
+    CHECK(gp_backend_host_create(64 * MiB, &be) == GP_OK);
+    gp_pool *p;
+    CHECK(gp_pool_create(be, &cfg, &p) == GP_OK);
+    enum { LIVE = 96, STEPS = 900 };
+    uint64_t released = 0, restored = 0;
+    struct { void *ptr; size_t n; unsigned seed; gp_tag tag; } live[LIVE] = {0};
+    struct rec { gp_tag tag; size_t n_runs; gp_offload_run *runs; size_t n; uintptr_t *addr; void **data; uint64_t *size; } off[3] = {0};
+    gp_tag tagset[3] = {T_W, T_O, T_X};
+    unsigned seed = seed0;
+#define RND() rnd(&seed)
+    for (int step = 0; step < STEPS; step++) {
+        unsigned r = RND() % 100;
+        if (r < 60) {
+            unsigned k = RND() % LIVE;
+            if (live[k].ptr) {
+                CHECK(gp_free(p, live[k].ptr) == GP_OK);
+                live[k].ptr = NULL;
+            } else {
+                unsigned big = RND() % 4 == 0;
+                size_t n = 1 + RND() % (big ? 900000 : 40000);
+                gp_tag t = tagset[RND() % 3];
+                void *x = gp_alloc(p, n, NULL, t, GP_PRIO_NORMAL, NULL);
+                if (x) {
+                    live[k].ptr = x;
+                    live[k].n = n;
+                    live[k].seed = (unsigned)step;
+                    live[k].tag = t;
+                    fill(x, n, (unsigned)step);
+                }
+            }
+        } else if (r < 80) {
+            int t = (int)(RND() % 3);
+            if (off[t].runs) continue;
+            gp_offload_plan *pl;
+            CHECK(gp_pool_offload_begin(p, &tagset[t], 1, &pl) == GP_OK);
+            saved sv = copy_out(pl);
+            CHECK(unmap_all(p, pl));
+            released += pl->released;
+            off[t].n_runs = pl->n_runs;
+            off[t].runs = malloc((pl->n_runs + 1) * sizeof *pl->runs);
+            if (pl->n_runs) memcpy(off[t].runs, pl->runs, pl->n_runs * sizeof *pl->runs);
+            off[t].n = sv.n;
+            off[t].data = sv.data;
+            off[t].addr = malloc((sv.n + 1) * sizeof(uintptr_t));
+            off[t].size = malloc((sv.n + 1) * sizeof(uint64_t));
+            for (size_t i = 0; i < sv.n; i++) off[t].addr[i] = pl->ranges[i].addr, off[t].size[i] = pl->ranges[i].size;
+            CHECK(gp_pool_plan_end(p, pl, 0) == GP_OK);
+        } else {
+            int t = (int)(RND() % 3);
+            if (!off[t].runs) continue;
+            gp_offload_plan *rp;
+            CHECK(gp_pool_restore_begin(p, off[t].runs, off[t].n_runs, &rp) == GP_OK);
+            int ok = map_all(p, rp);
+            CHECK(ok);
+            if (!ok) { gp_pool_plan_end(p, rp, 0); continue; }
+            /* Copy back what is still live (the plan lists it). */
+            for (size_t i = 0, j = 0; i < rp->n_ranges; i++) {
+                while (j < off[t].n && off[t].addr[j] != rp->ranges[i].addr) j++;
+                CHECK(j < off[t].n);
+                if (j < off[t].n) memcpy((void *)rp->ranges[i].addr, off[t].data[j], rp->ranges[i].size);
+            }
+            restored += rp->bytes;
+            CHECK(gp_pool_plan_end(p, rp, 1) == GP_OK);
+            saved sv = {off[t].n, off[t].data};
+            saved_free(&sv);
+            free(off[t].runs);
+            free(off[t].addr);
+            free(off[t].size);
+            memset(&off[t], 0, sizeof off[t]);
+        }
+        /* Every resident live block holds its bytes (checked now and then:
+         * the bytes are what an offload must not change). */
+        for (int k = 0; k < LIVE && (step % 16 == 0 || r >= 80); k++) {
+            if (!live[k].ptr) continue;
+            int s = state_of(p, live[k].ptr);
+            CHECK(s == GP_BLOCK_USED || s == GP_BLOCK_OFFLOADED);
+            if (s == GP_BLOCK_USED && !same(live[k].ptr, live[k].n, live[k].seed)) {
+                CHECK(!"live bytes changed");
+                break;
+            }
+        }
+        if (pool_consistent(p, be)) {
+            CHECK(!"pool inconsistent");
+            break;
+        }
+    }
+#undef RND
+    /* The run exercised what it is for. */
+    CHECK(released > 0 && restored > 0);
+    for (int t = 0; t < 3; t++) {
+        saved sv = {off[t].n, off[t].data};
+        saved_free(&sv);
+        free(off[t].runs);
+        free(off[t].addr);
+        free(off[t].size);
+    }
+    done(p);
+}
+
+int main(void)
+{
+    CHECK(gp_tag_intern("offl", &T_W) == GP_OK);
+    CHECK(gp_tag_intern("other", &T_O) == GP_OK);
+    CHECK(gp_tag_intern("kv_cache", &T_X) == GP_OK); /* long-lived: placement */
+    test_offload_restore();
+    test_shared_chunk();
+    test_free_retag_abort();
+    test_restore_limit();
+    test_edge_cache_stays();
+    test_destroy_offloaded();
+    for (unsigned s = 1; s <= 3; s++) {
+        test_random(s, GP_MODE_EXPANDABLE, 0);
+        test_random(s + 100, GP_MODE_EXPANDABLE, 1);
+    }
+    test_random(7, GP_MODE_RESERVE, 0);
+    return check_done();
+}
