@@ -36,6 +36,8 @@
 #include <stdarg.h>
 #include <string.h>
 
+#include "known_issues.h"
+#include "offload.h"
 #include "pool_check.h"
 #include "rng.h"
 #include "stamps.h"
@@ -271,11 +273,12 @@ static void test_oom_report_without_mem_info(void)
 
 enum {
     OP_ALLOC, OP_FREE, OP_RECORD, OP_COMPLETE, OP_TRIM, OP_LIMIT, OP_TAG_LIMIT, OP_RETAG,
-    OP_HEADROOM, OP_HISTORY, OP_PREPARE, OP_BEGIN, OP_END, OP_RELEASE, OP_KINDS
+    OP_HEADROOM, OP_HISTORY, OP_PREPARE, OP_BEGIN, OP_END, OP_RELEASE, OP_OFFLOAD, OP_RESTORE, OP_KINDS
 };
 static const char *const op_names[OP_KINDS] = {
     "alloc", "free", "record_stream", "stream progress", "trim", "pool limit", "tag limit", "retag",
-    "headroom", "history", "capture_prepare", "capture_begin", "capture_end", "capture_release"};
+    "headroom", "history", "capture_prepare", "capture_begin", "capture_end", "capture_release", "offload",
+    "restore"};
 
 typedef struct op {
     uint8_t kind, slot, slot2, stream, tag, prio;
@@ -291,6 +294,9 @@ typedef struct op {
 #define S_CAPTURE 4
 #define S_FORKED 5
 #define GRAPH_KEY 77
+/* The tag the offload configuration offloads (by its ops, and under
+ * pressure: it is registered, idle, at low priority). */
+#define OFFLOADED 2
 static const gp_stream streams[NSTREAMS] = {NULL, (gp_stream)0x10, (gp_stream)0x20, (gp_stream)0x30,
                                             (gp_stream)0x40, (gp_stream)0x50};
 static gp_tag tags[NTAGS];
@@ -299,6 +305,7 @@ typedef struct config {
     const char *name;
     gp_mode mode;
     int placement;
+    int offload; /* with an offloader (offload.h): its ops, its pressure callback */
     uint64_t seed;
 } config;
 
@@ -363,7 +370,8 @@ static void make_workload(workload *w, const config *c)
             continue;
         }
         uint64_t r = rnd() % 100;
-        if (r < 42) o.kind = OP_ALLOC, o.size = rnd_size();
+        if (c->offload && rnd() % 100 < 10) o.kind = rnd() % 2 ? OP_OFFLOAD : OP_RESTORE, o.tag = OFFLOADED;
+        else if (r < 42) o.kind = OP_ALLOC, o.size = rnd_size();
         else if (r < 66) o.kind = OP_FREE;
         else if (r < 74) o.kind = OP_RECORD, o.stream = (uint8_t)(1 + rnd() % 3);
         else if (r < 79) o.kind = OP_COMPLETE;
@@ -373,6 +381,9 @@ static void make_workload(workload *w, const config *c)
         else if (r < 94) o.kind = OP_RETAG;
         else if (r < 97) o.kind = OP_HEADROOM;
         else o.kind = OP_HISTORY, o.size = rnd() % 3 ? 64 + rnd() % 256 : 0;
+        /* (known_issues.h: the offloaded tag stays in one arena) */
+        if (c->offload && !GP_OFFLOAD_ARENAS_FIXED && o.kind == OP_ALLOC && o.tag == OFFLOADED && o.size < 64 * KiB)
+            o.size += 64 * KiB;
         if (o.kind == OP_ALLOC) live[o.slot] = 1;
         if (o.kind == OP_FREE) live[o.slot] = recorded[o.slot] = 0;
         if (o.kind == OP_RECORD) recorded[o.slot] |= live[o.slot];
@@ -402,21 +413,57 @@ typedef struct run_state {
     const fault *f;
     gp_backend *be;
     gp_pool *p;
+    gp_offloader *o; /* (offload configuration) */
     slot s[SLOTS];
-    uint64_t req[NTAGS];
     int n_live;
+    int known; /* a fault fired inside offload (known_issues.h): not checked further */
 } run_state;
+
+static uint64_t known_runs;
+
+static uint64_t injected_total(gp_backend *be)
+{
+    gp_host_counters c;
+    gp_host_counters_get(be, &c);
+    uint64_t n = 0;
+    for (int i = 0; i < GP_HOST_FN_COUNT; i++) n += c.injected[i];
+    return n;
+}
+
+/* Whether a fault that fired since `before` was met by offload, which does
+ * not survive it yet (known_issues.h); the run is then not checked further. */
+static int offload_met_fault(run_state *r, uint64_t before)
+{
+    if (GP_OFFLOAD_FAULTS_FIXED || injected_total(r->be) == before) return 0;
+    if (!r->known) known_runs++;
+    return r->known = 1;
+}
+
+/* The offloader's own memory (its checksums), which the workload's figures
+ * leave out. */
+static gp_tag offloader_tag;
+
+/* A live slot's block state: GP_BLOCK_OFFLOADED ones are not readable. */
+static int state_of(run_state *r, int i)
+{
+    gp_block_info b;
+    return gp_pool_lookup(r->p, r->s[i].ptr, &b) == GP_OK ? b.state : -1;
+}
+
+static int slot_ok(run_state *r, int i)
+{
+    return state_of(r, i) == GP_BLOCK_OFFLOADED || stamp_ok(r->s[i].ptr, r->s[i].size, r->s[i].stamp);
+}
 
 static void forget(run_state *r, int i)
 {
-    r->req[r->s[i].tag] -= r->s[i].size;
     r->s[i].ptr = NULL;
     r->n_live--;
 }
 
 static int free_slot(run_state *r, int i)
 {
-    int ok = stamp_ok(r->s[i].ptr, r->s[i].size, r->s[i].stamp);
+    int ok = slot_ok(r, i);
     gp_status st = gp_free(r->p, r->s[i].ptr);
     forget(r, i);
     return ok && st == GP_OK;
@@ -454,6 +501,45 @@ static gp_pool *new_pool(const config *c, gp_backend *be, gp_status *st)
     return p;
 }
 
+/* Offload a tag: its resident blocks move, or (a failure) stay resident,
+ * bytes and all. */
+static gp_status offload(run_state *r, int tag)
+{
+    int was[SLOTS];
+    for (int i = 0; i < SLOTS; i++) was[i] = r->s[i].ptr && r->s[i].tag == tag ? state_of(r, i) : -1;
+    gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
+    gp_offload_result res;
+    uint64_t before = injected_total(r->be);
+    gp_status st = gp_offload_tags(r->o, &tags[tag], 1, &opts, &res);
+    if (offload_met_fault(r, before)) return st;
+    for (int i = 0; st != GP_OK && i < SLOTS; i++)
+        if (was[i] == GP_BLOCK_USED && (state_of(r, i) != GP_BLOCK_USED || !slot_ok(r, i)))
+            report("%s: a failed offload left the block at %p of tag %d %s", r->w->cfg.name, (void *)r->s[i].ptr,
+                   tag, state_of(r, i) != GP_BLOCK_USED ? "offloaded" : "overwritten");
+    return st;
+}
+
+/* Restore a tag: all of it comes back with its bytes, or (a failure) what
+ * was offloaded stays so. */
+static gp_status restore(run_state *r, int tag)
+{
+    int was[SLOTS];
+    for (int i = 0; i < SLOTS; i++) was[i] = r->s[i].ptr && r->s[i].tag == tag ? state_of(r, i) : -1;
+    gp_offload_result res;
+    uint64_t before = injected_total(r->be);
+    gp_status st = gp_restore_tags(r->o, &tags[tag], 1, &res);
+    if (offload_met_fault(r, before)) return st;
+    for (int i = 0; i < SLOTS; i++) {
+        if (was[i] < 0) continue;
+        int now = state_of(r, i);
+        if (st == GP_OK ? now != GP_BLOCK_USED || !slot_ok(r, i) : was[i] == GP_BLOCK_OFFLOADED && now != was[i])
+            report("%s: a%s restore left the block at %p of tag %d in state %d (was %d)%s", r->w->cfg.name,
+                   st == GP_OK ? "" : " failed", (void *)r->s[i].ptr, tag, now, was[i],
+                   now == GP_BLOCK_USED && !slot_ok(r, i) ? ", its bytes changed" : "");
+    }
+    return st;
+}
+
 /* Run one operation; returns its status. */
 static gp_status do_op(run_state *r, const op *o)
 {
@@ -463,7 +549,13 @@ static gp_status do_op(run_state *r, const op *o)
     switch (o->kind) {
     case OP_ALLOC: {
         if (s->ptr) return GP_OK;
+        gp_stats s0, s1;
+        gp_pool_stats(p, &s0, 0);
+        uint64_t before = injected_total(r->be);
         char *q = gp_alloc(p, o->size, streams[o->stream], tags[o->tag], o->prio, &st);
+        gp_pool_stats(p, &s1, 0);
+        /* (a request that had to make room may have run the offloader) */
+        if (r->o && s1.n_alloc_retries > s0.n_alloc_retries && offload_met_fault(r, before)) return st;
         if (!q) return st;
         if ((uintptr_t)q % 512) report("%s: alloc of %llu gave %p, not aligned", r->w->cfg.name,
                                        (unsigned long long)o->size, (void *)q);
@@ -471,7 +563,6 @@ static gp_status do_op(run_state *r, const op *o)
          * never this one: it was empty) */
         *s = (slot){q, o->size, rnd(), o->tag, o->prio};
         stamp_put(s->ptr, s->size, s->stamp);
-        r->req[o->tag] += o->size;
         r->n_live++;
         return GP_OK;
     }
@@ -518,10 +609,7 @@ static gp_status do_op(run_state *r, const op *o)
             int idx[2] = {o->slot, o->slot2};
             for (int k = 0; k < 2; k++) {
                 slot *x = &r->s[idx[k]];
-                if (!x->ptr || x->tag == o->tag) continue;
-                r->req[x->tag] -= x->size;
-                r->req[o->tag] += x->size;
-                x->tag = o->tag;
+                if (x->ptr) x->tag = o->tag;
             }
         }
         return st;
@@ -554,6 +642,10 @@ static gp_status do_op(run_state *r, const op *o)
         return gp_pool_capture_end(p, streams[o->stream]);
     case OP_RELEASE:
         return gp_pool_capture_release(p, GRAPH_KEY);
+    case OP_OFFLOAD:
+        return offload(r, o->tag);
+    case OP_RESTORE:
+        return restore(r, o->tag);
     }
     return GP_OK;
 }
@@ -573,15 +665,22 @@ static int consistent(run_state *r, const char *what, const char *when)
     if (c.mapped != s.reserved)
         bad = 1, report("%s: %s: the backend maps %llu bytes, reserved is %llu", what, when,
                         (unsigned long long)c.mapped, (unsigned long long)s.reserved);
-    uint64_t req = 0;
+    /* (offloaded blocks are live, but their bytes are not requested ones) */
+    uint64_t req = 0, tag_req[NTAGS] = {0};
+    for (int i = 0; i < SLOTS; i++)
+        if (r->s[i].ptr && state_of(r, i) != GP_BLOCK_OFFLOADED) tag_req[r->s[i].tag] += r->s[i].size;
     for (int t = 0; t < NTAGS; t++) {
         gp_tag_stats ts;
         gp_pool_tag_stats(r->p, tags[t], &ts);
-        req += r->req[t];
-        if (ts.requested != r->req[t])
+        req += tag_req[t];
+        if (ts.requested != tag_req[t])
             bad = 1, report("%s: %s: tag %d holds %llu requested bytes, the workload %llu", what, when, t,
-                            (unsigned long long)ts.requested, (unsigned long long)r->req[t]);
+                            (unsigned long long)ts.requested, (unsigned long long)tag_req[t]);
     }
+    gp_tag_stats own;
+    gp_pool_tag_stats(r->p, offloader_tag, &own);
+    s.requested -= own.requested;
+    s.active_blocks -= own.active_blocks;
     if (s.requested != req || s.active_blocks != (uint64_t)r->n_live)
         bad = 1, report("%s: %s: the pool has %llu blocks of %llu requested bytes, the workload %d of %llu",
                         what, when, (unsigned long long)s.active_blocks, (unsigned long long)s.requested,
@@ -619,6 +718,27 @@ static void recover(run_state *r, const char *what)
     for (int t = 0; t < NTAGS; t++) gp_pool_set_tag_limit(r->p, tags[t], 0);
     /* Time passes: the streams finish their work. */
     for (int i = 0; i < NSTREAMS; i++) gp_host_stream_complete(r->be, streams[i]);
+    if (r->o) {
+        /* Everything offloaded comes back, bytes and all (once there is
+         * room: the resident blocks go first if need be). */
+        for (int t = 0; t < NTAGS; t++) {
+            gp_offload_result res;
+            gp_status st = gp_restore_tags(r->o, &tags[t], 1, &res);
+            if (st == GP_ERR_OOM || st == GP_ERR_LIMIT) {
+                for (int i = 0; i < SLOTS; i++)
+                    if (r->s[i].ptr && state_of(r, i) == GP_BLOCK_USED && !free_slot(r, i))
+                        report("%s: recovery: a free failed: %s", what, gp_last_error());
+                st = gp_restore_tags(r->o, &tags[t], 1, &res);
+            }
+            if (st != GP_OK) report("%s: recovery: restore of tag %d: %s", what, t, gp_last_error());
+        }
+        for (int i = 0; i < SLOTS; i++)
+            if (r->s[i].ptr && (state_of(r, i) != GP_BLOCK_USED || !slot_ok(r, i)))
+                report("%s: recovery: the block at %p is %s after restoring everything", what, (void *)r->s[i].ptr,
+                       state_of(r, i) != GP_BLOCK_USED ? "not resident" : "overwritten");
+        gp_offloader_destroy(r->o);
+        r->o = NULL;
+    }
     free_all(r, what);
     gp_pool_empty_cache(r->p);
     /* An allocation looks at the pending blocks (and the next empty_cache
@@ -654,7 +774,6 @@ static void recover(run_state *r, const char *what)
         }
         r->s[o->slot] = (slot){q, o->size, rnd(), o->tag, o->prio};
         stamp_put(r->s[o->slot].ptr, r->s[o->slot].size, r->s[o->slot].stamp);
-        r->req[o->tag] += o->size;
         r->n_live++;
         made++;
     }
@@ -673,7 +792,7 @@ typedef struct outcome {
 static int acceptable(const op *o, gp_status st, const char *msg, const fault *f, int hit)
 {
     /* Any state may leave an allocation without memory or over a limit. */
-    int anyway = (o->kind == OP_ALLOC && (st == GP_ERR_OOM || st == GP_ERR_LIMIT)) ||
+    int anyway = ((o->kind == OP_ALLOC || o->kind == OP_RESTORE) && (st == GP_ERR_OOM || st == GP_ERR_LIMIT)) ||
                  (o->kind == OP_RETAG && st == GP_ERR_LIMIT);
     if (st == GP_OK || !hit) return st == GP_OK || anyway;
     /* The failure is named, or the pool absorbed it and then found no memory
@@ -718,7 +837,24 @@ static void run(const workload *w, const fault *f, const outcome *ref, outcome *
         check_misuse(what, "a failed creation", &misuse);
         return;
     }
-    gp_pool_set_pressure(r.p, pressure, &r);
+    if (w->cfg.offload) {
+        /* (it installs its own pressure callback, which offloads the idle
+         * registered tag) */
+        gp_error_clear();
+        st = gp_offloader_create(r.p, 0, 1, &r.o);
+        if (st != GP_OK) {
+            if (!f->on || !strstr(gp_last_error(), "injected"))
+                report("%s: the offloader's creation failed with %s: '%s'", what, gp_status_str(st),
+                       gp_last_error());
+            gp_pool_destroy(r.p);
+            check_misuse(what, "a failed offloader creation", &misuse);
+            return;
+        }
+        if (gp_offload_register(r.o, tags[OFFLOADED], GP_PRIO_LOW) != GP_OK)
+            report("%s: register: %s", what, gp_last_error());
+    } else {
+        gp_pool_set_pressure(r.p, pressure, &r);
+    }
     int fired = 0;
     for (int k = 0; k < w->n; k++) {
         const op *o = &w->ops[k];
@@ -726,6 +862,7 @@ static void run(const workload *w, const fault *f, const outcome *ref, outcome *
         gp_host_counters_get(r.be, &c0);
         gp_error_clear();
         st = do_op(&r, o);
+        if (r.known) break;
         const char *msg = gp_last_error();
         gp_host_counters_get(r.be, &c1);
         int hit = f->on && c1.injected[f->fn] > c0.injected[f->fn];
@@ -748,9 +885,10 @@ static void run(const workload *w, const fault *f, const outcome *ref, outcome *
         gp_host_counters_get(r.be, &c);
         memcpy(out->calls, c.calls, sizeof c.calls);
     }
-    recover(&r, what);
+    if (!r.known) recover(&r, what);
+    if (r.o) gp_offloader_destroy(r.o);
     gp_pool_destroy(r.p);
-    check_misuse(what, "the pool's destruction", &misuse);
+    if (!r.known) check_misuse(what, "the pool's destruction", &misuse);
 }
 
 /* How each function is made to fail: a hard error, and for those whose
@@ -814,6 +952,7 @@ int main(int argc, char **argv)
     uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 10) : 20240611;
     const char *names[NTAGS] = {"weights", "activations", "kv_cache", "untagged"};
     for (int i = 0; i < NTAGS; i++) gp_tag_intern(names[i], &tags[i]);
+    gp_tag_intern("gpupool", &offloader_tag);
     test_nth_call_once_and_from();
     test_misuse_is_counted();
     test_reserve_map_failure_is_named();
@@ -821,11 +960,15 @@ int main(int argc, char **argv)
     test_oom_report_without_mem_info();
     test_failed_reserve_leaves_no_address();
     const config configs[] = {
-        {"expandable, placement", GP_MODE_EXPANDABLE, 1, seed},
-        {"expandable, no placement", GP_MODE_EXPANDABLE, 0, seed + 1},
-        {"reserve", GP_MODE_RESERVE, 0, seed + 2},
+        {"expandable, placement", GP_MODE_EXPANDABLE, 1, 0, seed},
+        {"expandable, no placement", GP_MODE_EXPANDABLE, 0, 0, seed + 1},
+        {"reserve", GP_MODE_RESERVE, 0, 0, seed + 2},
+        {"expandable, offload", GP_MODE_EXPANDABLE, 1, 1, seed + 3},
     };
     printf("fault walk, seed %llu\n", (unsigned long long)seed);
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) walk(&configs[i]);
+    if (known_runs)
+        printf("%llu runs met a fault inside offload, which does not survive it yet (known_issues.h): "
+               "not checked further\n", (unsigned long long)known_runs);
     return check_done();
 }

@@ -130,6 +130,13 @@ static uint64_t injected(void)
     return n;
 }
 
+/* Whether the operation's failure is an injected one it passes on, named
+ * (any status: the fault chose it). */
+static int injected_failure(void)
+{
+    return injected() > M.injected0 && strstr(gp_last_error(), "injected");
+}
+
 static gp_stream stream_of(unsigned i) { return i ? (gp_stream)(uintptr_t)(0x1000 + 16 * (uintptr_t)i) : NULL; }
 
 static int find_live(const void *ptr)
@@ -334,9 +341,7 @@ static int do_alloc(uint64_t size, unsigned si, uint8_t tag_byte, uint8_t prio_b
          * many streams, an injected backend failure, or a stream that joins
          * a capture unnamed while several captures run. */
         int unnamed = M.forked[si] && !M.capturing[si] && captures != 1;
-        int fault = injected() > M.injected0;
-        EXPECT(st == GP_ERR_OOM || st == GP_ERR_LIMIT || st == GP_ERR_TOO_MANY ||
-                   (fault && (st == GP_ERR_BACKEND || st == GP_ERR_NOMEM) && strstr(gp_last_error(), "injected")) ||
+        EXPECT(st == GP_ERR_OOM || st == GP_ERR_LIMIT || st == GP_ERR_TOO_MANY || injected_failure() ||
                    (st == GP_ERR_INVALID && unnamed),
                "%s of %llu bytes failed with %s: %s", what, (unsigned long long)size, gp_status_str(st),
                gp_last_error());
@@ -590,8 +595,7 @@ static void host_capturing(unsigned si)
  * sync failed) maybe some. */
 static void settle(gp_status st, const char *what)
 {
-    EXPECT(st == GP_OK || (st == GP_ERR_BACKEND && injected() > M.injected0 && strstr(gp_last_error(), "injected")),
-           "%s gave %s: %s", what, gp_status_str(st), gp_last_error());
+    EXPECT(st == GP_OK || injected_failure(), "%s gave %s: %s", what, gp_status_str(st), gp_last_error());
     if (M.captures) return;
     for (int k = 0; k < NKEYS; k++)
         if (M.gpool_live[k] && !M.refs[k]) M.gpool_live[k] = st == GP_OK ? GP_DEAD : GP_MAYBE;
@@ -628,8 +632,8 @@ static void op_capture(reader *r)
     case 0:
         st = gp_pool_capture_prepare(M.p, s);
         expect_message(st, "capture_prepare");
-        EXPECT(st == GP_OK || st == GP_ERR_TOO_MANY || (st == GP_ERR_BACKEND && injected() > M.injected0),
-               "capture_prepare gave %s: %s", gp_status_str(st), gp_last_error());
+        EXPECT(st == GP_OK || st == GP_ERR_TOO_MANY || injected_failure(), "capture_prepare gave %s: %s",
+               gp_status_str(st), gp_last_error());
         return;
     case 1: {
         if (M.capturing[si]) return; /* (one capture per stream: the model could not tell which ends) */
