@@ -1092,7 +1092,9 @@ gp_status gp_pool_retag(gp_pool *p, void *const *ptrs, size_t n, gp_tag tag, int
         if (bl[i]->tag != tag && bl[i]->state == GP_BLOCK_USED) add += bl[i]->size;
     }
     gp_tag_stats *ts = &p->tags[tag];
-    if (ts->limit && ts->allocated + add > ts->limit) {
+    /* (a tag already over a limit lowered since may still re-prioritise its
+     * own blocks: that adds nothing to it) */
+    if (ts->limit && add && ts->allocated + add > ts->limit) {
         st = gp_error_set(GP_ERR_LIMIT, "gpupool: retag to '%s' would exceed its limit of %" PRIu64
                           " bytes (it holds %" PRIu64 ", %" PRIu64 " more)", gp_tag_name(tag),
                           ts->limit, ts->allocated, add);

@@ -544,7 +544,7 @@ static void op_retag(reader *r)
         uint64_t held = 0;
         for (int i = 0; i < M.n; i++)
             if (M.b[i].tag == ti) held += M.b[i].size;
-        if (M.tag_limit[ti] && held + add > M.tag_limit[ti]) want = GP_ERR_LIMIT;
+        if (M.tag_limit[ti] && add && held + add > M.tag_limit[ti]) want = GP_ERR_LIMIT;
     }
     EXPECT(st == want, "retag of %d addresses to tag %d priority %d gave %s, the model says %s", n, ti, prio,
            gp_status_str(st), gp_status_str(want));
