@@ -67,6 +67,7 @@ ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0", "UBSAN_OPTIONS": 
 def test_c_asan_ubsan(tmp_path: Path, test: str, args: List[str]) -> None:
     out = run(build(tmp_path, test, ASAN), args, ASAN_ENV)
     assert "passed" in out
+    print(out)  # (the figures some tests print: pytest -s or -rP shows them)
 
 
 @pytest.mark.parametrize("test,args", [("test_stress.c", ["20000"]), ("test_offload.c", [])])
