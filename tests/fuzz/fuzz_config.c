@@ -123,17 +123,25 @@ static int ref_priority(const char *s)
 
 /* ----------------------------------------------------------- the checks */
 
+/* Fractions printed as percentages come back through *100 and /100: equal
+ * to the last bits of a double, not more (6 digits is far more). */
+static int same_fraction(double a, double b) { return a == b || fabs(a - b) <= 1e-15 * fabs(b); }
+
+/* Two configurations are the same when every option prints the same (the
+ * option table names every field) and the fractions, which print rounded,
+ * agree to the last bits. */
 static int config_equal(const gp_config *a, const gp_config *b)
 {
-    /* Field by field: padding and the unused tails of the strings say
-     * nothing. */
-    return a->mode == b->mode && a->reserve.bytes == b->reserve.bytes && a->reserve.fraction == b->reserve.fraction &&
-               a->limit.bytes == b->limit.bytes && a->limit.fraction == b->limit.fraction &&
-               a->priority == b->priority && strcmp(a->codec, b->codec) == 0 &&
-               a->offload_threads == b->offload_threads && strcmp(a->tenant, b->tenant) == 0 && a->log == b->log &&
-               a->trace == b->trace && a->chunk == b->chunk && a->small_size == b->small_size &&
-               a->large_chunk == b->large_chunk && a->cache_slack == b->cache_slack &&
-               a->torch_patch == b->torch_patch && a->placement == b->placement;
+    for (size_t k = 0; k < n_options; k++) {
+        char ta[256], tb[256];
+        if (gp_config_get(a, options[k].key, ta, sizeof ta) != GP_OK ||
+            gp_config_get(b, options[k].key, tb, sizeof tb) != GP_OK || strcmp(ta, tb) != 0)
+            return 0;
+    }
+    return same_fraction(a->reserve.fraction, b->reserve.fraction) &&
+           same_fraction(a->limit.fraction, b->limit.fraction) &&
+           same_fraction(a->host_limit.fraction, b->host_limit.fraction) &&
+           same_fraction(a->cache_slack, b->cache_slack);
 }
 
 static void same_config(const gp_config *a, const gp_config *b, const char *what)
@@ -152,6 +160,7 @@ static int known_print_issue(const char *text, const gp_config *round, const gp_
     gp_config r = *round;
     if (close6(r.reserve.fraction, cfg->reserve.fraction)) r.reserve.fraction = cfg->reserve.fraction;
     if (close6(r.limit.fraction, cfg->limit.fraction)) r.limit.fraction = cfg->limit.fraction;
+    if (close6(r.host_limit.fraction, cfg->host_limit.fraction)) r.host_limit.fraction = cfg->host_limit.fraction;
     if (close6(r.cache_slack, cfg->cache_slack)) r.cache_slack = cfg->cache_slack;
     return config_equal(&r, cfg);
 }
