@@ -68,6 +68,7 @@ static ref_answer ref_size(const char *s, int allow_fraction)
     char num[64];
     size_t k = 0;
     if (!(*s >= '0' && *s <= '9')) return no;
+    while (s[0] == '0' && s[1] >= '0' && s[1] <= '9') s++; /* (leading zeros weigh nothing) */
     for (; *s >= '0' && *s <= '9'; s++)
         if (k < 40) num[k++] = *s;
         else if (k == 40) return no; /* (more than 2^63 whatever follows) */
