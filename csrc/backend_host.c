@@ -5,14 +5,23 @@
  * Virtual reservations are PROT_NONE anonymous mappings; map() replaces a
  * range with read-write pages and unmap() puts PROT_NONE back, which returns
  * the pages to the kernel.  A capacity caps the bytes mapped at once so that
- * out-of-memory paths are reachable, and gp_host_fail_map() injects failures.
+ * out-of-memory paths are reachable, and gp_host_fail() makes any call that
+ * returns a status fail (the nth one, or every one from the nth on).
  * Streams are any pointer value; stream_wait() and synchronize() only count.
  * Events are slots that complete when the test says their stream progressed
  * (gp_host_stream_complete) or on synchronize(); a stream can be marked as
  * capturing a graph, so that capture handling is tested too.
+ *
+ * It checks its callers as a strict driver would: every reservation,
+ * mapping, event and pinned buffer is tracked, and a call that names one
+ * that does not exist, maps over a mapping, or a destroy that leaves any
+ * behind, is counted as misuse (gp_host_misuse) -- a pool bug that a real
+ * device would answer with corruption or a leak.
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -20,10 +29,17 @@
 #include "backend_host.h"
 #include "checksum.h"
 
-typedef struct host_map {
+/* A list of address ranges: reservations, mappings (with their handle),
+ * pinned host buffers. */
+typedef struct host_range {
     uintptr_t addr;
     uint64_t size, handle;
-} host_map;
+} host_range;
+
+typedef struct host_ranges {
+    host_range *v;
+    size_t n, cap;
+} host_ranges;
 
 typedef struct host_event {
     gp_stream stream;
@@ -32,16 +48,20 @@ typedef struct host_event {
 
 #define HOST_MAX_CAPTURING 16
 
+typedef struct host_fault {
+    uint64_t countdown; /* 0: off; 1: the next call fails */
+    gp_status status;
+    int mode;           /* GP_HOST_FAIL_*                */
+} host_fault;
+
 typedef struct host_backend {
     gp_backend be; /* first: the pool sees only this */
     pthread_mutex_t lock;
     uint64_t capacity;
     uint64_t next_handle, next_stream;
-    uint64_t fail_countdown; /* 0: off; 1: the next map() fails */
-    gp_status fail_status;
+    host_fault faults[GP_HOST_FN_COUNT];
     gp_host_counters c;
-    host_map *maps; /* live mappings, to check unmap() is given what map() made */
-    size_t n_maps, cap_maps;
+    host_ranges reserved, maps, pinned;
     host_event *events; /* event id = index + 1; dead slots are reused */
     size_t n_events;
     gp_stream capturing[HOST_MAX_CAPTURING];
@@ -49,11 +69,143 @@ typedef struct host_backend {
 } host_backend;
 
 #define HOST(be) ((host_backend *)(be))
+#define HOST_JUNK_PTR ((void *)(uintptr_t)GP_HOST_JUNK)
+/* Streams made by stream_create: a range no caller's fake stream is likely
+ * to use. */
+#define HOST_STREAM_BASE 0x5eed0000000ull
+
+static const char *const host_fn_names[] = {
+#define HOST_FN_NAME(upper, lower) #lower,
+    GP_HOST_FNS(HOST_FN_NAME)
+#undef HOST_FN_NAME
+};
+
+const char *gp_host_fn_name(gp_host_fn fn)
+{
+    return (unsigned)fn < GP_HOST_FN_COUNT ? host_fn_names[fn] : NULL;
+}
+
+/* ------------------------------------------------------------------ misuse */
+
+/* Process-wide: the backend that saw it may be destroyed by now. */
+static pthread_mutex_t host_misuse_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t host_misuse_count;
+static char host_misuse_last[256];
+
+static void host_misuse(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static void host_misuse(const char *fmt, ...)
+{
+    pthread_mutex_lock(&host_misuse_lock);
+    host_misuse_count++;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(host_misuse_last, sizeof host_misuse_last, fmt, ap);
+    va_end(ap);
+    pthread_mutex_unlock(&host_misuse_lock);
+}
+
+uint64_t gp_host_misuse(char *msg, size_t n)
+{
+    pthread_mutex_lock(&host_misuse_lock);
+    uint64_t count = host_misuse_count;
+    if (n) snprintf(msg, n, "%s", host_misuse_last);
+    pthread_mutex_unlock(&host_misuse_lock);
+    return count;
+}
+
+/* ------------------------------------------------------------ range lists */
+
+static gp_status host_ranges_add(host_ranges *l, uintptr_t addr, uint64_t size, uint64_t handle)
+{
+    if (l->n == l->cap) {
+        size_t nc = l->cap ? 2 * l->cap : 64;
+        host_range *v = realloc(l->v, nc * sizeof *v);
+        if (!v) return gp_error_set(GP_ERR_NOMEM, "host backend: out of host memory");
+        l->v = v;
+        l->cap = nc;
+    }
+    l->v[l->n++] = (host_range){addr, size, handle};
+    return GP_OK;
+}
+
+/* The index of the range starting at addr, or l->n if none. */
+static size_t host_ranges_find(const host_ranges *l, uintptr_t addr)
+{
+    size_t i = 0;
+    while (i < l->n && l->v[i].addr != addr) i++;
+    return i;
+}
+
+static void host_ranges_del(host_ranges *l, size_t i) { l->v[i] = l->v[--l->n]; }
+
+/* Bytes of [a, a+n) covered by the ranges (they never overlap). */
+static uint64_t host_ranges_cover(const host_ranges *l, uintptr_t a, uint64_t n)
+{
+    uint64_t in = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        uintptr_t lo = l->v[i].addr > a ? l->v[i].addr : a;
+        uintptr_t hi = l->v[i].addr + l->v[i].size < a + n ? l->v[i].addr + l->v[i].size : a + n;
+        if (hi > lo) in += hi - lo;
+    }
+    return in;
+}
+
+/* --------------------------------------------------------- fault injection */
+
+/* Every call of a function that can fail starts here, under the lock: it is
+ * counted, and fails if a fault is armed for it and due. */
+static gp_status host_fault_locked(host_backend *h, gp_host_fn fn)
+{
+    host_fault *f = &h->faults[fn];
+    h->c.calls[fn]++;
+    if (f->countdown == 0) return GP_OK;
+    if (f->countdown > 1) {
+        f->countdown--;
+        return GP_OK;
+    }
+    if (f->mode != GP_HOST_FAIL_FROM) f->countdown = 0;
+    h->c.injected[fn]++;
+    return gp_error_set(f->status, "host %s: injected failure (%s)", host_fn_names[fn],
+                        gp_status_str(f->status));
+}
+
+static gp_status host_fault_check(host_backend *h, gp_host_fn fn)
+{
+    pthread_mutex_lock(&h->lock);
+    gp_status st = host_fault_locked(h, fn);
+    pthread_mutex_unlock(&h->lock);
+    return st;
+}
+
+void gp_host_fail(gp_backend *be, gp_host_fn fn, uint64_t nth, gp_status status, int mode)
+{
+    host_backend *h = HOST(be);
+    if ((unsigned)fn >= GP_HOST_FN_COUNT) return;
+    pthread_mutex_lock(&h->lock);
+    h->faults[fn] = (host_fault){.countdown = nth, .status = status, .mode = mode};
+    pthread_mutex_unlock(&h->lock);
+}
+
+void gp_host_fail_none(gp_backend *be)
+{
+    host_backend *h = HOST(be);
+    pthread_mutex_lock(&h->lock);
+    memset(h->faults, 0, sizeof h->faults);
+    pthread_mutex_unlock(&h->lock);
+}
+
+/* ------------------------------------------------------ address space */
 
 static gp_status host_reserve(gp_backend *be, uint64_t size, uint64_t align,
                               uintptr_t *base)
 {
     host_backend *h = HOST(be);
+    gp_status st = host_fault_check(h, GP_HOST_RESERVE);
+    if (st != GP_OK) {
+        *base = (uintptr_t)GP_HOST_JUNK;
+        return st;
+    }
     if (size == 0 || align == 0 || (align & (align - 1)))
         return gp_error_set(GP_ERR_INVALID, "host reserve: bad size %llu or alignment %llu",
                             (unsigned long long)size, (unsigned long long)align);
@@ -68,8 +220,13 @@ static gp_status host_reserve(gp_backend *be, uint64_t size, uint64_t align,
     uintptr_t end = start + span, aend = aligned + size;
     if (end > aend) munmap((void *)aend, end - aend);
     pthread_mutex_lock(&h->lock);
-    h->c.n_reserve++;
+    st = host_ranges_add(&h->reserved, aligned, size, 0);
+    if (st == GP_OK) h->c.n_reserve++;
     pthread_mutex_unlock(&h->lock);
+    if (st != GP_OK) {
+        munmap((void *)aligned, size);
+        return st;
+    }
     *base = aligned;
     return GP_OK;
 }
@@ -77,67 +234,87 @@ static gp_status host_reserve(gp_backend *be, uint64_t size, uint64_t align,
 static void host_unreserve(gp_backend *be, uintptr_t base, uint64_t size)
 {
     host_backend *h = HOST(be);
-    munmap((void *)base, size);
     pthread_mutex_lock(&h->lock);
-    h->c.n_unreserve++;
+    size_t i = host_ranges_find(&h->reserved, base);
+    if (i == h->reserved.n || h->reserved.v[i].size != size) {
+        host_misuse("host unreserve: 0x%llx+%llu was not reserved as such", (unsigned long long)base,
+                    (unsigned long long)size);
+    } else if (host_ranges_cover(&h->maps, base, size)) {
+        host_misuse("host unreserve: 0x%llx+%llu still has %llu bytes mapped", (unsigned long long)base,
+                    (unsigned long long)size, (unsigned long long)host_ranges_cover(&h->maps, base, size));
+    } else {
+        host_ranges_del(&h->reserved, i);
+        munmap((void *)base, size);
+        h->c.n_unreserve++;
+    }
     pthread_mutex_unlock(&h->lock);
 }
 
 static gp_status host_map_fn(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t *handle)
 {
     host_backend *h = HOST(be);
-    gp_status st = GP_OK;
     pthread_mutex_lock(&h->lock);
     h->c.n_map++;
-    if (addr % be->granularity || size == 0 || size % be->granularity) {
+    gp_status st = host_fault_locked(h, GP_HOST_MAP);
+    if (st != GP_OK) {
+        *handle = GP_HOST_JUNK;
+    } else if (addr % be->granularity || size == 0 || size % be->granularity) {
         st = gp_error_set(GP_ERR_INVALID, "host map: 0x%llx+%llu is not a multiple of the granularity %llu",
                           (unsigned long long)addr, (unsigned long long)size,
                           (unsigned long long)be->granularity);
-    } else if (h->fail_countdown && --h->fail_countdown == 0) {
-        st = gp_error_set(h->fail_status, "host map: injected failure (%s)", gp_status_str(h->fail_status));
+    } else if (host_ranges_cover(&h->reserved, addr, size) != size || host_ranges_cover(&h->maps, addr, size)) {
+        host_misuse("host map: 0x%llx+%llu is %s", (unsigned long long)addr, (unsigned long long)size,
+                    host_ranges_cover(&h->maps, addr, size) ? "mapped already" : "not inside one reservation");
+        st = gp_error_set(GP_ERR_INVALID, "host map: 0x%llx+%llu is mapped already or not reserved",
+                          (unsigned long long)addr, (unsigned long long)size);
     } else if (h->c.mapped + size > h->capacity) {
         st = gp_error_set(GP_ERR_OOM, "host map of %llu bytes: capacity %llu with %llu mapped",
                           (unsigned long long)size, (unsigned long long)h->capacity,
                           (unsigned long long)h->c.mapped);
-    } else if (h->n_maps == h->cap_maps) {
-        size_t nc = h->cap_maps ? 2 * h->cap_maps : 64;
-        host_map *m = realloc(h->maps, nc * sizeof *m);
-        if (!m) st = gp_error_set(GP_ERR_NOMEM, "host map: out of host memory");
-        else { h->maps = m; h->cap_maps = nc; }
-    }
-    if (st == GP_OK &&
-        mmap((void *)addr, size, PROT_READ | PROT_WRITE,
-             MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) == MAP_FAILED)
+    } else if ((st = host_ranges_add(&h->maps, addr, size, h->next_handle + 1)) == GP_OK &&
+               mmap((void *)addr, size, PROT_READ | PROT_WRITE,
+                    MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) == MAP_FAILED) {
+        h->maps.n--;
         st = gp_error_set(GP_ERR_OOM, "host map of %llu bytes: %s", (unsigned long long)size, strerror(errno));
+    }
     if (st == GP_OK) {
         if (h->n_capturing) h->c.n_map_capturing++;
         *handle = ++h->next_handle;
-        h->maps[h->n_maps++] = (host_map){addr, size, *handle};
         h->c.mapped += size;
     }
     pthread_mutex_unlock(&h->lock);
     return st;
 }
 
+static void host_protect_none(uintptr_t addr, uint64_t size)
+{
+    mmap((void *)addr, size, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+}
+
 static gp_status host_unmap(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t handle)
 {
     host_backend *h = HOST(be);
-    gp_status st = GP_OK;
     pthread_mutex_lock(&h->lock);
     h->c.n_unmap++;
-    size_t i = 0;
-    while (i < h->n_maps && h->maps[i].addr != addr) i++;
-    if (i == h->n_maps || h->maps[i].size != size || h->maps[i].handle != handle) {
+    gp_status st = host_fault_locked(h, GP_HOST_UNMAP);
+    size_t i = host_ranges_find(&h->maps, addr);
+    if (st != GP_OK) {
+        /* injected: the chunk stays mapped */
+    } else if (i == h->maps.n || h->maps.v[i].size != size || h->maps.v[i].handle != handle) {
+        host_misuse("host unmap: 0x%llx+%llu (handle %llu) was not mapped as such", (unsigned long long)addr,
+                    (unsigned long long)size, (unsigned long long)handle);
         st = gp_error_set(GP_ERR_INVALID, "host unmap: 0x%llx+%llu (handle %llu) was not mapped as such",
                           (unsigned long long)addr, (unsigned long long)size, (unsigned long long)handle);
     } else {
-        mmap((void *)addr, size, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        h->maps[i] = h->maps[--h->n_maps];
+        host_protect_none(addr, size);
+        host_ranges_del(&h->maps, i);
         h->c.mapped -= size;
     }
     pthread_mutex_unlock(&h->lock);
     return st;
 }
+
+/* ----------------------------------------------------- streams and events */
 
 static int host_is_capturing_locked(const host_backend *h, gp_stream s)
 {
@@ -149,15 +326,16 @@ static int host_is_capturing_locked(const host_backend *h, gp_stream s)
 static gp_status host_stream_wait(gp_backend *be, gp_stream waiter, gp_stream signaler)
 {
     host_backend *h = HOST(be);
-    if (waiter == signaler) return GP_OK;
-    gp_status st = GP_OK;
     pthread_mutex_lock(&h->lock);
+    gp_status st = host_fault_locked(h, GP_HOST_STREAM_WAIT);
     /* As on CUDA: ordering across a capturing stream would break the capture. */
-    if (host_is_capturing_locked(h, waiter) || host_is_capturing_locked(h, signaler))
-        st = gp_error_set(GP_ERR_BACKEND, "host stream_wait: %p or %p is capturing a graph", waiter,
-                          signaler);
-    else
-        h->c.n_stream_wait++;
+    if (st == GP_OK && waiter != signaler) {
+        if (host_is_capturing_locked(h, waiter) || host_is_capturing_locked(h, signaler))
+            st = gp_error_set(GP_ERR_BACKEND, "host stream_wait: %p or %p is capturing a graph", waiter,
+                              signaler);
+        else
+            h->c.n_stream_wait++;
+    }
     pthread_mutex_unlock(&h->lock);
     return st;
 }
@@ -166,20 +344,33 @@ static gp_status host_synchronize(gp_backend *be)
 {
     host_backend *h = HOST(be);
     pthread_mutex_lock(&h->lock);
-    h->c.n_sync++;
-    for (size_t i = 0; i < h->n_events; i++) h->events[i].done = 1;
+    gp_status st = host_fault_locked(h, GP_HOST_SYNCHRONIZE);
+    if (st == GP_OK) {
+        h->c.n_sync++;
+        for (size_t i = 0; i < h->n_events; i++) h->events[i].done = 1;
+    }
     pthread_mutex_unlock(&h->lock);
-    return GP_OK;
+    return st;
+}
+
+/* The live event `event`, or NULL after counting a misuse by `fn`. */
+static host_event *host_event_live(host_backend *h, uint64_t event, const char *fn)
+{
+    if (event && event <= h->n_events && h->events[event - 1].live) return &h->events[event - 1];
+    host_misuse("host %s: event %llu is not live", fn, (unsigned long long)event);
+    return NULL;
 }
 
 static gp_status host_event_record(gp_backend *be, gp_stream stream, uint64_t *event)
 {
     host_backend *h = HOST(be);
-    gp_status st = GP_OK;
     pthread_mutex_lock(&h->lock);
+    gp_status st = host_fault_locked(h, GP_HOST_EVENT_RECORD);
     size_t i = 0;
     while (i < h->n_events && h->events[i].live) i++;
-    if (i == h->n_events) {
+    if (st != GP_OK) {
+        *event = GP_HOST_JUNK;
+    } else if (i == h->n_events) {
         host_event *e = realloc(h->events, (h->n_events + 1) * sizeof *e);
         if (!e) st = gp_error_set(GP_ERR_NOMEM, "host event_record: out of host memory");
         else { h->events = e; h->n_events++; }
@@ -197,13 +388,16 @@ static gp_status host_event_record(gp_backend *be, gp_stream stream, uint64_t *e
 static gp_status host_event_query(gp_backend *be, uint64_t event, int *done)
 {
     host_backend *h = HOST(be);
-    gp_status st = GP_OK;
     pthread_mutex_lock(&h->lock);
     h->c.n_event_query++;
-    if (event == 0 || event > h->n_events || !h->events[event - 1].live)
+    gp_status st = host_fault_locked(h, GP_HOST_EVENT_QUERY);
+    host_event *e = st == GP_OK ? host_event_live(h, event, "event_query") : NULL;
+    if (st != GP_OK)
+        *done = (int)(GP_HOST_JUNK & 0x7fffffff);
+    else if (!e)
         st = gp_error_set(GP_ERR_INVALID, "host event_query: event %llu is not live", (unsigned long long)event);
     else
-        *done = h->events[event - 1].done;
+        *done = e->done;
     pthread_mutex_unlock(&h->lock);
     return st;
 }
@@ -212,44 +406,79 @@ static void host_event_release(gp_backend *be, uint64_t event)
 {
     host_backend *h = HOST(be);
     pthread_mutex_lock(&h->lock);
-    if (event && event <= h->n_events && h->events[event - 1].live) {
-        h->events[event - 1].live = 0;
+    host_event *e = host_event_live(h, event, "event_release");
+    if (e) {
+        e->live = 0;
         h->c.events_live--;
     }
     pthread_mutex_unlock(&h->lock);
+}
+
+static gp_status host_event_wait(gp_backend *be, uint64_t event)
+{
+    host_backend *h = HOST(be);
+    pthread_mutex_lock(&h->lock);
+    gp_status st = host_fault_locked(h, GP_HOST_EVENT_WAIT);
+    host_event *e = st == GP_OK ? host_event_live(h, event, "event_wait") : NULL;
+    if (st == GP_OK && !e)
+        st = gp_error_set(GP_ERR_INVALID, "host event_wait: event %llu is not live", (unsigned long long)event);
+    else if (st == GP_OK)
+        e->done = 1; /* the host ran everything queued before it */
+    pthread_mutex_unlock(&h->lock);
+    return st;
 }
 
 static gp_status host_is_capturing(gp_backend *be, gp_stream stream, int *capturing)
 {
     host_backend *h = HOST(be);
     pthread_mutex_lock(&h->lock);
-    *capturing = host_is_capturing_locked(h, stream);
+    gp_status st = host_fault_locked(h, GP_HOST_IS_CAPTURING);
+    *capturing = st == GP_OK ? host_is_capturing_locked(h, stream) : (int)(GP_HOST_JUNK & 0x7fffffff);
     pthread_mutex_unlock(&h->lock);
-    return GP_OK;
+    return st;
 }
 
 static gp_status host_mem_info(gp_backend *be, uint64_t *free_b, uint64_t *total_b)
 {
     host_backend *h = HOST(be);
     pthread_mutex_lock(&h->lock);
-    *total_b = h->capacity;
-    *free_b = h->capacity > h->c.mapped ? h->capacity - h->c.mapped : 0;
+    gp_status st = host_fault_locked(h, GP_HOST_MEM_INFO);
+    if (st != GP_OK) {
+        *total_b = *free_b = GP_HOST_JUNK;
+    } else {
+        *total_b = h->capacity;
+        *free_b = h->capacity > h->c.mapped ? h->capacity - h->c.mapped : 0;
+    }
     pthread_mutex_unlock(&h->lock);
-    return GP_OK;
+    return st;
 }
+
+/* ----------------------------------------------------------------- offload */
 
 static gp_status host_host_alloc(gp_backend *be, uint64_t size, void **ptr)
 {
     host_backend *h = HOST(be);
+    gp_status st = host_fault_check(h, GP_HOST_HOST_ALLOC);
+    if (st != GP_OK) {
+        *ptr = HOST_JUNK_PTR;
+        return st;
+    }
     if (size == 0) return gp_error_set(GP_ERR_INVALID, "host host_alloc: size 0");
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return gp_error_set(GP_ERR_NOMEM, "host host_alloc of %llu bytes: %s", (unsigned long long)size,
                             strerror(errno));
     pthread_mutex_lock(&h->lock);
-    h->c.n_host_alloc++;
-    h->c.host_bytes += size;
+    st = host_ranges_add(&h->pinned, (uintptr_t)p, size, 0);
+    if (st == GP_OK) {
+        h->c.n_host_alloc++;
+        h->c.host_bytes += size;
+    }
     pthread_mutex_unlock(&h->lock);
+    if (st != GP_OK) {
+        munmap(p, size);
+        return st;
+    }
     *ptr = p;
     return GP_OK;
 }
@@ -258,9 +487,15 @@ static void host_host_free(gp_backend *be, void *ptr, uint64_t size)
 {
     host_backend *h = HOST(be);
     if (!ptr) return;
-    munmap(ptr, size);
     pthread_mutex_lock(&h->lock);
-    h->c.host_bytes -= size;
+    size_t i = host_ranges_find(&h->pinned, (uintptr_t)ptr);
+    if (i == h->pinned.n || h->pinned.v[i].size != size) {
+        host_misuse("host host_free: %p+%llu was not allocated as such", ptr, (unsigned long long)size);
+    } else {
+        host_ranges_del(&h->pinned, i);
+        munmap(ptr, size);
+        h->c.host_bytes -= size;
+    }
     pthread_mutex_unlock(&h->lock);
 }
 
@@ -268,32 +503,27 @@ static gp_status host_stream_create(gp_backend *be, gp_stream *out)
 {
     host_backend *h = HOST(be);
     pthread_mutex_lock(&h->lock);
-    /* A value no caller's fake stream is likely to use. */
-    *out = (gp_stream)(uintptr_t)(0x5eed0000000ull + ++h->next_stream);
-    h->c.streams_live++;
+    gp_status st = host_fault_locked(h, GP_HOST_STREAM_CREATE);
+    if (st != GP_OK) {
+        *out = HOST_JUNK_PTR;
+    } else {
+        *out = (gp_stream)(uintptr_t)(HOST_STREAM_BASE + ++h->next_stream);
+        h->c.streams_live++;
+    }
     pthread_mutex_unlock(&h->lock);
-    return GP_OK;
+    return st;
 }
 
 static void host_stream_destroy(gp_backend *be, gp_stream stream)
 {
     host_backend *h = HOST(be);
-    (void)stream;
+    uintptr_t s = (uintptr_t)stream;
     pthread_mutex_lock(&h->lock);
-    h->c.streams_live--;
+    if (s <= HOST_STREAM_BASE || s > HOST_STREAM_BASE + h->next_stream || h->c.streams_live == 0)
+        host_misuse("host stream_destroy: %p was not made by stream_create or is destroyed", stream);
+    else
+        h->c.streams_live--;
     pthread_mutex_unlock(&h->lock);
-}
-
-/* Bytes of [a, a+n) that lie in live mappings (they never overlap). */
-static uint64_t host_mapped_in(const host_backend *h, uintptr_t a, uint64_t n)
-{
-    uint64_t in = 0;
-    for (size_t i = 0; i < h->n_maps; i++) {
-        uintptr_t lo = h->maps[i].addr > a ? h->maps[i].addr : a;
-        uintptr_t hi = h->maps[i].addr + h->maps[i].size < a + n ? h->maps[i].addr + h->maps[i].size : a + n;
-        if (hi > lo) in += hi - lo;
-    }
-    return in;
 }
 
 /* Copies run at once (the host is the device); the device side must be
@@ -302,15 +532,15 @@ static gp_status host_copy(gp_backend *be, void *dst, const void *src, uint64_t 
 {
     host_backend *h = HOST(be);
     (void)stream;
-    gp_status st = GP_OK;
     pthread_mutex_lock(&h->lock);
     h->c.n_copy++;
-    if (dir != GP_COPY_D2H && dir != GP_COPY_H2D && dir != GP_COPY_D2D) {
+    gp_status st = host_fault_locked(h, GP_HOST_COPY);
+    if (st == GP_OK && dir != GP_COPY_D2H && dir != GP_COPY_H2D && dir != GP_COPY_D2D) {
         st = gp_error_set(GP_ERR_INVALID, "host copy: direction %d is not one of GP_COPY_*", dir);
-    } else {
+    } else if (st == GP_OK) {
         int dev_src = dir != GP_COPY_H2D, dev_dst = dir != GP_COPY_D2H;
-        if ((dev_src && host_mapped_in(h, (uintptr_t)src, size) != size) ||
-            (dev_dst && host_mapped_in(h, (uintptr_t)dst, size) != size))
+        if ((dev_src && host_ranges_cover(&h->maps, (uintptr_t)src, size) != size) ||
+            (dev_dst && host_ranges_cover(&h->maps, (uintptr_t)dst, size) != size))
             st = gp_error_set(GP_ERR_BACKEND, "host copy of %llu bytes from %p to %p: device memory not mapped "
                               "(a GPU would fault)", (unsigned long long)size, src, dst);
     }
@@ -325,11 +555,12 @@ static gp_status host_checksum(gp_backend *be, const void *ptr, uint64_t size, u
 {
     host_backend *h = HOST(be);
     (void)stream;
-    gp_status st = GP_OK;
     pthread_mutex_lock(&h->lock);
-    if (size % 8)
+    gp_status st = host_fault_locked(h, GP_HOST_CHECKSUM);
+    if (st == GP_OK && size % 8)
         st = gp_error_set(GP_ERR_INVALID, "host checksum of %llu bytes: not a multiple of 8", (unsigned long long)size);
-    else if (host_mapped_in(h, (uintptr_t)ptr, size) != size || host_mapped_in(h, (uintptr_t)out, 8) != 8)
+    else if (st == GP_OK && (host_ranges_cover(&h->maps, (uintptr_t)ptr, size) != size ||
+                             host_ranges_cover(&h->maps, (uintptr_t)out, 8) != 8))
         st = gp_error_set(GP_ERR_BACKEND, "host checksum of %llu bytes at %p into %p: device memory not mapped",
                           (unsigned long long)size, ptr, out);
     pthread_mutex_unlock(&h->lock);
@@ -340,33 +571,28 @@ static gp_status host_checksum(gp_backend *be, const void *ptr, uint64_t size, u
     return st;
 }
 
-static gp_status host_event_wait(gp_backend *be, uint64_t event)
-{
-    host_backend *h = HOST(be);
-    gp_status st = GP_OK;
-    pthread_mutex_lock(&h->lock);
-    if (event == 0 || event > h->n_events || !h->events[event - 1].live)
-        st = gp_error_set(GP_ERR_INVALID, "host event_wait: event %llu is not live", (unsigned long long)event);
-    else
-        h->events[event - 1].done = 1; /* the host ran everything queued before it */
-    pthread_mutex_unlock(&h->lock);
-    return st;
-}
-
-/* The host has no contexts. */
+/* The host has no contexts: fn runs as it is (unless the call fails). */
 static gp_status host_in_context(gp_backend *be, gp_status (*fn)(void *arg), void *arg)
 {
-    (void)be;
-    return fn(arg);
+    gp_status st = host_fault_check(HOST(be), GP_HOST_IN_CONTEXT);
+    return st == GP_OK ? fn(arg) : st;
 }
+
+/* ------------------------------------------------------------ the backend */
 
 static void host_destroy(gp_backend *be)
 {
     host_backend *h = HOST(be);
-    for (size_t i = 0; i < h->n_maps; i++)
-        mmap((void *)h->maps[i].addr, h->maps[i].size, PROT_NONE,
-             MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    free(h->maps);
+    if (h->maps.n || h->reserved.n || h->pinned.n || h->c.events_live || h->c.streams_live)
+        host_misuse("host destroy: %zu mappings (%llu bytes), %zu reservations, %zu pinned buffers, "
+                    "%llu events and %llu streams are left", h->maps.n, (unsigned long long)h->c.mapped,
+                    h->reserved.n, h->pinned.n, (unsigned long long)h->c.events_live,
+                    (unsigned long long)h->c.streams_live);
+    for (size_t i = 0; i < h->reserved.n; i++) munmap((void *)h->reserved.v[i].addr, h->reserved.v[i].size);
+    for (size_t i = 0; i < h->pinned.n; i++) munmap((void *)h->pinned.v[i].addr, h->pinned.v[i].size);
+    free(h->reserved.v);
+    free(h->maps.v);
+    free(h->pinned.v);
     free(h->events);
     pthread_mutex_destroy(&h->lock);
     free(h);
@@ -389,20 +615,10 @@ gp_status gp_backend_host_create(uint64_t capacity, gp_backend **out)
         .synchronize = host_synchronize, .mem_info = host_mem_info, .destroy = host_destroy,
         .host_alloc = host_host_alloc, .host_free = host_host_free, .stream_create = host_stream_create,
         .stream_destroy = host_stream_destroy, .copy = host_copy, .event_wait = host_event_wait,
-        .checksum = host_checksum,
-        .in_context = host_in_context,
+        .checksum = host_checksum, .in_context = host_in_context,
     };
     *out = &h->be;
     return GP_OK;
-}
-
-void gp_host_fail_map(gp_backend *be, uint64_t nth, gp_status status)
-{
-    host_backend *h = HOST(be);
-    pthread_mutex_lock(&h->lock);
-    h->fail_countdown = nth;
-    h->fail_status = status;
-    pthread_mutex_unlock(&h->lock);
 }
 
 void gp_host_counters_get(gp_backend *be, gp_host_counters *out)

@@ -1,7 +1,8 @@
 /*
  * backend_host.h -- what tests can do to the host backend beyond backend.h:
  * observe its calls, change its capacity, fake stream progress and graph
- * captures, and inject failures.  Nothing in the pool or the module uses
+ * captures, inject failures, and learn of calls a real device would refuse.
+ * Nothing in the pool or the module uses
  * these; they exist so that every path of the pool is reachable without a
  * GPU.
  */
@@ -10,7 +11,27 @@
 
 #include "backend.h"
 
-/* Host backend fault injection and observation, for tests. */
+/* The backend functions that can fail, for fault injection: every one that
+ * returns a status (unreserve, event_release, host_free, stream_destroy and
+ * destroy return nothing and cannot fail). */
+#define GP_HOST_FNS(X)                                                         \
+    X(RESERVE, reserve) X(MAP, map) X(UNMAP, unmap) X(STREAM_WAIT, stream_wait) \
+    X(EVENT_RECORD, event_record) X(EVENT_QUERY, event_query)                   \
+    X(IS_CAPTURING, is_capturing) X(SYNCHRONIZE, synchronize)                   \
+    X(MEM_INFO, mem_info) X(HOST_ALLOC, host_alloc)                             \
+    X(STREAM_CREATE, stream_create) X(COPY, copy) X(EVENT_WAIT, event_wait)   \
+    X(CHECKSUM, checksum) X(IN_CONTEXT, in_context)
+
+typedef enum gp_host_fn {
+#define GP_HOST_FN_ENUM(upper, lower) GP_HOST_##upper,
+    GP_HOST_FNS(GP_HOST_FN_ENUM)
+#undef GP_HOST_FN_ENUM
+    GP_HOST_FN_COUNT
+} gp_host_fn;
+
+/* The function's name in gp_backend ("map"), or NULL out of range. */
+const char *gp_host_fn_name(gp_host_fn fn);
+
 typedef struct gp_host_counters {
     uint64_t n_map, n_unmap, n_reserve, n_unreserve;
     uint64_t n_stream_wait, n_sync;
@@ -21,11 +42,34 @@ typedef struct gp_host_counters {
     uint64_t n_host_alloc, host_bytes; /* host_alloc calls; bytes held now */
     uint64_t n_copy, copy_bytes;       /* copy calls and bytes copied      */
     uint64_t streams_live;             /* stream_create minus destroy      */
+    /* Per function: every call, failing or not, and the failures injected. */
+    uint64_t calls[GP_HOST_FN_COUNT], injected[GP_HOST_FN_COUNT];
 } gp_host_counters;
 
-/* Make the n-th next map() fail with `status` (1 = the very next one);
- * 0 disarms. */
-void gp_host_fail_map(gp_backend *be, uint64_t nth, gp_status status);
+/* Fault injection: make the nth call of `fn` from now fail with `status`
+ * (1 = the very next call); with GP_HOST_FAIL_FROM that call and every later
+ * one fail, until disarmed.  nth = 0 disarms `fn`.  Each function has its
+ * own arming and countdown.  An injected failure changes nothing in the
+ * backend, leaves the message "host <fn>: injected failure (<status>)" and
+ * fills the call's outputs with GP_HOST_JUNK (as a driver may leave garbage
+ * behind), so that a caller that uses an output of a failed call is caught. */
+enum { GP_HOST_FAIL_ONCE = 0, GP_HOST_FAIL_FROM = 1 };
+#define GP_HOST_JUNK 0x5a5a5a5a5a5a5a5aull
+void gp_host_fail(gp_backend *be, gp_host_fn fn, uint64_t nth, gp_status status, int mode);
+/* Disarm every function. */
+void gp_host_fail_none(gp_backend *be);
+
+/* Misuse of the backend by its caller, which a real device would answer
+ * with corruption or a leak: unmapping or unreserving what was not mapped
+ * or reserved as such, mapping over a mapping or outside a reservation,
+ * naming an event that is not live, freeing pinned memory or a stream that
+ * was not made, unreserving a range that still has mappings, and a destroy
+ * that leaves mappings, reservations, events, pinned buffers or streams
+ * behind.  Nothing aborts: the calls are refused (or ignored, for those
+ * that return nothing) and counted, process-wide since a backend is gone
+ * once destroyed.  Returns the count so far and writes the latest
+ * description into msg (n bytes; msg may be NULL when n is 0). */
+uint64_t gp_host_misuse(char *msg, size_t n);
 void gp_host_counters_get(gp_backend *be, gp_host_counters *out);
 /* Change the capacity (bytes that may be mapped at once). */
 void gp_host_set_capacity(gp_backend *be, uint64_t capacity);

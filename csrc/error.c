@@ -5,6 +5,7 @@
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "error.h"
 
@@ -12,10 +13,14 @@ static _Thread_local char gp_err_msg[1024];
 
 gp_status gp_error_set(gp_status s, const char *fmt, ...)
 {
+    /* Formatted apart first: callers wrap the message they got, passing
+     * gp_last_error() itself as an argument. */
+    char msg[sizeof gp_err_msg];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(gp_err_msg, sizeof gp_err_msg, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(gp_err_msg, msg, sizeof msg);
     return s;
 }
 

@@ -341,7 +341,10 @@ gp_status gp_record_stream(gp_pool *pool, void *ptr, gp_stream stream);
  * gp_pool_capture_release: drop one reference (a graph was reset or
  *   destroyed).  At zero, once no capture is underway, the device is
  *   synchronised and the pool's memory returns to the stream that captured;
- *   blocks still live return when freed.
+ *   blocks still live return when freed.  If that synchronisation fails
+ *   (here or at a capture's end), the error says so and the memory stays
+ *   with the graph pool until the next capture end or release returns it;
+ *   releasing the key again retries at once.
  * Errors: GP_ERR_INVALID for an unknown stream or key, GP_ERR_TOO_MANY past
  * 16 live graph pools or 4 streams capturing into one. */
 gp_status gp_pool_capture_prepare(gp_pool *pool, gp_stream stream);
@@ -707,7 +710,7 @@ void gp_set_context(uint32_t context);
 
 /* A host backend: "device memory" is mmap'd host memory, up to `capacity`
  * bytes mapped at once (OOM beyond), with fake streams (any pointer value)
- * and fault injection (backend.h, gp_host_*). */
+ * and fault injection (backend_host.h, gp_host_*). */
 gp_status gp_backend_host_create(uint64_t capacity, gp_backend **out);
 
 /* The CUDA backend for `device` (an ordinal): libcuda.so.1 is loaded with

@@ -73,6 +73,9 @@ typedef struct gp_offload_result {
     double seconds;      /* wall time of the call                          */
     int codec;           /* the gp_codec_id used (raw when compressing did
                             not pay, or the staging found no room)          */
+    uint64_t lost;       /* restore: bytes that came back uninitialised, as
+                            an offload that failed and could not be undone
+                            reported (the device refused the copies)        */
 } gp_offload_result;
 
 /* Offload the live blocks of `tags`.  GP_ERR_LIMIT when the host limit
@@ -90,8 +93,11 @@ gp_status gp_offload_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, co
  * registered tags of lower priority than the restored memory's.
  * GP_ERR_OOM (after trying to make room) or GP_ERR_LIMIT when the device
  * cannot hold them; GP_ERR_BACKEND for a device error or a checksum
- * mismatch (named); the memory then stays offloaded.  Restoring tags that
- * are not offloaded does nothing. */
+ * mismatch (named); the memory of that offload then stays offloaded (the
+ * tags' offloads restored before it stay restored: each comes back whole
+ * or not at all).  res->lost counts bytes that came back uninitialised
+ * because an offload of them failed and could not be undone.  Restoring
+ * tags that are not offloaded does nothing. */
 gp_status gp_restore_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, gp_offload_result *res);
 
 /* Start restoring `tags` on a worker thread and return at once; a later

@@ -122,6 +122,15 @@ static gp_record *gp_record_new(const gp_tag *tags, size_t n_tags, const gp_offl
 
 /* ---------------------------------------------------------------- jobs */
 
+/* An event the device would not record or wait for: wait for the whole
+ * device instead (as the pool does), which orders everything. */
+static gp_status gp_device_wait(gp_backend *be)
+{
+    gp_error_clear();
+    return be->synchronize(be);
+}
+
+
 /* Offload: the chunk's sums and copies have been queued; once they ran,
  * give the chunk back. */
 static gp_status gp_job_unmap(void *arg)
@@ -136,7 +145,7 @@ static gp_status gp_job_unmap(void *arg)
             c->event[i] = 0;
             if (st == GP_OK) st = w;
         }
-    if (st != GP_OK) return st;
+    if (st != GP_OK && (st = gp_device_wait(be)) != GP_OK) return st;
     if ((st = gp_pool_plan_unmap(c->o->pool, c->plan, c->addr, c->size)) != GP_OK) return st;
     c->unmapped = 1;
     return GP_OK;
@@ -174,7 +183,7 @@ static gp_status gp_stream_wait(gp_offloader *o, gp_stream s)
         st = o->be->event_wait(o->be, ev);
         o->be->event_release(o->be, ev);
     }
-    return st;
+    return st == GP_OK ? GP_OK : gp_device_wait(o->be);
 }
 
 static gp_status gp_streams_drain(gp_offloader *o)
@@ -353,7 +362,8 @@ static gp_status gp_chunk_close(gp_offloader *o, gp_record *r, gp_chunk *k, cons
     gp_status st = GP_OK;
     for (int i = 0; i < 2 && st == GP_OK && k->np && r->pieces[k->p0].host.ptr; i++) {
         uint64_t ev = 0;
-        if ((st = o->be->event_record(o->be, lane[i].s, &ev)) == GP_OK) k->event[i] = ev;
+        if (o->be->event_record(o->be, lane[i].s, &ev) == GP_OK) k->event[i] = ev;
+        else st = gp_device_wait(o->be); /* (then the chunk's copies have run) */
     }
     return st == GP_OK ? gp_workq_push(o->q, unmaps, gp_job_unmap, k) : st;
 }
@@ -475,7 +485,10 @@ gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, 
     if (reserved) gp_host_store_settle(o->hs, UINT64_MAX);
     /* The sums ran before the copies, which have run: read them. */
     if (st == GP_OK && opts->keep) st = gp_sums_read(o, r->n_pieces);
-    for (size_t i = 0; st == GP_OK && i < r->n_pieces; i++) r->pieces[i].sum = o->sums_host[i];
+    for (size_t i = 0; st == GP_OK && i < r->n_pieces; i++) {
+        r->pieces[i].sum = o->sums_host[i];
+        r->pieces[i].summed = 1;
+    }
     if (st == GP_OK && (st = gp_pool_plan_end(o->pool, pl, 0)) == GP_OK) {
         gp_lanes_close(lane);
         gp_record_keep(o, r);
@@ -502,15 +515,24 @@ gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, 
     }
     /* The device refuses even that: give the rest up too and keep what the
      * host has, so that the pool stays whole and a restore brings back
-     * every address; pieces whose copy never ran are lost. */
+     * every address; pieces whose copy never ran are lost (and the restore
+     * says so).  Those whose sums come back are checked on restore. */
     gp_lanes_close(lane);
     uint64_t lost = 0;
     for (size_t k = 0; k < n; k++) gp_pool_plan_unmap(o->pool, pl, c[k].addr, c[k].size);
-    for (size_t i = 0; i < r->n_pieces; i++)
-        if (!r->pieces[i].copied || dst != GP_OK) {
-            lost += r->pieces[i].size;
-            gp_host_store_free(o->hs, &r->pieces[i].host);
+    int summed = dst == GP_OK && gp_sums_read(o, r->n_pieces) == GP_OK;
+    for (size_t i = 0; i < r->n_pieces; i++) {
+        gp_piece *p = &r->pieces[i];
+        if (!p->host.ptr) continue;
+        if (!p->copied || dst != GP_OK) {
+            lost += p->size;
+            gp_host_store_free(o->hs, &p->host);
+        } else if (summed) {
+            p->sum = o->sums_host[i];
+            p->summed = 1;
         }
+    }
+    r->lost = lost;
     char tags_txt[256], undo_why[512];
     gp_tags_text(r, tags_txt, sizeof tags_txt);
     snprintf(undo_why, sizeof undo_why, "%s", gp_last_error());
@@ -612,7 +634,7 @@ gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offload_res
     if (st == GP_OK) st = gp_sums_read(o, r->n_pieces);
     for (size_t i = 0; st == GP_OK && i < r->n_pieces; i++) {
         const gp_piece *p = &r->pieces[i];
-        if (p->host.ptr && o->sums_host[i] != p->sum) {
+        if (p->host.ptr && p->summed && o->sums_host[i] != p->sum) {
             char tags[256];
             st = gp_error_set(GP_ERR_BACKEND, "gpupool: the host copy of tag %s is corrupt: checksum mismatch in "
                               "the %" PRIu64 " bytes of 0x%" PRIxPTR, gp_tags_text(r, tags, sizeof tags), p->size,
@@ -647,5 +669,6 @@ gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offload_res
     res->host_bytes += r->host_bytes;
     res->released += r->released;
     res->codec = r->codec ? gp_codec_kind(r->codec) : GP_CODEC_RAW;
+    res->lost += r->lost;
     return GP_OK;
 }

@@ -41,6 +41,7 @@ typedef struct gp_piece {
     uint64_t sum;       /* checksum of its device bytes (checksum.h)   */
     gp_tag tag;
     int copied;         /* its copy out was queued                     */
+    int summed;         /* `sum` was read back (restore checks it)     */
     gp_codec_chunk *chunks; /* compressed: the codec's table (NULL: raw) */
     uint64_t n_chunks;
 } gp_piece;
@@ -55,6 +56,7 @@ typedef struct gp_record {
     gp_piece *pieces;
     size_t n_pieces;
     uint64_t offloaded, copied, host_bytes, released;
+    uint64_t lost;      /* bytes a failed offload lost (restore says so) */
     int priority;       /* the highest of its blocks': what restoring may displace */
     gp_codec *codec;    /* the codec of its pieces (NULL: raw)        */
     int prefetching;    /* a prefetch is restoring it                 */

@@ -190,10 +190,13 @@ gp_status gp_map_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len, ui
     gp_status st = GP_OK;
     *kept = 0;
     while (done < len) {
-        uint64_t ci = gp_chunk_index(a, addr + done);
+        /* The table gets the handle only from a map that worked: what a
+         * failed call leaves in its output is not a handle. */
+        uint64_t handle = 0;
         p->st.n_map++;
-        st = p->be->map(p->be, addr + done, a->chunk, &a->handles[ci]);
+        st = p->be->map(p->be, addr + done, a->chunk, &handle);
         if (st != GP_OK) break;
+        a->handles[gp_chunk_index(a, addr + done)] = handle;
         done += a->chunk;
     }
     if (st != GP_OK) {
@@ -590,13 +593,6 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
         *status = gp_error_set(GP_ERR_INVALID, "gpupool: cannot allocate 0 bytes: sizes from 1 byte are accepted");
         return NULL;
     }
-    /* More than any device holds: out of memory, as PyTorch's allocator
-     * says (a caller that shrinks its request on OOM may then retry). */
-    if (size > GP_MAX_SIZE) {
-        *status = gp_error_set(GP_ERR_OOM, "gpupool: cannot allocate %zu bytes: more than any device holds "
-                               "(at most 256 TiB per allocation)", size);
-        return NULL;
-    }
     if (priority == GP_PRIO_DEFAULT) priority = p->cfg.priority;
     if (tag >= gp_tag_count() || priority < 0 || priority > GP_PRIO_MAX) {
         *status = gp_error_set(GP_ERR_INVALID,
@@ -606,8 +602,15 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
         return NULL;
     }
     if ((*status = gp_pool_usable(p)) != GP_OK) return NULL;
-    uint64_t bsize = gp_block_size(p, size);
     pthread_mutex_lock(&p->lock);
+    /* More than any device holds: out of memory, as PyTorch's allocator
+     * says (a caller that shrinks its request on OOM may then retry). */
+    if (size > GP_MAX_SIZE) {
+        st = gp_error_set(GP_ERR_OOM, "gpupool: cannot allocate %zu bytes: more than any device holds (at most "
+                          "256 TiB per allocation)", size);
+        goto fail;
+    }
+    uint64_t bsize = gp_block_size(p, size);
     unsigned sidx;
     gp_tag_stats *ts = &p->tags[tag];
     gp_arena *a;
@@ -871,8 +874,11 @@ static gp_status gp_arena_init(gp_pool *p, unsigned k, uint64_t size, uint64_t c
     a->size = gp_round_up(size, chunk) + long_size;
     a->handles = calloc(a->size / chunk, sizeof *a->handles);
     if (!a->handles) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the chunk table");
-    gp_status st = p->be->reserve(p->be, a->size, chunk, &a->base);
+    /* (a failed call's output is no address: the arena keeps none) */
+    uintptr_t base = 0;
+    gp_status st = p->be->reserve(p->be, a->size, chunk, &base);
     if (st != GP_OK) return st;
+    a->base = base;
     a->long_base = a->base + a->size - long_size;
     if ((st = gp_reserve_headers(p, 2)) != GP_OK) return st;
     gp_block *b = gp_new_block(p);
@@ -902,9 +908,12 @@ static gp_status gp_map_reserve(gp_pool *p, uint64_t bytes)
     uint64_t kept = 0;
     gp_status st = gp_reserve_headers(p, 1);
     if (st == GP_OK) st = gp_map_range(p, a, u->addr, len, &kept);
-    if (st != GP_OK)
+    if (st != GP_OK) {
+        char why[512]; /* (the cause lies in the buffer the message is written to) */
+        snprintf(why, sizeof why, "%s", gp_last_error());
         return gp_error_set(st, "gpupool: cannot map the reserve of %" PRIu64 " bytes on device %d: %s",
-                            len, p->be->device, gp_last_error());
+                            len, p->be->device, why);
+    }
     gp_mapped_head(p, a, u, len, 0, 0);
     return GP_OK;
 }
@@ -1089,7 +1098,9 @@ gp_status gp_pool_retag(gp_pool *p, void *const *ptrs, size_t n, gp_tag tag, int
         if (bl[i]->tag != tag && bl[i]->state == GP_BLOCK_USED) add += bl[i]->size;
     }
     gp_tag_stats *ts = &p->tags[tag];
-    if (ts->limit && ts->allocated + add > ts->limit) {
+    /* (a tag already over a limit lowered since may still re-prioritise its
+     * own blocks: that adds nothing to it) */
+    if (ts->limit && add && ts->allocated + add > ts->limit) {
         st = gp_error_set(GP_ERR_LIMIT, "gpupool: retag to '%s' would exceed its limit of %" PRIu64
                           " bytes (it holds %" PRIu64 ", %" PRIu64 " more)", gp_tag_name(tag),
                           ts->limit, ts->allocated, add);

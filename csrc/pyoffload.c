@@ -120,10 +120,11 @@ static int gp_tags_from(PyObject *seq_o, gp_tag *tags, size_t max, size_t *n)
 
 static PyObject *gp_result(const gp_offload_result *r)
 {
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:d,s:s}", "bytes", (unsigned long long)r->bytes, "copied",
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:d,s:s,s:K}", "bytes", (unsigned long long)r->bytes, "copied",
                          (unsigned long long)r->copied, "host_bytes", (unsigned long long)r->host_bytes,
                          "released", (unsigned long long)r->released, "kept", (unsigned long long)r->kept,
-                         "seconds", r->seconds, "codec", gp_codec_id_name((gp_codec_id)r->codec));
+                         "seconds", r->seconds, "codec", gp_codec_id_name((gp_codec_id)r->codec), "lost",
+                         (unsigned long long)r->lost);
 }
 
 static gp_offloader *gp_off_of(gp_pool_object *self)

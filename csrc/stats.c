@@ -176,16 +176,20 @@ void gp_oom_report_locked(gp_pool *p, uint64_t requested, char *buf, size_t len)
     s.largest_free = 0;
     gp_scan_locked(p, &s);
     uint64_t dfree = 0, dtotal = 0;
-    p->be->mem_info(p->be, &dfree, &dtotal);
-    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32];
+    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32], dev[96];
+    /* (a failed call's outputs are not figures) */
+    if (p->be->mem_info(p->be, &dfree, &dtotal) == GP_OK)
+        snprintf(dev, sizeof dev, "device free %s of %s", gp_fmt_bytes(dfree, b6, sizeof b6),
+                 gp_fmt_bytes(dtotal, b7, sizeof b7));
+    else
+        snprintf(dev, sizeof dev, "device free unknown (its driver did not say)");
     size_t n = (size_t)snprintf(buf, len,
         "gpupool: out of memory on device %d allocating %s (%" PRIu64 " bytes)\n"
-        "  allocated %s, reserved %s, largest free block %s, limit %s, device free %s of %s",
+        "  allocated %s, reserved %s, largest free block %s, limit %s, %s",
         p->be->device, gp_fmt_bytes(requested, b1, sizeof b1), requested,
         gp_fmt_bytes(s.allocated, b2, sizeof b2), gp_fmt_bytes(s.reserved, b3, sizeof b3),
         gp_fmt_bytes(s.largest_free, b4, sizeof b4),
-        s.limit ? gp_fmt_bytes(s.limit, b5, sizeof b5) : "none",
-        gp_fmt_bytes(dfree, b6, sizeof b6), gp_fmt_bytes(dtotal, b7, sizeof b7));
+        s.limit ? gp_fmt_bytes(s.limit, b5, sizeof b5) : "none", dev);
     /* The three biggest tags: where to look first. */
     unsigned top[3] = {GP_MAX_TAGS, GP_MAX_TAGS, GP_MAX_TAGS};
     unsigned nt = gp_tag_count();

@@ -448,10 +448,13 @@ gp_status gp_pool_capture_release(gp_pool *p, uint64_t key)
     if (st != GP_OK) return st;
     pthread_mutex_lock(&p->lock);
     gp_gpool *g = gp_gpool_find(p, key);
-    if (!g || !g->refs)
+    /* A live pool that no graph holds, with no capture underway, is one
+     * whose memory could not be given back (the device sync failed): a
+     * release retries that, dropping no second reference. */
+    if (!g || (!g->refs && p->n_capturing))
         st = gp_error_set(GP_ERR_INVALID, "gpupool: release of graph pool %llu, which holds no graph",
                           (unsigned long long)key);
-    else if (--g->refs == 0)
+    else if (!g->refs || --g->refs == 0)
         st = gp_gpools_collect(p);
     pthread_mutex_unlock(&p->lock);
     return st;

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Union
 
@@ -100,8 +101,15 @@ def restore(tag: Tags, *, device: Optional[int] = None, pool: Optional["PoolView
     offload of several tags at once comes back whole.  MemoryError when the
     device has no room even after lower-priority idle offloadable memory
     made way; RuntimeError when the host copy is corrupt; in both cases the
-    memory stays offloaded and its bytes safe on the host."""
-    return dict(_pool(device, pool)._pool.restore(_tag_ids(tag)))
+    memory stays offloaded and its bytes safe on the host.  Returns what
+    :func:`offload` returns, and ``"lost"``: bytes that came back
+    uninitialised because an offload of them failed and the device refused
+    to undo it (a RuntimeWarning says so)."""
+    info = dict(_pool(device, pool)._pool.restore(_tag_ids(tag)))
+    if info.get("lost"):
+        warnings.warn(f"gpupool: {info['lost']} bytes of tag {tag!r} came back uninitialised: an offload of "
+                      "them failed and the device refused to undo it", RuntimeWarning, stacklevel=2)
+    return info
 
 
 def prefetch(tag: Tags, *, device: Optional[int] = None, pool: Optional["PoolView"] = None) -> None:

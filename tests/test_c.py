@@ -63,10 +63,12 @@ ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0", "UBSAN_OPTIONS": 
     ("test_arbiter.c", []),
     ("test_model.c", [os.environ.get("GP_TEST_MODEL_OPS", "2000000")]),
     ("test_stress.c", ["100000"]),
+    ("test_faults.c", []),
 ])
 def test_c_asan_ubsan(tmp_path: Path, test: str, args: List[str]) -> None:
     out = run(build(tmp_path, test, ASAN), args, ASAN_ENV)
     assert "passed" in out
+    print(out)  # (the figures some tests print: pytest -s or -rP shows them)
 
 
 @pytest.mark.parametrize("test,args", [("test_stress.c", ["20000"]), ("test_offload.c", [])])

@@ -14,6 +14,8 @@
 #include <string.h>
 
 #include "pool_check.h"
+#include "rng.h"
+#include "stamps.h"
 
 typedef struct live {
     char *ptr;
@@ -22,35 +24,12 @@ typedef struct live {
     gp_tag tag;
 } live;
 
-static uint64_t rng_state;
-static uint64_t rnd(void)
-{
-    /* xorshift64*: fast, and the seed makes a failure reproducible */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545F4914F6CDD1Dull;
-}
-
 /* Log-uniform 1 B .. 4 MiB, with a bias to the small arena. */
 static size_t rnd_size(void)
 {
     unsigned bits = (unsigned)(rnd() % 23);
     size_t base = (size_t)1 << bits;
     return base + (size_t)(rnd() % base);
-}
-
-static void stamp(const live *l)
-{
-    size_t n = l->size / 2 < 8 ? l->size / 2 : 8; /* the two stamps must not overlap */
-    memcpy(l->ptr, &l->stamp, n);
-    memcpy(l->ptr + l->size - n, &l->stamp, n);
-}
-
-static int stamp_ok(const live *l)
-{
-    size_t n = l->size / 2 < 8 ? l->size / 2 : 8; /* the two stamps must not overlap */
-    return memcmp(l->ptr, &l->stamp, n) == 0 && memcmp(l->ptr + l->size - n, &l->stamp, n) == 0;
 }
 
 int main(int argc, char **argv)
@@ -77,11 +56,11 @@ int main(int argc, char **argv)
             gp_pool_trim(p, (rnd() % 8) * MiB);
             n_trim++;
         } else if (r < 4) {
-            gp_host_fail_map(be, 1 + rnd() % 4, rnd() & 1 ? GP_ERR_OOM : GP_ERR_BACKEND);
+            gp_host_fail(be, GP_HOST_MAP, 1 + rnd() % 4, rnd() & 1 ? GP_ERR_OOM : GP_ERR_BACKEND, GP_HOST_FAIL_ONCE);
             n_inject++;
         } else if (n > 0 && (n == MAXLIVE || r < 480)) {
             int i = (int)(rnd() % (uint64_t)n);
-            if (!stamp_ok(&L[i])) {
+            if (!stamp_ok(L[i].ptr, L[i].size, L[i].stamp)) {
                 fprintf(stderr, "op %ld: block %p of %zu bytes was overwritten\n", op, (void *)L[i].ptr, L[i].size);
                 bad++;
             }
@@ -109,7 +88,7 @@ int main(int argc, char **argv)
                     bad++;
                 }
                 L[n] = (live){q, sz, rnd(), (gp_tag)t};
-                stamp(&L[n]);
+                stamp_put(L[n].ptr, L[n].size, L[n].stamp);
                 n++;
                 req_sum += sz;
                 tag_req[t] += sz;
@@ -135,9 +114,9 @@ int main(int argc, char **argv)
             if (pool_consistent(p, be)) bad++;
         }
     }
-    gp_host_fail_map(be, 0, GP_OK);
+    gp_host_fail_none(be);
     for (int i = 0; i < n; i++) {
-        CHECK(stamp_ok(&L[i]));
+        CHECK(stamp_ok(L[i].ptr, L[i].size, L[i].stamp));
         CHECK(gp_free(p, L[i].ptr) == GP_OK);
     }
     CHECK(pool_consistent(p, be) == 0);

@@ -123,6 +123,10 @@ static void test_bad_pointers(void)
     gp_pool_stats(p, &s, 0);
     CHECK(s.active_blocks == 1 && s.n_free == 1);
     gp_status st;
+    /* A message wrapping the last one keeps it (it was formatted over itself). */
+    gp_error_set(GP_ERR_BACKEND, "inner cause %d", 42);
+    gp_error_set(GP_ERR_BACKEND, "outer: %s", gp_last_error());
+    CHECK(strcmp(gp_last_error(), "outer: inner cause 42") == 0);
     CHECK(gp_alloc(p, 0, NULL, 0, 1, &st) == NULL && st == GP_ERR_INVALID);
     CHECK(gp_alloc(p, SIZE_MAX, NULL, 0, 1, &st) == NULL && st == GP_ERR_OOM);
     CHECK(strstr(gp_last_error(), "256 TiB") != NULL);
@@ -296,7 +300,7 @@ static void test_injected_failures(void)
     gp_status st;
     /* Fail the 3rd chunk of a 1 MiB (4-chunk) growth: the two mapped ones
      * are rolled back, the pool is as before, and the error says why. */
-    gp_host_fail_map(be, 3, GP_ERR_BACKEND);
+    gp_host_fail(be, GP_HOST_MAP, 3, GP_ERR_BACKEND, GP_HOST_FAIL_ONCE);
     gp_stats s0, s1;
     gp_pool_stats(p, &s0, 0);
     CHECK(gp_alloc(p, 1 * MiB, NULL, 0, 1, &st) == NULL && st == GP_ERR_BACKEND);
@@ -308,7 +312,7 @@ static void test_injected_failures(void)
     CHECK(ok != NULL);
     /* An injected OOM is answered by trimming and a retry. */
     gp_free(p, ok);
-    gp_host_fail_map(be, 1, GP_ERR_OOM);
+    gp_host_fail(be, GP_HOST_MAP, 1, GP_ERR_OOM, GP_HOST_FAIL_ONCE);
     void *big = A(p, 2 * MiB);
     CHECK(big != NULL);
     gp_pool_stats(p, &s1, 0);
@@ -328,43 +332,6 @@ static void test_injected_failures(void)
     CHECK(strstr(gp_last_error(), "reserve") != NULL);
 }
 
-/* Backend calls that fail on demand, around the host backend's own (the
- * table is the backend's interface, so a test may wrap any entry). */
-typedef struct wrapped {
-    gp_status (*reserve)(gp_backend *, uint64_t, uint64_t, uintptr_t *);
-    gp_status (*unmap)(gp_backend *, uintptr_t, uint64_t, uint64_t);
-    int fail_reserve, fail_unmap; /* the n-th next call fails (0: none) */
-    int fail_unmap_count;         /* and so many after it */
-} wrapped;
-static wrapped wrap;
-
-static gp_status failing_reserve(gp_backend *be, uint64_t size, uint64_t align, uintptr_t *base)
-{
-    if (wrap.fail_reserve && --wrap.fail_reserve == 0)
-        return gp_error_set(GP_ERR_OOM, "test: reserve fails");
-    return wrap.reserve(be, size, align, base);
-}
-
-static gp_status failing_unmap(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t handle)
-{
-    if (wrap.fail_unmap && --wrap.fail_unmap == 0) {
-        wrap.fail_unmap = wrap.fail_unmap_count > 0 ? 1 : 0;
-        if (wrap.fail_unmap_count > 0) wrap.fail_unmap_count--;
-        return gp_error_set(GP_ERR_BACKEND, "test: unmap fails");
-    }
-    return wrap.unmap(be, addr, size, handle);
-}
-
-static gp_backend *wrapped_backend(uint64_t capacity)
-{
-    gp_backend *be;
-    CHECK(gp_backend_host_create(capacity, &be) == GP_OK);
-    wrap = (wrapped){.reserve = be->reserve, .unmap = be->unmap};
-    be->reserve = failing_reserve;
-    be->unmap = failing_unmap;
-    return be;
-}
-
 /* A pool whose creation fails frees what it had made (LeakSanitizer
  * checks): the chunk table of an arena whose reservation failed too. */
 static void test_create_failure_leaks_nothing(void)
@@ -372,11 +339,13 @@ static void test_create_failure_leaks_nothing(void)
     for (int nth = 1; nth <= 2; nth++) {
         gp_config cfg;
         gp_config_default(&cfg);
-        gp_backend *be = wrapped_backend(64 * MiB);
-        wrap.fail_reserve = nth; /* the small arena's, then the large one's */
+        gp_backend *be;
+        CHECK(gp_backend_host_create(64 * MiB, &be) == GP_OK);
+        /* the small arena's, then the large one's */
+        gp_host_fail(be, GP_HOST_RESERVE, (uint64_t)nth, GP_ERR_OOM, GP_HOST_FAIL_ONCE);
         gp_pool *p = (gp_pool *)&cfg;
         CHECK(gp_pool_create(be, &cfg, &p) == GP_ERR_OOM && p == NULL);
-        CHECK(strstr(gp_last_error(), "reserve fails") != NULL);
+        CHECK(strstr(gp_last_error(), "host reserve: injected failure") != NULL);
     }
 }
 
@@ -386,7 +355,8 @@ static void test_create_failure_leaks_nothing(void)
  * rolled back, and while a trim releases a block. */
 static void test_failed_unmap_keeps_the_chunk(void)
 {
-    gp_backend *be = wrapped_backend(64 * MiB);
+    gp_backend *be;
+    CHECK(gp_backend_host_create(64 * MiB, &be) == GP_OK);
     gp_config cfg;
     gp_config_default(&cfg);
     cfg.chunk = cfg.large_chunk = 256 * KiB;
@@ -399,8 +369,8 @@ static void test_failed_unmap_keeps_the_chunk(void)
     gp_pool_stats(p, &s0, 0);
     /* The 3rd chunk of a 1 MiB growth fails; rolling back, the unmap of the
      * 1st one fails too. */
-    gp_host_fail_map(be, 3, GP_ERR_BACKEND);
-    wrap.fail_unmap = 2;
+    gp_host_fail(be, GP_HOST_MAP, 3, GP_ERR_BACKEND, GP_HOST_FAIL_ONCE);
+    gp_host_fail(be, GP_HOST_UNMAP, 2, GP_ERR_BACKEND, GP_HOST_FAIL_ONCE);
     gp_status st;
     CHECK(gp_alloc(p, 1 * MiB, NULL, 0, 1, &st) == NULL && st == GP_ERR_BACKEND);
     CHECK(strstr(gp_last_error(), "injected") != NULL);
@@ -419,7 +389,7 @@ static void test_failed_unmap_keeps_the_chunk(void)
 
     /* A trim whose 2nd unmap fails: the first chunk goes, the rest stays
      * mapped and cached, and the next trim gives it back. */
-    wrap.fail_unmap = 2;
+    gp_host_fail(be, GP_HOST_UNMAP, 2, GP_ERR_BACKEND, GP_HOST_FAIL_ONCE);
     uint64_t freed = gp_pool_empty_cache(p);
     CHECK(freed == 256 * KiB);
     CHECK(pool_consistent(p, be) == 0);

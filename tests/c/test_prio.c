@@ -374,6 +374,12 @@ static void test_retag(void)
     CHECK(gp_pool_retag(p, bad, 1, weights, GP_PRIO_DEFAULT, NULL) == GP_ERR_LIMIT);
     gp_pool_tag_stats(p, acts, &ta);
     CHECK(ta.allocated == ik.size && ta.active_blocks == 1);
+    /* A tag over a limit lowered since may still re-prioritise its own
+     * blocks, which adds nothing to it (it was refused as exceeding it). */
+    CHECK(gp_pool_set_tag_limit(p, weights, 4096) == GP_OK);
+    CHECK(gp_pool_retag(p, ptrs, 1, weights, NORMAL, &moved) == GP_OK && moved == i1.size);
+    CHECK(gp_pool_retag(p, ptrs, 1, weights, HIGH, &moved) == GP_OK && moved == i1.size);
+    CHECK(gp_pool_retag(p, bad, 1, weights, GP_PRIO_DEFAULT, NULL) == GP_ERR_LIMIT);
     CHECK(gp_pool_retag(p, bad, 1, (gp_tag)(GP_MAX_TAGS - 1), NORMAL, NULL) == GP_ERR_INVALID);
     CHECK(gp_pool_retag(p, bad, 1, weights, GP_PRIO_MAX + 1, NULL) == GP_ERR_INVALID);
     /* A free after the retag is counted against the new tag and priority. */
