@@ -79,6 +79,15 @@ struct gp_backend {
      * bytes at device address `out`. */
     gp_status (*checksum)(gp_backend *be, const void *ptr, uint64_t size, uint64_t seed, void *out,
                           gp_stream stream);
+    /* Queue on `stream` the gather of n device ranges into one: range b,
+     * srcs[b] for lens[b] bytes, lands at dst + the sum of the earlier
+     * ranges' lengths, each rounded up to `align` (a power of two); a
+     * length above max_len counts as 0 and copies nothing.  srcs and lens
+     * are read where the work runs, in stream order (a compression may
+     * have written them): device arrays on a GPU.  Compressed offload
+     * gathers a batch's chunks so that one copy takes them to the host. */
+    gp_status (*gather)(gp_backend *be, void *dst, const void *const *srcs, const size_t *lens, uint32_t n,
+                        uint64_t align, uint64_t max_len, gp_stream stream);
     /* Run fn(arg) on the calling thread with the device's context current
      * (CUDA: the primary context, pushed only if another one is current),
      * for libraries that work on the current context, as nvCOMP does

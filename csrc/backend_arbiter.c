@@ -9,16 +9,16 @@
 #include <stdlib.h>
 
 #include "arbiter.h"
+#include "backend_forward.h"
 #include "error.h"
 
 typedef struct arb_backend {
-    gp_backend be; /* first: the pool sees only this */
-    gp_backend *inner;
+    gp_backend_wrap w; /* first: the pool sees only its backend */
     gp_arbiter *a;
 } arb_backend;
 
 #define ARB(be) ((arb_backend *)(be))
-#define IN(be) (ARB(be)->inner)
+#define IN(be) GP_INNER(be)
 
 static gp_status arb_map(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t *handle)
 {
@@ -53,49 +53,6 @@ static void arb_destroy(gp_backend *be)
     free(be);
 }
 
-/* Everything else is the device's own. */
-static gp_status arb_reserve(gp_backend *be, uint64_t size, uint64_t align, uintptr_t *base)
-{
-    return IN(be)->reserve(IN(be), size, align, base);
-}
-static void arb_unreserve(gp_backend *be, uintptr_t base, uint64_t size)
-{
-    IN(be)->unreserve(IN(be), base, size);
-}
-static gp_status arb_stream_wait(gp_backend *be, gp_stream waiter, gp_stream signaler)
-{
-    return IN(be)->stream_wait(IN(be), waiter, signaler);
-}
-static gp_status arb_event_record(gp_backend *be, gp_stream stream, uint64_t *event)
-{
-    return IN(be)->event_record(IN(be), stream, event);
-}
-static gp_status arb_event_query(gp_backend *be, uint64_t event, int *done)
-{
-    return IN(be)->event_query(IN(be), event, done);
-}
-static void arb_event_release(gp_backend *be, uint64_t event) { IN(be)->event_release(IN(be), event); }
-static gp_status arb_is_capturing(gp_backend *be, gp_stream stream, int *capturing)
-{
-    return IN(be)->is_capturing(IN(be), stream, capturing);
-}
-static gp_status arb_synchronize(gp_backend *be) { return IN(be)->synchronize(IN(be)); }
-static gp_status arb_host_alloc(gp_backend *be, uint64_t size, void **ptr)
-{
-    return IN(be)->host_alloc(IN(be), size, ptr);
-}
-static void arb_host_free(gp_backend *be, void *ptr, uint64_t size) { IN(be)->host_free(IN(be), ptr, size); }
-static gp_status arb_stream_create(gp_backend *be, gp_stream *out)
-{
-    return IN(be)->stream_create(IN(be), out);
-}
-static void arb_stream_destroy(gp_backend *be, gp_stream s) { IN(be)->stream_destroy(IN(be), s); }
-static gp_status arb_copy(gp_backend *be, void *dst, const void *src, uint64_t size, int dir, gp_stream s)
-{
-    return IN(be)->copy(IN(be), dst, src, size, dir, s);
-}
-static gp_status arb_event_wait(gp_backend *be, uint64_t event) { return IN(be)->event_wait(IN(be), event); }
-
 gp_status gp_backend_arbiter_wrap(gp_backend *inner, gp_arbiter *a, gp_backend **out)
 {
     *out = NULL;
@@ -107,33 +64,14 @@ gp_status gp_backend_arbiter_wrap(gp_backend *inner, gp_arbiter *a, gp_backend *
     }
     uint64_t limit, avail;
     gp_arbiter_view(a, &limit, &avail);
-    w->inner = inner;
+    gp_backend_forward(&w->w, inner);
     w->a = a;
-    w->be = (gp_backend){
-        .name = inner->name,
-        .device = inner->device,
-        /* The group's device: a 24 GB card on an 80 GB one. */
-        .total = limit && limit < inner->total ? limit : inner->total,
-        .granularity = inner->granularity,
-        .reserve = arb_reserve,
-        .unreserve = arb_unreserve,
-        .map = arb_map,
-        .unmap = arb_unmap,
-        .stream_wait = arb_stream_wait,
-        .event_record = arb_event_record,
-        .event_query = arb_event_query,
-        .event_release = arb_event_release,
-        .is_capturing = arb_is_capturing,
-        .synchronize = arb_synchronize,
-        .mem_info = arb_mem_info,
-        .host_alloc = arb_host_alloc,
-        .host_free = arb_host_free,
-        .stream_create = arb_stream_create,
-        .stream_destroy = arb_stream_destroy,
-        .copy = arb_copy,
-        .event_wait = arb_event_wait,
-        .destroy = arb_destroy,
-    };
-    *out = &w->be;
+    /* The group's device: a 24 GB card on an 80 GB one. */
+    if (limit && limit < inner->total) w->w.be.total = limit;
+    w->w.be.map = arb_map;
+    w->w.be.unmap = arb_unmap;
+    w->w.be.mem_info = arb_mem_info;
+    w->w.be.destroy = arb_destroy;
+    *out = &w->w.be;
     return GP_OK;
 }

@@ -29,7 +29,7 @@
 #include <cuda.h>
 
 #include "backend.h"
-#include "checksum.h"
+#include "kernels.h"
 
 #if !defined(CUDA_VERSION) || CUDA_VERSION < 11000
 #error "backend_cuda.c needs cuda.h from CUDA 11.0 or newer (virtual memory management, cuDevicePrimaryCtxRelease_v2)"
@@ -243,11 +243,11 @@ typedef struct cu_backend {
     pthread_mutex_t ev_lock;
     CUevent ev_free[CU_EVENT_CACHE];
     int n_ev_free;
-    /* The checksum kernel (checksum.h), loaded on first use. */
-    pthread_once_t sum_once;
-    CUresult sum_load;
-    CUmodule sum_module;
-    CUfunction sum_kernel;
+    /* Our kernels (kernels.h), loaded on first use. */
+    pthread_once_t k_once;
+    CUresult k_load;
+    CUmodule k_module;
+    CUfunction k_checksum, k_gather;
 } cu_backend;
 
 #define CU(be) ((cu_backend *)(be))
@@ -651,14 +651,24 @@ static gp_status cu_event_wait(gp_backend *be, uint64_t event)
 }
 
 /* pthread_once takes no argument: the backend being loaded for. */
-static _Thread_local cu_backend *cu_sum_loading;
+static _Thread_local cu_backend *cu_k_loading;
 
-static void cu_sum_load(void)
+static void cu_k_load_once(void)
 {
-    cu_backend *cb = cu_sum_loading;
-    cb->sum_load = cu_api.module_load_data(&cb->sum_module, gp_checksum_ptx);
-    if (cb->sum_load == CUDA_SUCCESS)
-        cb->sum_load = cu_api.module_get_function(&cb->sum_kernel, cb->sum_module, "gp_checksum_kernel");
+    cu_backend *cb = cu_k_loading;
+    cb->k_load = cu_api.module_load_data(&cb->k_module, gp_kernels_ptx);
+    if (cb->k_load == CUDA_SUCCESS)
+        cb->k_load = cu_api.module_get_function(&cb->k_checksum, cb->k_module, "gp_checksum_kernel");
+    if (cb->k_load == CUDA_SUCCESS)
+        cb->k_load = cu_api.module_get_function(&cb->k_gather, cb->k_module, "gp_gather_kernel");
+}
+
+/* The kernels' module (the context is current). */
+static CUresult cu_k_load(cu_backend *cb)
+{
+    cu_k_loading = cb;
+    pthread_once(&cb->k_once, cu_k_load_once);
+    return cb->k_load;
 }
 
 static gp_status cu_checksum(gp_backend *be, const void *ptr, uint64_t size, uint64_t seed, void *out,
@@ -670,10 +680,8 @@ static gp_status cu_checksum(gp_backend *be, const void *ptr, uint64_t size, uin
                             be->device, (unsigned long long)size);
     int pushed;
     CU_ENTER_OR_FAIL(cb, pushed, "checksum");
-    cu_sum_loading = cb;
-    pthread_once(&cb->sum_once, cu_sum_load);
-    CUresult r = cb->sum_load;
-    const char *call = "cuModuleLoadData(checksum kernel)";
+    CUresult r = cu_k_load(cb);
+    const char *call = "cuModuleLoadData(kernels)";
     if (r == CUDA_SUCCESS) {
         call = "cuMemsetD8Async";
         r = cu_api.memset_d8_async((CUdeviceptr)(uintptr_t)out, 0, 8, (CUstream)stream);
@@ -684,11 +692,36 @@ static gp_status cu_checksum(gp_backend *be, const void *ptr, uint64_t size, uin
         unsigned int blocks = (unsigned int)(words / 256 + 1 < 2048 ? words / 256 + 1 : 2048);
         void *args[] = {&p, &words, &seed, &o};
         call = "cuLaunchKernel(checksum)";
-        r = cu_api.launch_kernel(cb->sum_kernel, blocks, 1, 1, 256, 1, 1, 0, (CUstream)stream, args, NULL);
+        r = cu_api.launch_kernel(cb->k_checksum, blocks, 1, 1, 256, 1, 1, 0, (CUstream)stream, args, NULL);
     }
     cu_leave(pushed);
     if (r != CUDA_SUCCESS)
         return CU_FAIL(r, be->device, "%s for %llu bytes at %p", call, (unsigned long long)size, ptr);
+    return GP_OK;
+}
+
+static gp_status cu_gather(gp_backend *be, void *dst, const void *const *srcs, const size_t *lens, uint32_t n,
+                           uint64_t align, uint64_t max_len, gp_stream stream)
+{
+    cu_backend *cb = CU(be);
+    if (!n) return GP_OK;
+    if (!align || (align & (align - 1)))
+        return gp_error_set(GP_ERR_INVALID, "cuda device %d: gather aligned to %llu: expected a power of two",
+                            be->device, (unsigned long long)align);
+    int pushed;
+    CU_ENTER_OR_FAIL(cb, pushed, "gather");
+    CUresult r = cu_k_load(cb);
+    const char *call = "cuModuleLoadData(kernels)";
+    if (r == CUDA_SUCCESS) {
+        /* A block per range, split in parts so that a few large ranges still
+         * spread over the device. */
+        unsigned long long d = (uintptr_t)dst, s = (uintptr_t)srcs, l = (uintptr_t)lens, a = align, m = max_len;
+        void *args[] = {&d, &s, &l, &a, &m};
+        call = "cuLaunchKernel(gather)";
+        r = cu_api.launch_kernel(cb->k_gather, n, 8, 1, 256, 1, 1, 0, (CUstream)stream, args, NULL);
+    }
+    cu_leave(pushed);
+    if (r != CUDA_SUCCESS) return CU_FAIL(r, be->device, "%s of %u ranges into %p", call, n, dst);
     return GP_OK;
 }
 
@@ -701,7 +734,7 @@ static void cu_destroy(gp_backend *be)
     int pushed = 0;
     if (cu_enter(cb, &pushed) == CUDA_SUCCESS) {
         for (int i = 0; i < cb->n_ev_free; i++) cu_api.event_destroy(cb->ev_free[i]);
-        if (cb->sum_module) cu_api.module_unload(cb->sum_module);
+        if (cb->k_module) cu_api.module_unload(cb->k_module);
         cu_leave(pushed);
     }
     cb->n_ev_free = 0;
@@ -763,7 +796,7 @@ gp_status gp_backend_cuda_create(int device, gp_backend **out)
     }
     cb->dev = dev;
     pthread_once_t once = PTHREAD_ONCE_INIT;
-    cb->sum_once = once;
+    cb->k_once = once;
     r = cu_api.primary_ctx_retain(&cb->ctx, dev);
     if (r != CUDA_SUCCESS) {
         pthread_mutex_destroy(&cb->ev_lock);
@@ -801,6 +834,7 @@ gp_status gp_backend_cuda_create(int device, gp_backend **out)
     be->copy = cu_copy;
     be->event_wait = cu_event_wait;
     be->checksum = cu_checksum;
+    be->gather = cu_gather;
     be->in_context = cu_in_context;
 
     int pushed;

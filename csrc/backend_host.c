@@ -571,6 +571,37 @@ static gp_status host_checksum(gp_backend *be, const void *ptr, uint64_t size, u
     return st;
 }
 
+static gp_status host_gather(gp_backend *be, void *dst, const void *const *srcs, const size_t *lens, uint32_t n,
+                             uint64_t align, uint64_t max_len, gp_stream stream)
+{
+    host_backend *h = HOST(be);
+    (void)stream;
+    pthread_mutex_lock(&h->lock);
+    gp_status st = host_fault_locked(h, GP_HOST_GATHER);
+    if (st == GP_OK && (!align || (align & (align - 1))))
+        st = gp_error_set(GP_ERR_INVALID, "host gather aligned to %llu: expected a power of two",
+                          (unsigned long long)align);
+    /* Every range must be mapped where it comes from and where it goes. */
+    uint64_t off = 0;
+    for (uint32_t b = 0; b < n && st == GP_OK; b++) {
+        uint64_t len = lens[b] > max_len ? 0 : lens[b];
+        if (len && (host_ranges_cover(&h->maps, (uintptr_t)srcs[b], len) != len ||
+                    host_ranges_cover(&h->maps, (uintptr_t)dst + off, len) != len))
+            st = gp_error_set(GP_ERR_BACKEND, "host gather of %llu bytes from %p to %p: device memory not mapped "
+                              "(a GPU would fault)", (unsigned long long)len, srcs[b], (void *)((char *)dst + off));
+        off += (len + align - 1) & ~(align - 1);
+    }
+    if (st == GP_OK) h->c.copy_bytes += off;
+    pthread_mutex_unlock(&h->lock);
+    off = 0;
+    for (uint32_t b = 0; b < n && st == GP_OK; b++) {
+        uint64_t len = lens[b] > max_len ? 0 : lens[b];
+        if (len) memmove((char *)dst + off, srcs[b], len);
+        off += (len + align - 1) & ~(align - 1);
+    }
+    return st;
+}
+
 /* The host has no contexts: fn runs as it is (unless the call fails). */
 static gp_status host_in_context(gp_backend *be, gp_status (*fn)(void *arg), void *arg)
 {
@@ -615,7 +646,7 @@ gp_status gp_backend_host_create(uint64_t capacity, gp_backend **out)
         .synchronize = host_synchronize, .mem_info = host_mem_info, .destroy = host_destroy,
         .host_alloc = host_host_alloc, .host_free = host_host_free, .stream_create = host_stream_create,
         .stream_destroy = host_stream_destroy, .copy = host_copy, .event_wait = host_event_wait,
-        .checksum = host_checksum, .in_context = host_in_context,
+        .checksum = host_checksum, .gather = host_gather, .in_context = host_in_context,
     };
     *out = &h->be;
     return GP_OK;

@@ -20,7 +20,7 @@
     X(IS_CAPTURING, is_capturing) X(SYNCHRONIZE, synchronize)                   \
     X(MEM_INFO, mem_info) X(HOST_ALLOC, host_alloc)                             \
     X(STREAM_CREATE, stream_create) X(COPY, copy) X(EVENT_WAIT, event_wait)   \
-    X(CHECKSUM, checksum) X(IN_CONTEXT, in_context)
+    X(CHECKSUM, checksum) X(GATHER, gather) X(IN_CONTEXT, in_context)
 
 typedef enum gp_host_fn {
 #define GP_HOST_FN_ENUM(upper, lower) GP_HOST_##upper,

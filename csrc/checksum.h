@@ -3,7 +3,7 @@
  * words w[i] of a range, the sum of w[i] * (((i ^ seed) << 1) | 1) modulo
  * 2^64.  Every weight is odd, so a change of any one word changes the sum,
  * and words that trade places do too.  It is computed where the bytes are
- * -- on the GPU by a kernel of our own (checksum_kernel.cu, loaded as PTX
+ * -- on the GPU by a kernel of our own (kernels.cu, loaded as PTX
  * by the CUDA backend), in host memory by gp_checksum -- before the
  * bytes leave the device and after they come back, so a restore checks the
  * whole round trip (host memory, both copies) at device bandwidth.
@@ -18,8 +18,5 @@
  * if padded with zeros).  `seed` (a piece's device address) makes the right
  * bytes in the wrong place sum differently. */
 uint64_t gp_checksum(const void *data, size_t n, uint64_t seed);
-
-/* checksum_kernel.cu as PTX (checksum_ptx.c, generated). */
-extern const char gp_checksum_ptx[];
 
 #endif /* GP_CHECKSUM_H */

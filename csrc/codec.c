@@ -99,11 +99,13 @@ static int gp_chunk_compressible(const gp_codec *c, uintptr_t base, uint64_t len
 
 /* --------------------------------------------------------------- the job */
 
-/* Device staging: slots, then temp memory, then the arrays (for nvCOMP). */
+/* Device staging: slots, as many bytes for the packed chunks, then temp
+ * memory, then the arrays (for nvCOMP). */
 static void gp_job_layout(const gp_codec *c, uint32_t m, uint64_t temp, uint64_t *temp_off,
                           uint64_t *arr_off, uint64_t *dev_bytes)
 {
-    *temp_off = gp_codec_round((uint64_t)m * c->slot, GP_CODEC_DEV_ALIGN);
+    *temp_off = gp_codec_round(gp_codec_round((uint64_t)m * c->slot, GP_CODEC_DEV_ALIGN) + (uint64_t)m * c->slot,
+                               GP_CODEC_DEV_ALIGN);
     *arr_off = gp_codec_round(*temp_off + temp, GP_CODEC_DEV_ALIGN);
     *dev_bytes = *arr_off + (c->ops && c->ops->device_arrays ? GP_CODEC_ARRAY_BYTES(m) : 0);
 }
@@ -130,7 +132,7 @@ gp_status gp_codec_job_fit(const gp_codec *c, uint64_t dev_bytes, uint32_t *max_
         *max_chunks = UINT32_MAX; /* raw needs no staging */
         return GP_OK;
     }
-    uint64_t per = c->slot + (c->ops->device_arrays ? GP_CODEC_ARRAY_BYTES(1) : 0);
+    uint64_t per = 2 * c->slot + (c->ops->device_arrays ? GP_CODEC_ARRAY_BYTES(1) : 0);
     uint64_t m = dev_bytes / per;
     if (m > GP_CODEC_MAX_BATCH) m = GP_CODEC_MAX_BATCH;
     /* Alignment and temp memory take a little more than m * per. */
@@ -189,6 +191,7 @@ gp_status gp_codec_job_create(const gp_codec *c, uint32_t max_chunks, void *dev,
     j->max_chunks = max_chunks;
     if (c->ops) {
         j->slots = dev;
+        j->packed = (char *)dev + gp_codec_round((uint64_t)max_chunks * c->slot, GP_CODEC_DEV_ALIGN);
         j->temp = temp ? (char *)dev + temp_off : NULL;
         j->temp_bytes = temp;
         j->host_block = host;
@@ -267,17 +270,30 @@ gp_status gp_codec_compress(gp_codec_job *j, gp_stream stream, const void *src, 
                          gp_job_slot(j, b), c->slot);
         }
         if (j->k) st = c->ops->compress(j, stream, j->k);
+        /* The compressed chunks back to back, where they are: one copy takes
+         * them to the host (one per chunk cost a copy's fixed time each). */
+        const gp_codec_arrays *a = c->ops->device_arrays ? &j->dev : &j->host;
+        if (st == GP_OK && j->k)
+            st = c->be->gather(c->be, j->packed, (const void *const *)a->out, a->out_len, j->k, GP_CODEC_ALIGN,
+                               c->slot, stream);
         if (st != GP_OK) return st;
     }
+    j->gathered = !j->raw_all && j->k;
     j->state = GP_JOB_COMPRESSING;
     return GP_OK;
 }
 
-/* Whether entry b of a finished compression batch is worth storing. */
+/* Whether entry b of a finished compression batch came out whole. */
+static int gp_batch_ok(const gp_codec_job *j, uint32_t b)
+{
+    size_t got = j->host.out_len[b];
+    return j->host.status[b] == 0 && got > 0 && got <= j->host.out_cap[b];
+}
+
+/* Whether it is worth storing. */
 static int gp_batch_pays(const gp_codec_job *j, uint32_t b)
 {
-    size_t got = j->host.out_len[b], n = j->host.in_len[b];
-    return j->host.status[b] == 0 && got > 0 && got <= j->host.out_cap[b] && (double)got * GP_CODEC_MIN_RATIO <= (double)n;
+    return gp_batch_ok(j, b) && (double)j->host.out_len[b] * GP_CODEC_MIN_RATIO <= (double)j->host.in_len[b];
 }
 
 gp_status gp_codec_compress_result(gp_codec_job *j, gp_codec_chunk *chunks, uint64_t n, uint64_t *stored)
@@ -294,10 +310,23 @@ gp_status gp_codec_compress_result(gp_codec_job *j, gp_codec_chunk *chunks, uint
         uint32_t len = gp_chunk_len(c, j->len, i);
         chunks[i] = (gp_codec_chunk){.data = (const char *)j->base + i * c->chunk, .len = len, .stored = len, .raw = 1};
     }
-    for (uint32_t b = 0; b < j->k; b++)
-        if (gp_batch_pays(j, b))
-            chunks[j->idx[b]] = (gp_codec_chunk){.data = j->host.out[b], .len = (uint32_t)j->host.in_len[b],
-                                                 .stored = (uint32_t)j->host.out_len[b]};
+    /* Gathered: the batch's chunks lie back to back in `packed`, each where
+     * the gather put it, those that pay taken from there (one that does
+     * not stays raw: the host never holds more than the raw bytes).  A
+     * chunk the compressor failed on breaks the packing (the gather counted
+     * what it left): then each chunk from its own slot. */
+    int packed = j->gathered;
+    for (uint32_t b = 0; b < j->k && packed; b++)
+        packed = gp_batch_ok(j, b);
+    uint64_t off = 0;
+    for (uint32_t b = 0; b < j->k; b++) {
+        uint64_t at = off;
+        if (packed) off += gp_codec_pad(j->host.out_len[b]);
+        if (!gp_batch_pays(j, b)) continue;
+        chunks[j->idx[b]] = (gp_codec_chunk){.data = packed ? j->packed + at : j->host.out[b],
+                                             .len = (uint32_t)j->host.in_len[b],
+                                             .stored = (uint32_t)j->host.out_len[b]};
+    }
     uint64_t total = 0;
     for (uint64_t i = 0; i < n; i++) total += gp_codec_pad(chunks[i].stored);
     *stored = total;
@@ -322,7 +351,7 @@ gp_status gp_codec_trial(gp_codec_job *j, gp_stream stream, const void *src, uin
         c->be->event_release(c->be, ev);
     }
     if (st != GP_OK) return st;
-    if (j->host.status[0] == 0 && j->host.out_len[0] > 0 && j->host.out_len[0] <= j->host.out_cap[0]) {
+    if (gp_batch_ok(j, 0)) {
         *ratio = (double)j->host.in_len[0] / (double)j->host.out_len[0];
         *worth = *ratio >= GP_CODEC_MIN_RATIO;
     }
@@ -368,23 +397,35 @@ gp_status gp_codec_decompress(gp_codec_job *j, gp_stream stream, void *dst, uint
     if (st != GP_OK) return st;
     const gp_codec *c = j->c;
     gp_backend *be = c->be;
+    /* Compressed chunks stored back to back on the host (each padded to
+     * GP_CODEC_ALIGN) go up in one copy, into `packed`; raw ones straight
+     * to their place, a run of them in one copy too. */
+    const char *run = NULL;     /* host start of the run of compressed chunks */
+    uint64_t run_at = 0;        /* where it goes in `packed`                  */
+    uint64_t run_len = 0;       /* its bytes so far                           */
     for (uint64_t i = 0; i < n && st == GP_OK;) {
         char *to = (char *)dst + i * c->chunk;
+        const char *h = chunks[i].data;
         if (chunks[i].raw) {
-            /* A run of raw chunks stored back to back is one copy. */
             uint64_t bytes = chunks[i].len, e = i + 1;
-            while (e < n && chunks[e].raw && (const char *)chunks[e].data == (const char *)chunks[i].data + bytes)
-                bytes += chunks[e++].len;
-            st = be->copy(be, to, chunks[i].data, bytes, GP_COPY_H2D, stream);
+            while (e < n && chunks[e].raw && (const char *)chunks[e].data == h + bytes) bytes += chunks[e++].len;
+            st = be->copy(be, to, h, bytes, GP_COPY_H2D, stream);
             i = e;
-        } else {
-            uint32_t b = j->k++;
-            char *slot = gp_job_slot(j, b);
-            st = be->copy(be, slot, chunks[i].data, chunks[i].stored, GP_COPY_H2D, stream);
-            gp_batch_set(j, b, (uint32_t)i, slot, chunks[i].stored, to, chunks[i].len);
-            i++;
+            continue;
         }
+        if (!run || h != run + gp_codec_pad(run_len)) {
+            if (run) st = be->copy(be, j->packed + run_at, run, run_len, GP_COPY_H2D, stream);
+            run_at += gp_codec_pad(run_len);
+            run = h;
+            run_len = 0;
+        }
+        uint32_t b = j->k++;
+        gp_batch_set(j, b, (uint32_t)i, j->packed + run_at + (uint64_t)(h - run), chunks[i].stored, to,
+                     chunks[i].len);
+        run_len = (uint64_t)(h - run) + chunks[i].stored;
+        i++;
     }
+    if (st == GP_OK && run) st = be->copy(be, j->packed + run_at, run, run_len, GP_COPY_H2D, stream);
     if (st == GP_OK && j->k) st = c->ops->decompress(j, stream, j->k);
     if (st != GP_OK) return st;
     j->state = GP_JOB_DECOMPRESSING;

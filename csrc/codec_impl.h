@@ -67,6 +67,10 @@ struct gp_codec_job {
     const gp_codec *c;
     uint32_t max_chunks;
     char *slots;              /* device staging: max_chunks * slot bytes */
+    char *packed;             /* as many: the stored chunks back to back
+                                 (compress: gathered from the slots;
+                                 decompress: copied up in runs)          */
+    int gathered;             /* compress: the batch went to `packed`   */
     void *temp;               /* device temp memory (NULL if none)      */
     uint64_t temp_bytes;
     gp_codec_arrays host;     /* in the host scratch                    */

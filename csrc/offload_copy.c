@@ -72,8 +72,8 @@ static gp_chunk *gp_chunks_of(const gp_record *r, size_t *n_out)
     return c;
 }
 
-/* Pieces of the plan's ranges: cut at chunk boundaries and GP_PIECE_MAX. */
-static gp_status gp_pieces_of(const gp_offload_plan *pl, gp_record *r)
+/* Pieces of the plan's ranges: cut at chunk boundaries and piece_max. */
+static gp_status gp_pieces_of(const gp_offload_plan *pl, gp_record *r, uint64_t piece_max)
 {
     size_t n = 0, ri = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -86,7 +86,7 @@ static gp_status gp_pieces_of(const gp_offload_plan *pl, gp_record *r)
             for (uintptr_t x = g->addr; x < g->addr + g->size;) {
                 uintptr_t cend = pl->runs[ri].addr + (x - pl->runs[ri].addr) / chunk * chunk + chunk;
                 uintptr_t e = g->addr + g->size < cend ? g->addr + g->size : cend;
-                if (e - x > GP_PIECE_MAX) e = x + GP_PIECE_MAX;
+                if (e - x > piece_max) e = x + piece_max;
                 if (pass) r->pieces[n] = (gp_piece){.addr = x, .size = e - x, .tag = g->tag};
                 n++;
                 x = e;
@@ -99,7 +99,7 @@ static gp_status gp_pieces_of(const gp_offload_plan *pl, gp_record *r)
     return GP_OK;
 }
 
-static gp_record *gp_record_new(const gp_tag *tags, size_t n_tags, const gp_offload_plan *pl)
+static gp_record *gp_record_new(const gp_tag *tags, size_t n_tags, const gp_offload_plan *pl, uint64_t piece_max)
 {
     gp_record *r = calloc(1, sizeof *r);
     if (!r) return NULL;
@@ -109,7 +109,7 @@ static gp_record *gp_record_new(const gp_tag *tags, size_t n_tags, const gp_offl
     r->released = pl->released;
     for (size_t i = 0; i < pl->n_ranges; i++)
         if (pl->ranges[i].priority > r->priority) r->priority = pl->ranges[i].priority;
-    if (!(r->runs = malloc(pl->n_runs * sizeof *r->runs)) || gp_pieces_of(pl, r) != GP_OK) {
+    if (!(r->runs = malloc(pl->n_runs * sizeof *r->runs)) || gp_pieces_of(pl, r, piece_max) != GP_OK) {
         free(r->runs);
         free(r->pieces);
         free(r);
@@ -242,21 +242,32 @@ typedef struct gp_lane {
     long piece, chunk;
 } gp_lane;
 
+/* Each lane's half of the staging. */
+static uint64_t gp_staging_half(const gp_offloader *o)
+{
+    uint64_t half = o->be->total / GP_STAGING_SHARE / 4096 * 4096;
+    return half < GP_STAGING_HALF ? half : GP_STAGING_HALF;
+}
+
 /* Two codec jobs over the staging (taken from the pool on first use) and
  * the scratch; *ok = 0 (no error) when the pool has no room for the
- * staging: the offload then goes raw. */
+ * staging or it is too small for the codec's chunks: then raw. */
 static gp_status gp_lanes_open(gp_offloader *o, gp_codec *c, gp_lane *lane, int *ok)
 {
     *ok = 0;
     uint32_t m;
-    uint64_t dev, host;
-    gp_status st = gp_codec_job_fit(c, GP_STAGING_HALF, &m);
+    uint64_t dev, host, half = gp_staging_half(o);
+    gp_status st = gp_codec_job_fit(c, half, &m);
+    if (st == GP_ERR_INVALID) {
+        gp_error_clear();
+        return GP_OK;
+    }
     if (st == GP_OK) st = gp_codec_job_need(c, m, &dev, &host);
     if (st != GP_OK) return st;
     if (!o->staging) {
         gp_tag own;
         if ((st = gp_tag_intern("gpupool", &own)) != GP_OK) return st;
-        o->staging = gp_alloc(o->pool, 2 * GP_STAGING_HALF, NULL, own, GP_PRIO_CRITICAL, &st);
+        o->staging = gp_alloc(o->pool, 2 * half, NULL, own, GP_PRIO_CRITICAL, &st);
         if (!o->staging) {
             gp_error_clear(); /* no room now: raw is the answer */
             return GP_OK;
@@ -267,10 +278,12 @@ static gp_status gp_lanes_open(gp_offloader *o, gp_codec *c, gp_lane *lane, int 
             if (o->scratch[i]) o->be->host_free(o->be, o->scratch[i], o->scratch_bytes[i]);
             o->scratch[i] = NULL;
             o->scratch_bytes[i] = 0;
-            if (host && (st = o->be->host_alloc(o->be, host, &o->scratch[i])) != GP_OK) return st;
+            void *got = NULL; /* (a failed call may leave junk in its output) */
+            if (host && (st = o->be->host_alloc(o->be, host, &got)) != GP_OK) return st;
+            o->scratch[i] = got;
             o->scratch_bytes[i] = host;
         }
-        st = gp_codec_job_create(c, m, (char *)o->staging + i * GP_STAGING_HALF, dev, o->scratch[i], host,
+        st = gp_codec_job_create(c, m, (char *)o->staging + i * half, dev, o->scratch[i], host,
                                  &lane[i].job);
         if (st != GP_OK) {
             if (i) gp_codec_job_destroy(lane[0].job);
@@ -345,11 +358,17 @@ static gp_status gp_lane_store(gp_offloader *o, gp_record *r, gp_lane *l)
     if (st == GP_OK) st = gp_host_store_alloc(o->hs, stored, &p->host);
     p->n_chunks = n;
     p->stored = stored;
+    /* Chunks that lie back to back as the host keeps them (the gathered
+     * ones, runs of raw ones) go in one copy. */
     uint64_t off = 0;
-    for (uint64_t j = 0; j < n && st == GP_OK; j++) {
-        st = o->be->copy(o->be, (char *)p->host.ptr + off, p->chunks[j].data, p->chunks[j].stored, GP_COPY_D2H, l->s);
-        p->chunks[j].data = NULL; /* (a staging slot: restore points it at the host copy) */
-        off += gp_codec_pad(p->chunks[j].stored);
+    for (uint64_t j = 0; j < n && st == GP_OK;) {
+        const char *from = p->chunks[j].data;
+        uint64_t len = p->chunks[j].stored, e = j + 1;
+        while (e < n && (const char *)p->chunks[e].data == from + gp_codec_pad(len))
+            len = gp_codec_pad(len) + p->chunks[e++].stored;
+        st = o->be->copy(o->be, (char *)p->host.ptr + off, from, len, GP_COPY_D2H, l->s);
+        for (; j < e; j++) p->chunks[j].data = NULL; /* (staging: restore points them at the host copy) */
+        off += gp_codec_pad(len);
     }
     if (st == GP_OK) p->copied = 1;
     return st;
@@ -381,18 +400,39 @@ static gp_status gp_lane_finish(gp_offloader *o, gp_record *r, gp_chunk *c, gp_l
     return st;
 }
 
-/* The codec an offload uses: raw unless asked otherwise, compressing the
- * first piece pays (a trial) and the pool has room for the staging. */
-static gp_status gp_choose_codec(gp_offloader *o, const gp_offload_opts *opts, gp_record *r, gp_lane *lane)
+/* The codec an offload may use (*out NULL: raw), the one asked for, and
+ * the largest piece its jobs take (*slice); nothing is opened yet, so a
+ * refused offload leaves the pool as it was. */
+static gp_status gp_codec_offered(gp_offloader *o, const gp_offload_opts *opts, gp_codec **out, uint64_t *slice)
 {
-    if (opts->codec == GP_CODEC_RAW || !opts->keep || !r->n_pieces) return GP_OK;
+    *out = NULL;
+    *slice = GP_PIECE_MAX;
+    if (opts->codec == GP_CODEC_RAW || !opts->keep) return GP_OK;
     gp_codec *c;
+    uint32_t m;
     gp_status st = gp_codec_for(o, opts->codec, opts->elem_size, &c);
     if (st != GP_OK || gp_codec_kind(c) == GP_CODEC_RAW) return st;
+    if ((st = gp_codec_job_fit(c, gp_staging_half(o), &m)) == GP_ERR_INVALID) {
+        gp_error_clear(); /* a staging too small for the codec's chunks: raw */
+        return GP_OK;
+    }
+    if (st != GP_OK) return st;
+    uint64_t max = (uint64_t)m * gp_codec_chunk_size(c);
+    if (max < *slice) *slice = max;
+    *out = c;
+    return GP_OK;
+}
+
+/* Compress when the pool has room for the staging (the lanes' jobs are
+ * then open) and compressing the first piece pays (a trial). */
+static gp_status gp_choose_codec(gp_offloader *o, gp_record *r, gp_codec *c, gp_lane *lane)
+{
     int ok;
-    if ((st = gp_lanes_open(o, c, lane, &ok)) != GP_OK || !ok) return st;
+    if (!c || !r->n_pieces) return GP_OK;
+    gp_status st = gp_lanes_open(o, c, lane, &ok);
+    if (st != GP_OK || !ok) return st;
     double ratio;
-    int worth;
+    int worth = 0;
     const gp_piece *p0 = &r->pieces[0];
     st = gp_codec_trial(lane[0].job, lane[0].s, (const void *)p0->addr, p0->size, &ratio, &worth);
     if (st == GP_OK && worth) r->codec = c;
@@ -417,14 +457,21 @@ gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, 
         res->seconds = gp_now() - t0;
         return gp_pool_plan_end(o->pool, pl, 1);
     }
-    /* Before anything moves: the record, host room for every piece (raw
-     * size: compressed pieces take less), the codec. */
+    /* Before anything moves: the record (its pieces fit in the codec's
+     * jobs), host room for every piece (raw size: compressed pieces take
+     * less), the codec. */
     size_t n = 0;
     gp_lane lane[2] = {{.s = o->streams[0], .piece = -1, .chunk = -1}, {.s = o->streams[1], .piece = -1, .chunk = -1}};
-    gp_record *r = gp_record_new(tags, n_tags, pl);
-    gp_chunk *c = r ? gp_chunks_of(r, &n) : NULL;
-    if (!c) st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for an offload record");
-    else if (r->n_pieces > GP_SUMS_MAX)
+    gp_codec *offered = NULL;
+    gp_record *r = NULL;
+    gp_chunk *c = NULL;
+    uint64_t slice;
+    if ((st = gp_codec_offered(o, opts, &offered, &slice)) == GP_OK) {
+        r = gp_record_new(tags, n_tags, pl, slice);
+        c = r ? gp_chunks_of(r, &n) : NULL;
+        if (!c) st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for an offload record");
+    }
+    if (st == GP_OK && r->n_pieces > GP_SUMS_MAX)
         st = gp_error_set(GP_ERR_INVALID, "gpupool: offload of %zu pieces at once (at most %u: offload fewer "
                           "tags at a time)", r->n_pieces, GP_SUMS_MAX);
     int reserved = 0;
@@ -434,7 +481,7 @@ gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, 
     }
     /* The streams that used the memory (record_stream ones too) finish. */
     if (st == GP_OK) st = gp_pool_synchronize(o->pool);
-    if (st == GP_OK) st = gp_choose_codec(o, opts, r, lane);
+    if (st == GP_OK) st = gp_choose_codec(o, r, offered, lane);
     for (size_t i = 0; st == GP_OK && opts->keep && !r->codec && i < r->n_pieces; i++) {
         st = gp_host_store_alloc(o->hs, r->pieces[i].size, &r->pieces[i].host);
         r->pieces[i].stored = r->pieces[i].size;
@@ -570,7 +617,7 @@ gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offload_res
     int ok = 1;
     if (r->codec && (st = gp_lanes_open(o, r->codec, lane, &ok)) == GP_OK && !ok)
         st = gp_error_set(GP_ERR_OOM, "gpupool: no room on the device for the %llu bytes of staging that "
-                          "decompressing needs", 2 * GP_STAGING_HALF);
+                          "decompressing needs", (unsigned long long)(2 * gp_staging_half(o)));
     size_t n = 0;
     gp_chunk *c = st == GP_OK ? gp_chunks_of(r, &n) : NULL;
     if (st == GP_OK && !c) st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a restore");

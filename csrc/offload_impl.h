@@ -28,8 +28,11 @@
  * 256 GiB of 2 MiB chunks. */
 #define GP_SUMS_MAX (128u << 10)
 /* Device staging of each of the two lanes' codec jobs, taken from the pool
- * on the first compressed offload and kept: 2 x 80 MiB at most. */
+ * on the first compressed offload and kept: 2 x 80 MiB at most, and no
+ * more than 1/16 of the device each (a small device compresses in smaller
+ * pieces; one too small for a chunk's slot offloads raw). */
 #define GP_STAGING_HALF (80ull << 20)
+#define GP_STAGING_SHARE 16
 #define GP_RECORD_TAGS 16
 #define GP_CODECS_OPEN 16
 

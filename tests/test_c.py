@@ -47,6 +47,17 @@ def run(exe: Path, args: List[str], env_extra: dict) -> str:
     return r.stdout
 
 
+# The tests that offload compress (zstd on the host backend) when libzstd
+# is there, as the extension does: the compressed path under the sanitizers.
+COMPRESSING = {"test_offload.c", "test_faults.c", "test_arbiter.c"}
+
+
+def zstd_flags(test: str) -> List[str]:
+    import gpupool
+
+    return ["-DGP_HAVE_ZSTD", "-lzstd"] if test in COMPRESSING and gpupool.build_info()["zstd"] else []
+
+
 ASAN = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
 ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0", "UBSAN_OPTIONS": "print_stacktrace=1"}
 
@@ -66,7 +77,7 @@ ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0", "UBSAN_OPTIONS": 
     ("test_faults.c", []),
 ])
 def test_c_asan_ubsan(tmp_path: Path, test: str, args: List[str]) -> None:
-    out = run(build(tmp_path, test, ASAN), args, ASAN_ENV)
+    out = run(build(tmp_path, test, ASAN, zstd_flags(test)), args, ASAN_ENV)
     assert "passed" in out
     print(out)  # (the figures some tests print: pytest -s or -rP shows them)
 
@@ -74,7 +85,7 @@ def test_c_asan_ubsan(tmp_path: Path, test: str, args: List[str]) -> None:
 @pytest.mark.parametrize("test,args", [("test_stress.c", ["20000"]), ("test_offload.c", [])])
 def test_c_tsan(tmp_path: Path, test: str, args: List[str]) -> None:
     # The threaded parts: the pool under concurrent callers, offload's workers.
-    exe = build(tmp_path, test, ["-fsanitize=thread"])
+    exe = build(tmp_path, test, ["-fsanitize=thread"], zstd_flags(test))
     run(exe, args, {"TSAN_OPTIONS": "halt_on_error=1"})
 
 

@@ -9,7 +9,8 @@
  * offload (compression + copies down) and restore (copies up +
  * decompression), against the raw pinned copies of the same run.  One
  * stream, no overlap between slices: what the codec costs, not what a
- * pipelined offload reaches.
+ * pipelined offload reaches.  First the backend's gather on its own, with
+ * lengths around the kernel's 16-byte steps and unaligned sources.
  *
  *   usage: gpu_codec CODEC ELEM_SIZE DATA MIB [NVCOMP]
  *          DATA: bf16 | fp32sq | random | zeros; NVCOMP: libnvcomp.so.6 or its folder
@@ -47,6 +48,47 @@ static void wait_stream(void)
     be->event_release(be, ev);
 }
 
+/* The gather kernel against what backend.h promises. */
+static void gather_check(gp_pool *pool)
+{
+    static const size_t lens[] = {1, 5, 7, 8, 15, 16, 17, 0, 33, 1000, 200000, 65539, 3};
+    enum { N = sizeof lens / sizeof lens[0], SRC = 1 << 20, ALIGN = 64, MAX = 100000 };
+    unsigned char *src = gp_alloc(pool, SRC, stream, GP_TAG_UNTAGGED, GP_PRIO_NORMAL, NULL);
+    unsigned char *dst = gp_alloc(pool, SRC, stream, GP_TAG_UNTAGGED, GP_PRIO_NORMAL, NULL);
+    void *arr = gp_alloc(pool, N * 16, stream, GP_TAG_UNTAGGED, GP_PRIO_NORMAL, NULL);
+    unsigned char *h, *got;
+    if (!src || !dst || !arr) must(GP_ERR_OOM, "gather buffers");
+    must(be->host_alloc(be, 3 * (uint64_t)SRC, (void **)&h), "gather host");
+    got = h + SRC;
+    uint64_t *harr = (uint64_t *)(h + 2 * SRC);
+    for (size_t i = 0; i < SRC; i++) h[i] = (unsigned char)(i * 131 + (i >> 9));
+    memset(got, 0xa5, SRC);
+    uint64_t at = 0;
+    for (int b = 0; b < N; b++) {
+        harr[b] = (uintptr_t)src + (uint64_t)b * 4099 + 3; /* odd offsets: unaligned sources */
+        harr[N + b] = lens[b];
+    }
+    must(be->copy(be, src, h, SRC, GP_COPY_H2D, stream), "gather src");
+    must(be->copy(be, dst, got, SRC, GP_COPY_H2D, stream), "gather dst");
+    must(be->copy(be, arr, harr, N * 16, GP_COPY_H2D, stream), "gather arrays");
+    must(be->gather(be, dst, (const void *const *)arr, (const size_t *)((uint64_t *)arr + N), N, ALIGN, MAX,
+                    stream), "gather");
+    must(be->copy(be, got, dst, SRC, GP_COPY_D2H, stream), "gather back");
+    wait_stream();
+    int ok = 1;
+    for (int b = 0; b < N; b++) {
+        if (lens[b] > MAX) continue; /* skipped, and takes no room */
+        ok &= memcmp(got + at, h + (uint64_t)b * 4099 + 3, lens[b]) == 0;
+        at += (lens[b] + ALIGN - 1) / ALIGN * ALIGN;
+    }
+    CHECK(ok);
+    printf("gather %s: %d ranges, %llu bytes\n", ok ? "ok" : "WRONG", N, (unsigned long long)at);
+    be->host_free(be, h, 3 * (uint64_t)SRC);
+    gp_free(pool, src);
+    gp_free(pool, dst);
+    gp_free(pool, arr);
+}
+
 typedef struct slice_rec {
     uint64_t off, len, n;
     gp_codec_chunk *chunks;
@@ -75,6 +117,7 @@ int main(int argc, char **argv)
     gp_pool *pool;
     must(gp_pool_create(be, &cfg, &pool), "pool");
     must(be->stream_create(be, &stream), "stream");
+    gather_check(pool);
 
     gp_codec_params prm = {.name = codec_name, .elem_size = elem, .nvcomp = nvcomp};
     gp_codec *c;

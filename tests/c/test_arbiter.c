@@ -19,6 +19,8 @@
 #include <unistd.h>
 
 #include "arbiter.h"
+#include "codec.h"
+#include "offload.h"
 #include "pool_check.h"
 
 enum { LOW = GP_PRIO_LOW, NORMAL = GP_PRIO_NORMAL, HIGH = GP_PRIO_HIGH };
@@ -705,6 +707,43 @@ static void test_fork(void)
     CHECK(!registry_exists());
 }
 
+/* A tenant's pool offloads as any other: its backend (the arbiter's
+ * adaptor) forwards every function of the device's -- checksum, gather and
+ * in_context were NULL once, and an offload in a group crashed. */
+static void test_offload_in_a_group(void)
+{
+    new_group();
+    gp_pool *p = tenant(g_group, NORMAL, "512MiB", 0);
+    gp_tag t;
+    CHECK(gp_tag_intern("tenant_offload", &t) == GP_OK);
+    enum { N = 6 };
+    unsigned char *x[N];
+    for (int i = 0; i < N; i++) {
+        x[i] = gp_arbiter_alloc(gp_arbiter_of(p), p, 3 * MiB, NULL, t, GP_PRIO_DEFAULT, NULL);
+        CHECK(x[i] != NULL);
+        for (size_t k = 0; k < 3 * MiB; k++) x[i][k] = (unsigned char)(k % 251 < 40 ? 0 : k * 7 + i);
+    }
+    gp_offloader *o;
+    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    gp_group_info g;
+    gp_tenant_info ti[4];
+    gp_stats st;
+    for (int codec = GP_CODEC_RAW; codec <= GP_CODEC_AUTO; codec++) {
+        gp_offload_opts opts = {.keep = 1, .codec = codec, .elem_size = 2};
+        gp_offload_result r;
+        CHECK(gp_offload_tags(o, &t, 1, &opts, &r) == GP_OK && r.released >= (N - 1) * 3 * MiB);
+        gp_pool_stats(p, &st, 0);
+        CHECK(read_group(&g, ti, 4) && ti[0].held == st.reserved); /* given back to the group */
+        CHECK(gp_restore_tags(o, &t, 1, &r) == GP_OK && r.lost == 0);
+        for (int i = 0; i < N; i++)
+            for (size_t k = 0; k < 3 * MiB; k += 4099)
+                CHECK(x[i][k] == (unsigned char)(k % 251 < 40 ? 0 : k * 7 + i));
+    }
+    gp_offloader_destroy(o);
+    for (int i = 0; i < N; i++) CHECK(gp_free(p, x[i]) == GP_OK);
+    done(p);
+}
+
 int main(int argc, char **argv)
 {
     alarm(300); /* a stuck protocol fails the run rather than hanging it */
@@ -721,5 +760,6 @@ int main(int argc, char **argv)
     test_leases();
     test_device_limit();
     test_fork();
+    test_offload_in_a_group();
     return check_done();
 }

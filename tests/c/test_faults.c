@@ -139,6 +139,7 @@ static void test_nth_call_once_and_from(void)
     CHECK(be->event_wait(be, ev) == GP_OK);
     CHECK(be->event_query(be, ev, &flag) == GP_OK && flag == 1);
     CHECK(be->checksum(be, buf, 8, 0, buf, made) == GP_ERR_BACKEND);
+    CHECK(be->gather(be, buf, NULL, NULL, 0, 16, 64, made) == GP_ERR_BACKEND);
     CHECK(be->in_context(be, never_called, NULL) == GP_ERR_BACKEND);
     gp_host_counters_get(be, &c);
     for (int fn = 0; fn < GP_HOST_FN_COUNT; fn++) {
