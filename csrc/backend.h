@@ -15,8 +15,12 @@
 #include "error.h"
 #include "gpupool.h"
 
-/* Directions of gp_backend.copy. */
-enum { GP_COPY_D2H = 0, GP_COPY_H2D = 1, GP_COPY_D2D = 2 };
+/* Directions of gp_backend.copy.  GP_COPY_BY_KERNEL, or'ed with D2H or
+ * H2D, is for a copy of a few KiB whose host side is host_alloc memory: the
+ * device's threads do it, so that it does not wait behind the large copies
+ * other streams have queued on the copy engine of that direction (a
+ * codec's arrays while the other lane's data is copied). */
+enum { GP_COPY_D2H = 0, GP_COPY_H2D = 1, GP_COPY_D2D = 2, GP_COPY_BY_KERNEL = 4 };
 
 struct gp_backend {
     const char *name;        /* "cuda", "host"                               */

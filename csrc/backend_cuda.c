@@ -87,7 +87,6 @@ typedef CUresult (CUDAAPI *cu_pfn_module_get_function)(CUfunction *, CUmodule, c
 typedef CUresult (CUDAAPI *cu_pfn_module_unload)(CUmodule);
 typedef CUresult (CUDAAPI *cu_pfn_launch_kernel)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
                                                  unsigned int, unsigned int, unsigned int, CUstream, void **, void **);
-typedef CUresult (CUDAAPI *cu_pfn_memset_d8_async)(CUdeviceptr, unsigned char, size_t, CUstream);
 typedef CUresult (CUDAAPI *cu_pfn_device_get_uuid)(CUuuid *, CUdevice);
 
 /* field, ABI symbol.  The symbol is spelled out (not left to cuda.h's
@@ -134,7 +133,6 @@ typedef CUresult (CUDAAPI *cu_pfn_device_get_uuid)(CUuuid *, CUdevice);
     X(module_get_function, cuModuleGetFunction)        \
     X(module_unload, cuModuleUnload)                   \
     X(launch_kernel, cuLaunchKernel)                   \
-    X(memset_d8_async, cuMemsetD8Async)                \
     X(device_get_uuid, cuDeviceGetUuid)
 
 /* A typo in a typedef or a symbol name that cuda.h does not declare fails
@@ -247,7 +245,7 @@ typedef struct cu_backend {
     pthread_once_t k_once;
     CUresult k_load;
     CUmodule k_module;
-    CUfunction k_checksum, k_gather;
+    CUfunction k_checksum, k_zero, k_gather, k_copy;
 } cu_backend;
 
 #define CU(be) ((cu_backend *)(be))
@@ -603,6 +601,31 @@ static void cu_stream_destroy(gp_backend *be, gp_stream stream)
     cu_leave(pushed);
 }
 
+/* pthread_once takes no argument: the backend being loaded for. */
+static _Thread_local cu_backend *cu_k_loading;
+
+static void cu_k_load_once(void)
+{
+    cu_backend *cb = cu_k_loading;
+    cb->k_load = cu_api.module_load_data(&cb->k_module, gp_kernels_ptx);
+    if (cb->k_load == CUDA_SUCCESS)
+        cb->k_load = cu_api.module_get_function(&cb->k_checksum, cb->k_module, "gp_checksum_kernel");
+    if (cb->k_load == CUDA_SUCCESS)
+        cb->k_load = cu_api.module_get_function(&cb->k_zero, cb->k_module, "gp_zero_kernel");
+    if (cb->k_load == CUDA_SUCCESS)
+        cb->k_load = cu_api.module_get_function(&cb->k_gather, cb->k_module, "gp_gather_kernel");
+    if (cb->k_load == CUDA_SUCCESS)
+        cb->k_load = cu_api.module_get_function(&cb->k_copy, cb->k_module, "gp_copy_kernel");
+}
+
+/* The kernels' module (the context is current). */
+static CUresult cu_k_load(cu_backend *cb)
+{
+    cu_k_loading = cb;
+    pthread_once(&cb->k_once, cu_k_load_once);
+    return cb->k_load;
+}
+
 static gp_status cu_copy(gp_backend *be, void *dst, const void *src, uint64_t size, int dir, gp_stream stream)
 {
     cu_backend *cb = CU(be);
@@ -611,6 +634,17 @@ static gp_status cu_copy(gp_backend *be, void *dst, const void *src, uint64_t si
     CUresult r;
     CUstream s = (CUstream)stream;
     switch (dir) {
+    case GP_COPY_D2H | GP_COPY_BY_KERNEL:
+    case GP_COPY_H2D | GP_COPY_BY_KERNEL:
+        /* Host memory from cuMemHostAlloc is the device's at the same
+         * address (unified addressing). */
+        if ((r = cu_k_load(cb)) == CUDA_SUCCESS && size) {
+            unsigned long long d = (uintptr_t)dst, sr = (uintptr_t)src, n = size;
+            unsigned int blocks = (unsigned int)(n / 4096 + 1 < 64 ? n / 4096 + 1 : 64);
+            void *args[] = {&d, &sr, &n};
+            r = cu_api.launch_kernel(cb->k_copy, blocks, 1, 1, 256, 1, 1, 0, s, args, NULL);
+        }
+        break;
     case GP_COPY_D2H: r = cu_api.memcpy_dtoh_async(dst, (CUdeviceptr)(uintptr_t)src, size, s); break;
     case GP_COPY_H2D: r = cu_api.memcpy_htod_async((CUdeviceptr)(uintptr_t)dst, src, size, s); break;
     case GP_COPY_D2D:
@@ -624,7 +658,8 @@ static gp_status cu_copy(gp_backend *be, void *dst, const void *src, uint64_t si
     cu_leave(pushed);
     if (r != CUDA_SUCCESS)
         return CU_FAIL(r, be->device, "cuMemcpy%sAsync(dst=%p, src=%p, size=%llu)",
-                       dir == GP_COPY_D2H ? "DtoH" : dir == GP_COPY_H2D ? "HtoD" : "DtoD", dst, src,
+                       dir & GP_COPY_BY_KERNEL ? "(kernel)" : dir == GP_COPY_D2H ? "DtoH"
+                       : dir == GP_COPY_H2D ? "HtoD" : "DtoD", dst, src,
                        (unsigned long long)size);
     return GP_OK;
 }
@@ -650,27 +685,6 @@ static gp_status cu_event_wait(gp_backend *be, uint64_t event)
     return GP_OK;
 }
 
-/* pthread_once takes no argument: the backend being loaded for. */
-static _Thread_local cu_backend *cu_k_loading;
-
-static void cu_k_load_once(void)
-{
-    cu_backend *cb = cu_k_loading;
-    cb->k_load = cu_api.module_load_data(&cb->k_module, gp_kernels_ptx);
-    if (cb->k_load == CUDA_SUCCESS)
-        cb->k_load = cu_api.module_get_function(&cb->k_checksum, cb->k_module, "gp_checksum_kernel");
-    if (cb->k_load == CUDA_SUCCESS)
-        cb->k_load = cu_api.module_get_function(&cb->k_gather, cb->k_module, "gp_gather_kernel");
-}
-
-/* The kernels' module (the context is current). */
-static CUresult cu_k_load(cu_backend *cb)
-{
-    cu_k_loading = cb;
-    pthread_once(&cb->k_once, cu_k_load_once);
-    return cb->k_load;
-}
-
 static gp_status cu_checksum(gp_backend *be, const void *ptr, uint64_t size, uint64_t seed, void *out,
                              gp_stream stream)
 {
@@ -683,8 +697,11 @@ static gp_status cu_checksum(gp_backend *be, const void *ptr, uint64_t size, uin
     CUresult r = cu_k_load(cb);
     const char *call = "cuModuleLoadData(kernels)";
     if (r == CUDA_SUCCESS) {
-        call = "cuMemsetD8Async";
-        r = cu_api.memset_d8_async((CUdeviceptr)(uintptr_t)out, 0, 8, (CUstream)stream);
+        /* Zeroed by a kernel too: a memset may queue on a copy engine. */
+        unsigned long long o = (uintptr_t)out;
+        void *args[] = {&o};
+        call = "cuLaunchKernel(zero)";
+        r = cu_api.launch_kernel(cb->k_zero, 1, 1, 1, 1, 1, 1, 0, (CUstream)stream, args, NULL);
     }
     if (r == CUDA_SUCCESS) {
         /* Enough blocks to cover the memory bandwidth, the rest by striding. */

@@ -535,6 +535,8 @@ static gp_status host_copy(gp_backend *be, void *dst, const void *src, uint64_t 
     pthread_mutex_lock(&h->lock);
     h->c.n_copy++;
     gp_status st = host_fault_locked(h, GP_HOST_COPY);
+    if (dir == (GP_COPY_D2H | GP_COPY_BY_KERNEL) || dir == (GP_COPY_H2D | GP_COPY_BY_KERNEL))
+        dir &= ~GP_COPY_BY_KERNEL; /* (the host is the device) */
     if (st == GP_OK && dir != GP_COPY_D2H && dir != GP_COPY_H2D && dir != GP_COPY_D2D) {
         st = gp_error_set(GP_ERR_INVALID, "host copy: direction %d is not one of GP_COPY_*", dir);
     } else if (st == GP_OK) {

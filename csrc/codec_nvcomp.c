@@ -398,16 +398,19 @@ static gp_status gp_nv_launch_fn(void *arg)
 }
 
 /* The arrays go up in one copy, the batch runs, the results come back in
- * one copy: all in stream order, read by the host after its wait. */
+ * one copy: all in stream order, read by the host after its wait.  Those
+ * copies are the device's threads' (GP_COPY_BY_KERNEL): on a copy engine
+ * they would wait behind the other lane's data. */
 static gp_status gp_nv_run(gp_codec_job *j, gp_stream stream, uint32_t k, int decompress)
 {
     gp_backend *be = j->c->be;
     uint64_t up = GP_CODEC_UPLOAD_BYTES(j->max_chunks), down = GP_CODEC_DOWNLOAD_BYTES(j->max_chunks);
-    gp_status st = be->copy(be, j->dev_block, j->host_block, up, GP_COPY_H2D, stream);
+    gp_status st = be->copy(be, j->dev_block, j->host_block, up, GP_COPY_H2D | GP_COPY_BY_KERNEL, stream);
     gp_nv_launch l = {j, stream, k, decompress};
     if (st == GP_OK) st = be->in_context(be, gp_nv_launch_fn, &l);
     if (st == GP_OK)
-        st = be->copy(be, (char *)j->host_block + up, (char *)j->dev_block + up, down, GP_COPY_D2H, stream);
+        st = be->copy(be, (char *)j->host_block + up, (char *)j->dev_block + up, down,
+                      GP_COPY_D2H | GP_COPY_BY_KERNEL, stream);
     return st;
 }
 

@@ -4,7 +4,7 @@
 
 // The checksum of offloaded memory (checksum.h has the definition): the sum
 // over the 64-bit words w[i] of [p, p + 8n) of w[i] * (((i ^ seed) << 1) | 1),
-// modulo 2^64, added into *out (zeroed by the caller).
+// modulo 2^64, added into *out (zeroed by gp_zero_kernel).
 extern "C" __global__ void gp_checksum_kernel(const unsigned long long *p, unsigned long long n,
                                               unsigned long long seed, unsigned long long *out)
 {
@@ -15,6 +15,9 @@ extern "C" __global__ void gp_checksum_kernel(const unsigned long long *p, unsig
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
     if ((threadIdx.x & 31) == 0) atomicAdd(out, acc);
 }
+
+// The checksum's accumulator, zeroed in stream order.
+extern "C" __global__ void gp_zero_kernel(unsigned long long *out) { *out = 0; }
 
 // The backend's gather (backend.h): range b = blockIdx.x, srcs[b] for
 // lens[b] bytes (none when above max_len), goes to dst at the sum of the
@@ -55,4 +58,18 @@ extern "C" __global__ void gp_gather_kernel(unsigned char *dst, const unsigned c
         lo += n16 * 16;
     }
     for (unsigned long long i = lo + threadIdx.x; i < hi; i += blockDim.x) d[i] = s[i];
+}
+
+// The backend's copies marked GP_COPY_BY_KERNEL (backend.h): n bytes, one
+// side pinned host memory that the device reaches over the bus.
+extern "C" __global__ void gp_copy_kernel(unsigned char *dst, const unsigned char *src, unsigned long long n)
+{
+    unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x, lo = 0;
+    if ((((unsigned long long)dst | (unsigned long long)src) & 7) == 0) {
+        for (unsigned long long i = t; i < n / 8; i += stride)
+            ((unsigned long long *)dst)[i] = ((const unsigned long long *)src)[i];
+        lo = n / 8 * 8;
+    }
+    for (unsigned long long i = lo + t; i < n; i += stride) dst[i] = src[i];
 }
