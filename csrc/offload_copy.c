@@ -4,8 +4,9 @@
  * compression (codec.h), checksums on the device (checksum.h), the VMM
  * calls on worker threads (workq.c).
  *
- * A record's bytes are pieces: a live block's part inside one chunk, at
- * most GP_PIECE_MAX.  The pieces go to two lanes in turn; a lane is a copy
+ * A record's bytes are pieces: a live block, or a part of one of at most
+ * GP_PIECE_MAX (less when the codec's jobs take less), which may lie across
+ * chunks.  The pieces go to two lanes in turn; a lane is a copy
  * stream of the backend's own and, when compressing, a codec job with half
  * of the staging.
  *
@@ -19,8 +20,8 @@
  * chunk: device memory is given back while later chunks are still copied.
  *
  * Restore: the pool checks the runs are still offloaded; workers map each
- * chunk ahead of the copies; each chunk's pieces are copied back (and
- * decompressed) as soon as it is mapped, and summed on the device again;
+ * chunk ahead of the copies; each piece is copied back (and decompressed)
+ * as soon as the chunks under it are mapped, and summed on the device again;
  * only when every sum matches the one taken before the offload does the
  * pool make the blocks live -- the round trip through host memory, both
  * copies and the codec are checked.
@@ -40,7 +41,7 @@
 typedef struct gp_chunk {
     uintptr_t addr;
     uint64_t size;
-    size_t p0, np;
+    size_t p0, np;      /* the pieces that overlap it                  */
     uint64_t event[2];  /* offload: complete when its copies have, on
                            each lane                                   */
     gp_batch done;      /* restore: mapped                             */
@@ -62,31 +63,31 @@ static gp_chunk *gp_chunks_of(const gp_record *r, size_t *n_out)
         for (uintptr_t x = run->addr; x < run->addr + run->size; x += run->chunk, k++) {
             c[k].addr = x;
             c[k].size = run->chunk;
-            while (p < r->n_pieces && r->pieces[p].addr < x) p++;
+            /* The pieces that overlap it (its first may be the previous
+             * chunk's last). */
+            while (p < r->n_pieces && r->pieces[p].addr + r->pieces[p].size <= x) p++;
+            size_t e = p;
+            while (e < r->n_pieces && r->pieces[e].addr < x + run->chunk) e++;
             c[k].p0 = p;
-            while (p < r->n_pieces && r->pieces[p].addr < x + run->chunk) p++;
-            c[k].np = p - c[k].p0;
+            c[k].np = e - p;
         }
     }
     *n_out = n;
     return c;
 }
 
-/* Pieces of the plan's ranges: cut at chunk boundaries and piece_max. */
+/* Pieces of the plan's ranges, cut at piece_max: a piece may lie across
+ * chunks (cut at chunk boundaries, a block that straddles two 64 MiB chunks
+ * made 1 MiB pieces, each a host round trip when compressing). */
 static gp_status gp_pieces_of(const gp_offload_plan *pl, gp_record *r, uint64_t piece_max)
 {
-    size_t n = 0, ri = 0;
+    size_t n = 0;
     for (int pass = 0; pass < 2; pass++) {
         n = 0;
-        ri = 0;
         for (size_t i = 0; i < pl->n_ranges; i++) {
             const gp_offload_range *g = &pl->ranges[i];
-            while (g->addr >= pl->runs[ri].addr + pl->runs[ri].size) ri++;
-            uint64_t chunk = pl->runs[ri].chunk;
             for (uintptr_t x = g->addr; x < g->addr + g->size;) {
-                uintptr_t cend = pl->runs[ri].addr + (x - pl->runs[ri].addr) / chunk * chunk + chunk;
-                uintptr_t e = g->addr + g->size < cend ? g->addr + g->size : cend;
-                if (e - x > piece_max) e = x + piece_max;
+                uintptr_t e = g->addr + g->size - x > piece_max ? x + piece_max : g->addr + g->size;
                 if (pass) r->pieces[n] = (gp_piece){.addr = x, .size = e - x, .tag = g->tag};
                 n++;
                 x = e;
@@ -239,7 +240,8 @@ static gp_status gp_codec_for(gp_offloader *o, int id, unsigned elem_size, gp_co
 typedef struct gp_lane {
     gp_stream s;
     gp_codec_job *job;
-    long piece, chunk;
+    long piece;
+    size_t close_lo, close_hi; /* chunks its piece is the last of */
 } gp_lane;
 
 /* Each lane's half of the staging. */
@@ -319,11 +321,15 @@ static gp_status gp_undo_offload(gp_offloader *o, gp_offload_plan *pl, gp_record
                                  gp_lane *lane)
 {
     gp_status st = GP_OK;
+    for (size_t k = 0; k < n && st == GP_OK; k++)
+        if (c[k].unmapped) st = gp_pool_plan_map(o->pool, pl, c[k].addr, c[k].size, GP_PRIO_MAX);
+    /* Then the pieces over them (a piece may lie on two chunks), once. */
+    size_t next = 0;
     for (size_t k = 0; k < n && st == GP_OK; k++) {
         if (!c[k].unmapped) continue;
-        st = gp_pool_plan_map(o->pool, pl, c[k].addr, c[k].size, GP_PRIO_MAX);
-        for (size_t i = 0; i < c[k].np && st == GP_OK; i++) {
-            gp_piece *p = &r->pieces[c[k].p0 + i];
+        for (size_t i = next > c[k].p0 ? next : c[k].p0; i < c[k].p0 + c[k].np && st == GP_OK; i++) {
+            gp_piece *p = &r->pieces[i];
+            next = i + 1;
             if (!p->host.ptr) continue;
             if (!p->chunks) {
                 st = o->be->copy(o->be, (void *)p->addr, p->host.ptr, p->size, GP_COPY_H2D, o->streams[0]);
@@ -387,16 +393,16 @@ static gp_status gp_chunk_close(gp_offloader *o, gp_record *r, gp_chunk *k, cons
     return st == GP_OK ? gp_workq_push(o->q, unmaps, gp_job_unmap, k) : st;
 }
 
-/* Finish what lane l holds: its piece's copies, then the chunk they closed.
+/* Finish what lane l holds: its piece's copies, then the chunks they close.
  * The lanes are finished in their pieces' order, so that every earlier
  * piece of that chunk is queued on the other lane already. */
 static gp_status gp_lane_finish(gp_offloader *o, gp_record *r, gp_chunk *c, gp_lane *lane, gp_lane *l,
                                 gp_batch *unmaps)
 {
-    long chunk = l->chunk;
-    l->chunk = -1;
+    size_t k = l->close_lo, hi = l->close_hi;
+    l->close_lo = l->close_hi = 0;
     gp_status st = l->piece >= 0 ? gp_lane_store(o, r, l) : GP_OK;
-    if (st == GP_OK && chunk >= 0) st = gp_chunk_close(o, r, &c[chunk], lane, unmaps);
+    for (; k < hi && st == GP_OK; k++) st = gp_chunk_close(o, r, &c[k], lane, unmaps);
     return st;
 }
 
@@ -461,7 +467,7 @@ gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, 
      * jobs), host room for every piece (raw size: compressed pieces take
      * less), the codec. */
     size_t n = 0;
-    gp_lane lane[2] = {{.s = o->streams[0], .piece = -1, .chunk = -1}, {.s = o->streams[1], .piece = -1, .chunk = -1}};
+    gp_lane lane[2] = {{.s = o->streams[0], .piece = -1}, {.s = o->streams[1], .piece = -1}};
     gp_codec *offered = NULL;
     gp_record *r = NULL;
     gp_chunk *c = NULL;
@@ -497,35 +503,40 @@ gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, 
         return gp_error_set(st, "%s", why);
     }
     /* Piece by piece, the lanes in turn: sums, then copies out (raw) or
-     * compression (the lane's previous piece is stored first). */
+     * compression (the lane's previous piece is stored first).  A chunk
+     * closes once the last piece that overlaps it is queued. */
     gp_batch unmaps;
     gp_batch_init(&unmaps);
-    for (size_t k = 0; k < n && st == GP_OK; k++) {
+    for (size_t k = 0; k < n; k++) {
         c[k].o = o;
         c[k].plan = pl;
-        size_t np = opts->keep ? c[k].np : 0;
-        for (size_t i = 0; i < np && st == GP_OK; i++) {
-            size_t j = c[k].p0 + i;
-            gp_piece *p = &r->pieces[j];
-            gp_lane *l = &lane[j & 1];
-            if ((st = gp_lane_finish(o, r, c, lane, l, &unmaps)) != GP_OK) break;
-            st = o->be->checksum(o->be, (const void *)p->addr, p->size, p->addr, &o->sums_dev[j], l->s);
-            if (st != GP_OK) break;
-            if (r->codec) {
-                if ((st = gp_codec_compress(l->job, l->s, (const void *)p->addr, p->size, 0)) != GP_OK) break;
-                l->piece = (long)j;
-                l->chunk = i + 1 == np ? (long)k : -1;
-            } else if ((st = o->be->copy(o->be, p->host.ptr, (const void *)p->addr, p->size, GP_COPY_D2H, l->s)) ==
-                       GP_OK) {
-                p->copied = 1;
-                if (i + 1 == np) st = gp_chunk_close(o, r, &c[k], lane, &unmaps);
-            }
-        }
-        if (st == GP_OK && !np) st = gp_chunk_close(o, r, &c[k], lane, &unmaps);
     }
-    /* The last two pieces, in order. */
+    size_t closed = 0; /* chunks [0, closed) are closed, or will be with a lane's piece */
+    size_t n_keep = opts->keep ? r->n_pieces : 0;
+    for (size_t j = 0; j < n_keep && st == GP_OK; j++) {
+        gp_piece *p = &r->pieces[j];
+        gp_lane *l = &lane[j & 1];
+        if ((st = gp_lane_finish(o, r, c, lane, l, &unmaps)) != GP_OK) break;
+        st = o->be->checksum(o->be, (const void *)p->addr, p->size, p->addr, &o->sums_dev[j], l->s);
+        if (st != GP_OK) break;
+        size_t due = closed;
+        while (due < n && (!c[due].np || c[due].p0 + c[due].np <= j + 1)) due++;
+        if (r->codec) {
+            if ((st = gp_codec_compress(l->job, l->s, (const void *)p->addr, p->size, 0)) != GP_OK) break;
+            l->piece = (long)j;
+            l->close_lo = closed;
+            l->close_hi = due;
+        } else if ((st = o->be->copy(o->be, p->host.ptr, (const void *)p->addr, p->size, GP_COPY_D2H, l->s)) ==
+                   GP_OK) {
+            p->copied = 1;
+            for (size_t k = closed; k < due && st == GP_OK; k++) st = gp_chunk_close(o, r, &c[k], lane, &unmaps);
+        }
+        closed = due;
+    }
+    /* The last two pieces, in order, then chunks no piece is in. */
     int first = lane[1].piece >= 0 && (lane[0].piece < 0 || lane[1].piece < lane[0].piece);
     for (int i = 0; i < 2 && st == GP_OK; i++) st = gp_lane_finish(o, r, c, lane, &lane[i ^ first], &unmaps);
+    for (; closed < n && st == GP_OK; closed++) st = gp_chunk_close(o, r, &c[closed], lane, &unmaps);
     gp_status jst = gp_batch_wait(&unmaps);
     gp_batch_destroy(&unmaps);
     if (st == GP_OK) st = jst;
@@ -602,6 +613,22 @@ static gp_status gp_lane_check(gp_offloader *o, gp_lane *l)
     return st == GP_OK ? gp_codec_decompress_check(l->job) : st;
 }
 
+/* Chunk k is mapped (its job has run); one the device had no room for:
+ * make room (lower-priority idle tags), then map it here. */
+static gp_status gp_chunk_ready(gp_offloader *o, gp_record *r, gp_chunk *k)
+{
+    gp_status st = gp_batch_wait(&k->done);
+    if (st != GP_OK && !k->mapped && (st == GP_ERR_OOM || st == GP_ERR_LIMIT)) {
+        uint64_t got = 0;
+        gp_status rst = gp_reclaim_locked(o, k->size, r->priority, r, &got);
+        if (rst == GP_OK && got) {
+            gp_error_clear();
+            st = gp_job_map(k);
+        }
+    }
+    return st;
+}
+
 gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offload_result *res)
 {
     gp_status st = gp_streams(o);
@@ -613,7 +640,7 @@ gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offload_res
     r->priority = 0;
     for (size_t i = 0; i < pl->n_ranges; i++)
         if (pl->ranges[i].priority > r->priority) r->priority = pl->ranges[i].priority;
-    gp_lane lane[2] = {{.s = o->streams[0], .piece = -1, .chunk = -1}, {.s = o->streams[1], .piece = -1, .chunk = -1}};
+    gp_lane lane[2] = {{.s = o->streams[0], .piece = -1}, {.s = o->streams[1], .piece = -1}};
     int ok = 1;
     if (r->codec && (st = gp_lanes_open(o, r->codec, lane, &ok)) == GP_OK && !ok)
         st = gp_error_set(GP_ERR_OOM, "gpupool: no room on the device for the %llu bytes of staging that "
@@ -638,38 +665,30 @@ gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offload_res
             break;
         }
     }
-    /* Copy each chunk back as soon as it is mapped, and sum what came back.
-     * A chunk the device had no room for: make room (lower-priority idle
-     * tags), then map it here. */
-    for (size_t k = 0; k < queued && st == GP_OK; k++) {
-        if ((st = gp_batch_wait(&c[k].done)) != GP_OK && !c[k].mapped && (st == GP_ERR_OOM || st == GP_ERR_LIMIT)) {
-            uint64_t got = 0;
-            gp_status rst = gp_reclaim_locked(o, c[k].size, r->priority, r, &got);
-            if (rst == GP_OK && got) {
-                gp_error_clear();
-                st = gp_job_map(&c[k]);
+    /* Copy each piece back as soon as the chunks under it are mapped, and
+     * sum what came back. */
+    size_t ready = 0; /* chunks [0, ready) are mapped */
+    for (size_t j = 0; j < r->n_pieces && st == GP_OK; j++) {
+        gp_piece *p = &r->pieces[j];
+        gp_lane *l = &lane[j & 1];
+        while (st == GP_OK && ready < queued && c[ready].addr < p->addr + p->size)
+            st = gp_chunk_ready(o, r, &c[ready++]);
+        if (st != GP_OK || !p->host.ptr) continue;
+        if (p->chunks) {
+            if ((st = gp_lane_check(o, l)) != GP_OK) break;
+            uint64_t off = 0;
+            for (uint64_t q = 0; q < p->n_chunks; q++) {
+                p->chunks[q].data = (char *)p->host.ptr + off;
+                off += gp_codec_pad(p->chunks[q].stored);
             }
+            st = gp_codec_decompress(l->job, l->s, (void *)p->addr, p->size, p->chunks, p->n_chunks);
+            if (st == GP_OK) l->piece = (long)j;
+        } else {
+            st = o->be->copy(o->be, (void *)p->addr, p->host.ptr, p->size, GP_COPY_H2D, l->s);
         }
-        for (size_t i = 0; i < c[k].np && st == GP_OK; i++) {
-            size_t j = c[k].p0 + i;
-            gp_piece *p = &r->pieces[j];
-            gp_lane *l = &lane[j & 1];
-            if (!p->host.ptr) continue;
-            if (p->chunks) {
-                if ((st = gp_lane_check(o, l)) != GP_OK) break;
-                uint64_t off = 0;
-                for (uint64_t q = 0; q < p->n_chunks; q++) {
-                    p->chunks[q].data = (char *)p->host.ptr + off;
-                    off += gp_codec_pad(p->chunks[q].stored);
-                }
-                st = gp_codec_decompress(l->job, l->s, (void *)p->addr, p->size, p->chunks, p->n_chunks);
-                if (st == GP_OK) l->piece = (long)j;
-            } else {
-                st = o->be->copy(o->be, (void *)p->addr, p->host.ptr, p->size, GP_COPY_H2D, l->s);
-            }
-            if (st == GP_OK) st = o->be->checksum(o->be, (const void *)p->addr, p->size, p->addr, &o->sums_dev[j], l->s);
-        }
+        if (st == GP_OK) st = o->be->checksum(o->be, (const void *)p->addr, p->size, p->addr, &o->sums_dev[j], l->s);
     }
+    while (st == GP_OK && ready < queued) st = gp_chunk_ready(o, r, &c[ready++]);
     for (int i = 0; i < 2; i++) {
         gp_status cst = gp_lane_check(o, &lane[i]);
         if (st == GP_OK) st = cst;
