@@ -618,12 +618,15 @@ static void cu_k_load_once(void)
         cb->k_load = cu_api.module_get_function(&cb->k_copy, cb->k_module, "gp_copy_kernel");
 }
 
-/* The kernels' module (the context is current). */
-static CUresult cu_k_load(cu_backend *cb)
+/* Launch one of our kernels (*f, set by the load) on `stream`, the
+ * context current; the module is loaded on first use. */
+static CUresult cu_k_launch(cu_backend *cb, const CUfunction *f, unsigned int gx, unsigned int gy,
+                            unsigned int threads, gp_stream stream, void **args)
 {
     cu_k_loading = cb;
     pthread_once(&cb->k_once, cu_k_load_once);
-    return cb->k_load;
+    if (cb->k_load != CUDA_SUCCESS) return cb->k_load;
+    return cu_api.launch_kernel(*f, gx, gy, 1, threads, 1, 1, 0, (CUstream)stream, args, NULL);
 }
 
 static gp_status cu_copy(gp_backend *be, void *dst, const void *src, uint64_t size, int dir, gp_stream stream)
@@ -638,11 +641,12 @@ static gp_status cu_copy(gp_backend *be, void *dst, const void *src, uint64_t si
     case GP_COPY_H2D | GP_COPY_BY_KERNEL:
         /* Host memory from cuMemHostAlloc is the device's at the same
          * address (unified addressing). */
-        if ((r = cu_k_load(cb)) == CUDA_SUCCESS && size) {
+        {
             unsigned long long d = (uintptr_t)dst, sr = (uintptr_t)src, n = size;
-            unsigned int blocks = (unsigned int)(n / 4096 + 1 < 64 ? n / 4096 + 1 : 64);
             void *args[] = {&d, &sr, &n};
-            r = cu_api.launch_kernel(cb->k_copy, blocks, 1, 1, 256, 1, 1, 0, s, args, NULL);
+            r = size ? cu_k_launch(cb, &cb->k_copy, (unsigned int)(n / 4096 + 1 < 64 ? n / 4096 + 1 : 64), 1, 256,
+                                   stream, args)
+                     : CUDA_SUCCESS;
         }
         break;
     case GP_COPY_D2H: r = cu_api.memcpy_dtoh_async(dst, (CUdeviceptr)(uintptr_t)src, size, s); break;
@@ -694,26 +698,17 @@ static gp_status cu_checksum(gp_backend *be, const void *ptr, uint64_t size, uin
                             be->device, (unsigned long long)size);
     int pushed;
     CU_ENTER_OR_FAIL(cb, pushed, "checksum");
-    CUresult r = cu_k_load(cb);
-    const char *call = "cuModuleLoadData(kernels)";
-    if (r == CUDA_SUCCESS) {
-        /* Zeroed by a kernel too: a memset may queue on a copy engine. */
-        unsigned long long o = (uintptr_t)out;
-        void *args[] = {&o};
-        call = "cuLaunchKernel(zero)";
-        r = cu_api.launch_kernel(cb->k_zero, 1, 1, 1, 1, 1, 1, 0, (CUstream)stream, args, NULL);
-    }
-    if (r == CUDA_SUCCESS) {
-        /* Enough blocks to cover the memory bandwidth, the rest by striding. */
-        unsigned long long words = size / 8, p = (uintptr_t)ptr, o = (uintptr_t)out;
-        unsigned int blocks = (unsigned int)(words / 256 + 1 < 2048 ? words / 256 + 1 : 2048);
-        void *args[] = {&p, &words, &seed, &o};
-        call = "cuLaunchKernel(checksum)";
-        r = cu_api.launch_kernel(cb->k_checksum, blocks, 1, 1, 256, 1, 1, 0, (CUstream)stream, args, NULL);
-    }
+    unsigned long long words = size / 8, p = (uintptr_t)ptr, o = (uintptr_t)out;
+    void *zero_args[] = {&o}, *args[] = {&p, &words, &seed, &o};
+    /* Zeroed by a kernel too (a memset may queue on a copy engine); enough
+     * blocks to cover the memory bandwidth, the rest by striding. */
+    CUresult r = cu_k_launch(cb, &cb->k_zero, 1, 1, 1, stream, zero_args);
+    if (r == CUDA_SUCCESS)
+        r = cu_k_launch(cb, &cb->k_checksum, (unsigned int)(words / 256 + 1 < 2048 ? words / 256 + 1 : 2048), 1, 256,
+                        stream, args);
     cu_leave(pushed);
     if (r != CUDA_SUCCESS)
-        return CU_FAIL(r, be->device, "%s for %llu bytes at %p", call, (unsigned long long)size, ptr);
+        return CU_FAIL(r, be->device, "checksum kernels for %llu bytes at %p", (unsigned long long)size, ptr);
     return GP_OK;
 }
 
@@ -727,18 +722,13 @@ static gp_status cu_gather(gp_backend *be, void *dst, const void *const *srcs, c
                             be->device, (unsigned long long)align);
     int pushed;
     CU_ENTER_OR_FAIL(cb, pushed, "gather");
-    CUresult r = cu_k_load(cb);
-    const char *call = "cuModuleLoadData(kernels)";
-    if (r == CUDA_SUCCESS) {
-        /* A block per range, split in parts so that a few large ranges still
-         * spread over the device. */
-        unsigned long long d = (uintptr_t)dst, s = (uintptr_t)srcs, l = (uintptr_t)lens, a = align, m = max_len;
-        void *args[] = {&d, &s, &l, &a, &m};
-        call = "cuLaunchKernel(gather)";
-        r = cu_api.launch_kernel(cb->k_gather, n, 8, 1, 256, 1, 1, 0, (CUstream)stream, args, NULL);
-    }
+    unsigned long long d = (uintptr_t)dst, s = (uintptr_t)srcs, l = (uintptr_t)lens, a = align, m = max_len;
+    void *args[] = {&d, &s, &l, &a, &m};
+    /* A block per range, split in parts so that a few large ranges still
+     * spread over the device. */
+    CUresult r = cu_k_launch(cb, &cb->k_gather, n, 8, 256, stream, args);
     cu_leave(pushed);
-    if (r != CUDA_SUCCESS) return CU_FAIL(r, be->device, "%s of %u ranges into %p", call, n, dst);
+    if (r != CUDA_SUCCESS) return CU_FAIL(r, be->device, "gather kernel of %u ranges into %p", n, dst);
     return GP_OK;
 }
 
