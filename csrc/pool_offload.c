@@ -136,6 +136,19 @@ static void gp_plan_free(gp_offload_plan *pl)
     free(pl);
 }
 
+/* Unlock, then hand out the plan in address order (or free it). */
+static gp_status gp_plan_done(gp_pool *p, gp_offload_plan *pl, gp_status st, gp_offload_plan **out)
+{
+    pthread_mutex_unlock(&p->lock);
+    if (st != GP_OK) {
+        gp_plan_free(pl);
+        return st;
+    }
+    gp_plan_sort(pl);
+    *out = pl;
+    return GP_OK;
+}
+
 /* The figures of a live block that leaves the device or comes back. */
 static void gp_block_away(gp_pool *p, gp_block *b)
 {
@@ -286,14 +299,7 @@ gp_status gp_pool_offload_begin(gp_pool *p, const gp_tag *tags, size_t n_tags, g
         for (gp_block *b = p->arenas[k].first; b; b = b->next)
             if (b->state == GP_BLOCK_USED && w.tag[b->tag]) pl->kept += b->size;
 out:
-    pthread_mutex_unlock(&p->lock);
-    if (st != GP_OK) {
-        gp_plan_free(pl);
-        return st;
-    }
-    gp_plan_sort(pl);
-    *out = pl;
-    return GP_OK;
+    return gp_plan_done(p, pl, st, out);
 }
 
 /* The arena holding run r, if r is chunk-aligned and inside it. */
@@ -343,14 +349,7 @@ gp_status gp_pool_restore_begin(gp_pool *p, const gp_offload_run *runs, size_t n
         }
         if (st == GP_OK) st = gp_add_run(&pb, a, r->addr, r->addr + r->size);
     }
-    pthread_mutex_unlock(&p->lock);
-    if (st != GP_OK) {
-        gp_plan_free(pl);
-        return st;
-    }
-    gp_plan_sort(pl);
-    *out = pl;
-    return GP_OK;
+    return gp_plan_done(p, pl, st, out);
 }
 
 /* The run of the plan containing [addr, addr+size), chunk-aligned in it. */

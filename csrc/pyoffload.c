@@ -162,14 +162,22 @@ PyObject *gp_py_offload(gp_pool_object *self, PyObject *args, PyObject *kw)
     return gp_result(&r);
 }
 
-PyObject *gp_py_restore(gp_pool_object *self, PyObject *args)
+/* restore's and prefetch's argument (a tag or a list of them), and the
+ * pool's offloader (NULL: nothing was ever offloaded). */
+static int gp_tags_arg(gp_pool_object *self, PyObject *args, gp_tag tags[16], size_t *n, gp_offloader **o)
 {
     PyObject *tags_o;
-    if (!PyArg_ParseTuple(args, "O", &tags_o)) return NULL;
+    if (!PyArg_ParseTuple(args, "O", &tags_o) || gp_tags_from(tags_o, tags, 16, n) < 0) return -1;
+    *o = gp_pool_offloader(self->pool, 0);
+    return 0;
+}
+
+PyObject *gp_py_restore(gp_pool_object *self, PyObject *args)
+{
     gp_tag tags[16];
     size_t n;
-    if (gp_tags_from(tags_o, tags, 16, &n) < 0) return NULL;
-    gp_offloader *o = gp_pool_offloader(self->pool, 0);
+    gp_offloader *o;
+    if (gp_tags_arg(self, args, tags, &n, &o) < 0) return NULL;
     gp_offload_result r = {0};
     if (!o) return gp_result(&r); /* nothing was ever offloaded */
     gp_status st;
@@ -183,12 +191,10 @@ PyObject *gp_py_restore(gp_pool_object *self, PyObject *args)
 
 PyObject *gp_py_prefetch(gp_pool_object *self, PyObject *args)
 {
-    PyObject *tags_o;
-    if (!PyArg_ParseTuple(args, "O", &tags_o)) return NULL;
     gp_tag tags[16];
     size_t n;
-    if (gp_tags_from(tags_o, tags, 16, &n) < 0) return NULL;
-    gp_offloader *o = gp_pool_offloader(self->pool, 0);
+    gp_offloader *o;
+    if (gp_tags_arg(self, args, tags, &n, &o) < 0) return NULL;
     if (!o) Py_RETURN_NONE;
     gp_status st = gp_prefetch_tags(o, tags, n);
     if (st != GP_OK) return gp_raise(st);
