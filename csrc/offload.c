@@ -1,8 +1,8 @@
 /*
  * offload.c -- the offloader (offload.h): the records of what is offloaded,
- * the API over them, prefetches on a thread of their own, the registry of
- * offloadable tags and the pool's pressure callback.  The bytes move in
- * offload_copy.c.
+ * the API over them, prefetches and background offloads on a thread of
+ * their own, the registry of offloadable tags and the pool's pressure
+ * callback.  The bytes move in offload_copy.c.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -290,14 +290,22 @@ static gp_status gp_check_tags(gp_offloader *o, const gp_tag *tags, size_t n)
     return GP_OK;
 }
 
-gp_status gp_offload_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, const gp_offload_opts *opts,
-                          gp_offload_result *res)
+static gp_status gp_check_offload(gp_offloader *o, const gp_tag *tags, size_t n_tags,
+                                 const gp_offload_opts *opts)
 {
     gp_status st = gp_check_tags(o, tags, n_tags);
     if (st != GP_OK) return st;
     if (opts->codec < 0 || opts->codec >= GP_CODEC_COUNT)
         return gp_error_set(GP_ERR_INVALID, "gpupool: codec %d is not one of the %d codecs", opts->codec,
                             GP_CODEC_COUNT);
+    return GP_OK;
+}
+
+gp_status gp_offload_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, const gp_offload_opts *opts,
+                          gp_offload_result *res)
+{
+    gp_status st = gp_check_offload(o, tags, n_tags, opts);
+    if (st != GP_OK) return st;
     gp_op_lock(o);
     st = gp_offload_locked(o, tags, n_tags, opts, res);
     gp_op_unlock(o);
@@ -305,14 +313,24 @@ gp_status gp_offload_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, co
     return st;
 }
 
-/* The failure of a prefetch, if one finished with one since it was last
- * reported (the lock is held). */
-static gp_status gp_prefetch_failure(gp_offloader *o)
+/* The failure of a prefetch or a background offload, if one finished
+ * with one since it was last reported (the lock is held). */
+static gp_status gp_bg_failure(gp_offloader *o)
 {
-    gp_status st = o->prefetch_status;
-    if (st != GP_OK) gp_error_set(st, "%s", o->prefetch_error);
-    o->prefetch_status = GP_OK;
+    gp_status st = o->bg_status;
+    if (st != GP_OK) gp_error_set(st, "%s", o->bg_error);
+    o->bg_status = GP_OK;
     return st;
+}
+
+/* A job of the background thread finished with `st` (the lock is held). */
+static void gp_bg_done(gp_offloader *o, gp_status st)
+{
+    if (st != GP_OK) {
+        o->bg_status = st;
+        snprintf(o->bg_error, sizeof o->bg_error, "%s", gp_last_error());
+    }
+    pthread_cond_broadcast(&o->cond);
 }
 
 gp_status gp_restore_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, gp_offload_result *res)
@@ -321,11 +339,11 @@ gp_status gp_restore_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, gp
     memset(res, 0, sizeof *res);
     gp_status st = gp_check_tags(o, tags, n_tags);
     if (st != GP_OK) return st;
-    /* A prefetch of them first finishes. */
+    /* Background offloads and a prefetch of them first finish. */
     pthread_mutex_lock(&o->lock);
     int busy;
-    while (gp_find(o, tags, n_tags, &busy), busy) pthread_cond_wait(&o->cond, &o->lock);
-    st = gp_prefetch_failure(o);
+    while (o->n_background || (gp_find(o, tags, n_tags, &busy), busy)) pthread_cond_wait(&o->cond, &o->lock);
+    st = gp_bg_failure(o);
     pthread_mutex_unlock(&o->lock);
     if (st != GP_OK) return st;
     gp_op_lock(o);
@@ -351,13 +369,8 @@ static gp_status gp_job_prefetch_record(void *arg)
     gp_status st = gp_restore_one_locked(o, r, &res);
     gp_op_unlock(o);
     pthread_mutex_lock(&o->lock);
-    if (st != GP_OK) {
-        /* The record stays (offloaded); the next restore reports why. */
-        r->prefetching = 0;
-        o->prefetch_status = st;
-        snprintf(o->prefetch_error, sizeof o->prefetch_error, "%s", gp_last_error());
-    }
-    pthread_cond_broadcast(&o->cond);
+    if (st != GP_OK) r->prefetching = 0; /* the record stays (offloaded); the next restore reports why */
+    gp_bg_done(o, st);
     pthread_mutex_unlock(&o->lock);
     return st;
 }
@@ -367,6 +380,8 @@ gp_status gp_prefetch_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags)
     gp_status st = gp_check_tags(o, tags, n_tags);
     if (st != GP_OK) return st;
     pthread_mutex_lock(&o->lock);
+    /* What a background offload takes has no record before it has run. */
+    while (o->n_background) pthread_cond_wait(&o->cond, &o->lock);
     for (gp_record *r = o->records; r && st == GP_OK; r = r->next) {
         if (r->prefetching || !gp_record_has(r, tags, n_tags)) continue;
         gp_prefetch *pf = malloc(sizeof *pf);
@@ -380,6 +395,46 @@ gp_status gp_prefetch_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags)
             r->prefetching = 0;
             free(pf);
         }
+    }
+    pthread_mutex_unlock(&o->lock);
+    return st;
+}
+
+typedef struct gp_bg_offload {
+    gp_offloader *o;
+    gp_offload_opts opts;
+    size_t n_tags;
+    gp_tag tags[];
+} gp_bg_offload;
+
+static gp_status gp_job_offload(void *arg)
+{
+    gp_bg_offload *job = arg;
+    gp_offloader *o = job->o;
+    gp_offload_result res;
+    gp_status st = gp_offload_tags(o, job->tags, job->n_tags, &job->opts, &res);
+    free(job);
+    pthread_mutex_lock(&o->lock);
+    o->n_background--;
+    gp_bg_done(o, st);
+    pthread_mutex_unlock(&o->lock);
+    return st;
+}
+
+gp_status gp_offload_tags_background(gp_offloader *o, const gp_tag *tags, size_t n_tags,
+                                     const gp_offload_opts *opts)
+{
+    gp_status st = gp_check_offload(o, tags, n_tags, opts);
+    if (st != GP_OK) return st;
+    gp_bg_offload *job = malloc(sizeof *job + n_tags * sizeof *tags);
+    if (!job) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a background offload");
+    *job = (gp_bg_offload){.o = o, .opts = *opts, .n_tags = n_tags};
+    memcpy(job->tags, tags, n_tags * sizeof *tags);
+    pthread_mutex_lock(&o->lock);
+    o->n_background++;
+    if ((st = gp_workq_push(o->pq, &o->prefetches, gp_job_offload, job)) != GP_OK) {
+        o->n_background--;
+        free(job);
     }
     pthread_mutex_unlock(&o->lock);
     return st;

@@ -86,8 +86,18 @@ typedef struct gp_offload_result {
 gp_status gp_offload_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, const gp_offload_opts *opts,
                           gp_offload_result *res);
 
+/* gp_offload_tags on the offloader's background thread: returns once it
+ * is queued (GP_ERR_INVALID for a bad tag or codec, GP_ERR_NOMEM).  The
+ * caller goes on while the copies run (the optimizer hook offloads so,
+ * behind the step, while the next forward is queued).  Restores and
+ * prefetches wait for every background offload queued before them; a
+ * failure leaves the tags resident and is reported by the next restore. */
+gp_status gp_offload_tags_background(gp_offloader *o, const gp_tag *tags, size_t n_tags,
+                                     const gp_offload_opts *opts);
+
 /* Restore every offload that holds one of `tags` (an offload of several
- * tags at once comes back whole).  Waits for a prefetch of them under way.
+ * tags at once comes back whole).  Waits for a prefetch of them under way
+ * and for the background offloads queued (reporting a failure of one).
  * To make room it releases cached chunks of any priority (what comes back
  * was live when displaced; cache is nobody's data), then offloads idle
  * registered tags of lower priority than the restored memory's.
@@ -100,9 +110,9 @@ gp_status gp_offload_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, co
  * tags that are not offloaded does nothing. */
 gp_status gp_restore_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, gp_offload_result *res);
 
-/* Start restoring `tags` on a worker thread and return at once; a later
- * gp_restore_tags (or the next prefetch) waits for it and reports its
- * failure. */
+/* Start restoring `tags` on a worker thread and return once it is queued
+ * (after the background offloads queued before it have run); a later
+ * gp_restore_tags waits for it and reports its failure. */
 gp_status gp_prefetch_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags);
 
 /* Make `tag` offloadable under pressure, at `priority` (its memory's:

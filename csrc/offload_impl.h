@@ -77,20 +77,25 @@ struct gp_offloader {
     gp_backend *be;
     pthread_mutex_t op;    /* one offload or restore at a time          */
     pthread_mutex_t lock;  /* records, registry, figures                */
-    pthread_cond_t cond;   /* a prefetch finished                        */
+    pthread_cond_t cond;   /* a prefetch or a background offload finished */
     gp_workq *q;           /* unmaps, maps                              */
-    gp_workq *pq;          /* prefetches (one thread: they take `op`)   */
+    gp_workq *pq;          /* prefetches and background offloads (one
+                              thread, in order: they take `op`)          */
     gp_host_store *hs;
     gp_stream streams[2];
     int n_streams;
     gp_record *records;
     gp_reg reg[GP_MAX_TAGS];
     uint64_t clock;
-    gp_batch prefetches;   /* (waited for through the records' flags) */
+    gp_batch prefetches;   /* (waited for through the records' flags and
+                              n_background)                              */
+    unsigned n_background; /* background offloads queued or running      */
     uint64_t *sums_dev;    /* GP_SUMS_MAX checksums, device memory       */
     uint64_t *sums_host;   /* where they are read back                   */
-    gp_status prefetch_status; /* the last prefetch's failure, reported by the next restore */
-    char prefetch_error[512];
+    /* The last failure of a prefetch or a background offload, reported by
+     * the next offload, restore or prefetch. */
+    gp_status bg_status;
+    char bg_error[512];
     gp_offload_stats st;
     /* Compression (under `op`): codecs opened so far (they must outlive
      * the records that used them), the two jobs' device staging (from the

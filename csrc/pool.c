@@ -412,6 +412,21 @@ static int gp_device_fits(gp_pool *p, uint64_t need, int prio, uint64_t *short_b
 static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, int prio, gp_status *st,
                             int may_trim);
 
+/* Keep reserved near allocated.  The free memory a request cannot use
+ * lies in holes between live blocks (on a LoRA step: two holes of 2.2 GiB
+ * beside a 4.6 GiB request).  Rather than map new memory beside them, give
+ * their chunks back first -- one device sync -- so that the physical
+ * memory moves to where it is needed.  GPUPOOL_CACHE_SLACK is how much
+ * cache may stay; growing is rare once a workload has seen its largest
+ * step, so the sync is too. */
+void gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t size, int prio)
+{
+    double slack = p->cfg.cache_slack;
+    if (slack < 0 || p->n_capturing) return;
+    uint64_t after = p->st.allocated + size, keep = (uint64_t)(slack * (double)after);
+    if (p->st.reserved + need > after + keep) gp_trim_in(p, only, p->st.reserved + need - after - keep, prio);
+}
+
 /* Map new memory so that a free block of at least `size` bytes exists on
  * stream slot sidx, in the slot's region, for a request of `prio` (which
  * may release cache of priorities up to its own to stay under the limit
@@ -441,19 +456,7 @@ static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t siz
             return NULL;
         }
     }
-    /* Keep reserved near allocated.  The free memory a request cannot use
-     * lies in holes between live blocks (on a LoRA step: two holes of 2.2
-     * GiB beside a 4.6 GiB request).  Rather than map new memory beside
-     * them, give their chunks back first -- one device sync -- so that the
-     * physical memory moves to where it is needed.  GPUPOOL_CACHE_SLACK is
-     * how much cache may stay; growing is rare once a workload has seen its
-     * largest step, so the sync is too. */
-    double slack = p->cfg.cache_slack;
-    if (slack >= 0 && !p->n_capturing) {
-        uint64_t after = p->st.allocated + size, keep = (uint64_t)(slack * (double)after);
-        if (p->st.reserved + need > after + keep)
-            gp_trim_in(p, a, p->st.reserved + need - after - keep, prio);
-    }
+    gp_trim_slack(p, a, need, size, prio);
     gp_block *u = gp_bins_find(&a->unmapped[p->slot_life[sidx]], need);
     if (!u) {
         *st = gp_error_set(GP_ERR_OOM, "no unmapped address range of %" PRIu64 " bytes left in the arena", need);

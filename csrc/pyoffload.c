@@ -136,12 +136,13 @@ static gp_offloader *gp_off_of(gp_pool_object *self)
 
 PyObject *gp_py_offload(gp_pool_object *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"tags", "keep", "codec", "elem_size", NULL};
+    static char *kwlist[] = {"tags", "keep", "codec", "elem_size", "wait", NULL};
     PyObject *tags_o;
-    int keep = 1;
+    int keep = 1, wait = 1;
     const char *codec = NULL;
     unsigned elem = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pzI", kwlist, &tags_o, &keep, &codec, &elem)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pzIp", kwlist, &tags_o, &keep, &codec, &elem, &wait))
+        return NULL;
     gp_tag tags[16];
     size_t n;
     if (gp_tags_from(tags_o, tags, 16, &n) < 0) return NULL;
@@ -155,9 +156,10 @@ PyObject *gp_py_offload(gp_pool_object *self, PyObject *args, PyObject *kw)
     gp_offload_result r;
     gp_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = gp_offload_tags(o, tags, n, &opts, &r);
+    st = wait ? gp_offload_tags(o, tags, n, &opts, &r) : gp_offload_tags_background(o, tags, n, &opts);
     Py_END_ALLOW_THREADS
     if (st != GP_OK) return gp_raise(st);
+    if (!wait) Py_RETURN_NONE; /* (the tenant figures follow at the next call) */
     gp_tenant_publish(self->pool);
     return gp_result(&r);
 }
@@ -196,7 +198,10 @@ PyObject *gp_py_prefetch(gp_pool_object *self, PyObject *args)
     gp_offloader *o;
     if (gp_tags_arg(self, args, tags, &n, &o) < 0) return NULL;
     if (!o) Py_RETURN_NONE;
-    gp_status st = gp_prefetch_tags(o, tags, n);
+    gp_status st;
+    Py_BEGIN_ALLOW_THREADS /* (it waits for the background offloads) */
+    st = gp_prefetch_tags(o, tags, n);
+    Py_END_ALLOW_THREADS
     if (st != GP_OK) return gp_raise(st);
     Py_RETURN_NONE;
 }

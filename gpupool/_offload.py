@@ -16,7 +16,7 @@ import contextlib
 import threading
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Literal, Optional, Sequence, Union, overload
 
 from . import _C, _nvcomp
 from ._context import Priority, priority_value, tag_id, tag_lifetime
@@ -75,8 +75,19 @@ def _elem_size(dtype: Any) -> int:
     return size
 
 
+@overload
 def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype: Any = None,
-            device: Optional[int] = None, pool: Optional["PoolView"] = None) -> Dict[str, Any]:
+            wait: Literal[True] = True, device: Optional[int] = None,
+            pool: Optional["PoolView"] = None) -> Dict[str, Any]: ...
+
+
+@overload
+def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype: Any = None,
+            wait: Literal[False], device: Optional[int] = None, pool: Optional["PoolView"] = None) -> None: ...
+
+
+def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype: Any = None, wait: bool = True,
+            device: Optional[int] = None, pool: Optional["PoolView"] = None) -> Optional[Dict[str, Any]]:
     """Move the memory of `tag` (a name or a list of names) to host RAM.
 
     Waits for the streams that used the memory, copies its live blocks to
@@ -92,8 +103,16 @@ def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype:
     released, bytes of the tag's blocks that had to stay (they share a
     mapping unit with other live memory), the codec used.  MemoryError when
     the host limit (GPUPOOL_HOST_LIMIT) cannot hold them; the memory is then
-    as it was."""
-    return dict(_pool(device, pool)._pool.offload(_tag_ids(tag), bool(keep), _codec(codec), _elem_size(dtype)))
+    as it was.
+
+    wait=False queues the offload on the pool's background thread and
+    returns None at once: the caller goes on queueing work (that does not
+    touch the memory) while the copies run.  A later :func:`restore` or
+    :func:`prefetch` waits for it; if it failed, the memory stayed on the
+    device and the next :func:`restore` raises what it failed with."""
+    info = _pool(device, pool)._pool.offload(_tag_ids(tag), bool(keep), _codec(codec), _elem_size(dtype),
+                                             bool(wait))
+    return None if info is None else dict(info)
 
 
 def restore(tag: Tags, *, device: Optional[int] = None, pool: Optional["PoolView"] = None) -> Dict[str, Any]:
@@ -150,7 +169,7 @@ class OffloadHandle:
         self._state_count = -1
 
     # -- what a user may call ------------------------------------------------
-    def offload(self, **kw: Any) -> Dict[str, Any]:
+    def offload(self, **kw: Any) -> Optional[Dict[str, Any]]:
         """Offload the object's memory now (see :func:`offload`; the dtype
         hint is the object's own unless given)."""
         kw.setdefault("dtype", self.elem_size or None)
@@ -245,7 +264,9 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       ``state_dict()`` restores first.
     * an optimizer: before ``step()``, its state is restored and marked
       busy; after it, the state (made by the first step) joins the tag, is
-      marked idle and, with ``offload_after_step=True``, offloaded at once;
+      marked idle and, with ``offload_after_step=True``, offloaded at once,
+      on the pool's background thread (the next forward is queued while
+      the copies run; the next step's restore waits for them);
       the end of the step is a yield point (gpupool.yield_point) for a
       process sharing the GPU (GPUPOOL_TENANT).
 
@@ -326,7 +347,7 @@ def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> No
         h._retag_state(o)
         h._use(False)
         if offload_after_step:
-            h.offload()
+            h.offload(wait=False)
         # The end of a step is a yield point of this process's tenants
         # (GPUPOOL_TENANT): their asks are answered, the next step's room taken.
         _C.tenant_yield(0)

@@ -107,6 +107,52 @@ def test_bad_input_and_host_limit() -> None:
     assert p.lookup(a).state == "used" and p.stats()["reserved"] == reserved and same(a, 100 * MiB, 5)
 
 
+def test_background_offload_is_waited_for_and_reports_failure() -> None:
+    p = pool(host_limit="64MiB")
+    a = p.alloc(8 * MiB, tag="bg_t")
+    fill(a, 8 * MiB, 4)
+    assert gpupool.offload("bg_t", codec="raw", wait=False, pool=p) is None
+    back = gpupool.restore("bg_t", pool=p)  # waits for the offload queued before it, then restores
+    assert back["bytes"] >= 8 * MiB and p.lookup(a).state == "used" and same(a, 8 * MiB, 4)
+    assert p.stats()["offload"]["n_offload"] == 1 and p.stats()["offload"]["n_restore"] == 1
+    gpupool.offload("bg_t", wait=False, pool=p)
+    gpupool.prefetch("bg_t", pool=p)  # queued after it: finds the record the offload made
+    assert gpupool.restore("bg_t", pool=p)["bytes"] == 0 and same(a, 8 * MiB, 4)
+    assert p.stats()["offload"]["n_restore"] == 2
+    # A background offload that fails leaves the memory where it was; the
+    # next restore says why, once.
+    big = p.alloc(100 * MiB, tag="bg_big_t")
+    fill(big, 100 * MiB, 6)
+    reserved = p.stats()["reserved"]
+    gpupool.offload("bg_big_t", codec="raw", wait=False, pool=p)
+    with pytest.raises(MemoryError, match="GPUPOOL_HOST_LIMIT"):
+        gpupool.restore("bg_big_t", pool=p)
+    assert p.lookup(big).state == "used" and p.stats()["reserved"] == reserved and same(big, 100 * MiB, 6)
+    assert gpupool.restore("bg_big_t", pool=p)["bytes"] == 0
+    with pytest.raises(ValueError, match="codec"):  # bad input is refused before anything is queued
+        gpupool.offload("bg_t", codec="lz77", wait=False, pool=p)
+
+
+def test_restore_takes_the_place_of_cache() -> None:
+    # An optimizer's state goes between steps; the backward pass meanwhile
+    # leaves cache behind.  The restore gives back that cache rather than
+    # map on top of it, so the peak falls by what was offloaded.
+    p = pool(cache_slack="0")
+    state = p.alloc(16 * MiB, tag="opt_t")
+    fill(state, 16 * MiB, 8)
+    gpupool.offload("opt_t", codec="raw", pool=p)
+    acts = [p.alloc(4 * MiB, tag="acts_t") for _ in range(8)]  # 32 MiB of activations, then cache
+    for x in acts:
+        p.free(x)
+    before = p.stats()
+    assert before["reserved"] - before["allocated"] >= 32 * MiB
+    back = gpupool.restore("opt_t", pool=p)
+    after = p.stats()
+    assert same(state, 16 * MiB, 8) and after["reserved"] <= before["reserved"]
+    assert after["reserved"] - after["allocated"] <= before["reserved"] - before["allocated"] - back["released"]
+    assert after["reserved_peak"] == before["reserved_peak"]
+
+
 def test_host_limit_option_is_validated() -> None:
     with pytest.raises(ValueError, match="GPUPOOL_HOST_LIMIT"):
         pool(host_limit="lots")
