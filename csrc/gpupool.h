@@ -365,10 +365,12 @@ uint64_t gp_pool_empty_cache(gp_pool *pool);
 
 /* Called when a request of `priority` finds the pool limit or the device
  * full after releasing the cached memory it may release, before it fails,
- * and only while live memory of a lower priority exists: the callback
- * (offload, the arbiter) may give up live memory of priority lower than
- * `priority` -- never of `priority` or above -- and returns the bytes it
- * freed.  Called without the pool's lock held, so it may call gp_*
+ * and only while live memory of a lower priority exists or an offload is
+ * under way (gp_pool_releasing): the callback (offload, the arbiter) may
+ * give up live memory of priority lower than `priority` -- never of
+ * `priority` or above -- and returns the bytes it freed; it waits for the
+ * offloads under way, after which the request is retried even if it freed
+ * nothing itself.  Called without the pool's lock held, so it may call gp_*
  * functions (gp_free of the blocks it gives up, even gp_alloc); the request
  * is then decided afresh (its tag's limit, its stream, a capture begun or
  * ended meanwhile) as if it had just been made.  Asked at most once per
@@ -376,6 +378,11 @@ uint64_t gp_pool_empty_cache(gp_pool *pool);
 typedef uint64_t (*gp_pressure_fn)(void *arg, gp_pool *pool, uint64_t needed,
                                    int priority);
 void gp_pool_set_pressure(gp_pool *pool, gp_pressure_fn fn, void *arg);
+/* An offload of the pool's memory was queued (delta +1) or has finished
+ * (-1) on another thread: until then a request that finds no room asks
+ * the pressure callback, which waits for it.  (Offload plans count
+ * themselves from gp_pool_offload_begin to gp_pool_plan_end.) */
+void gp_pool_releasing(gp_pool *pool, int delta);
 
 /* Limits.  The pool limit caps reserved (mapped) bytes; 0 removes it.  A tag
  * limit caps the bytes allocated under that tag; 0 removes it. */

@@ -188,6 +188,11 @@ uint64_t gp_offload_reclaim(gp_offloader *o, uint64_t needed, int below)
 {
     uint64_t got = 0;
     if (t_operating == o) return 0; /* (an allocation of its own operation) */
+    /* The background offloads give memory back: they go first (the op
+     * lock below waits for one that runs, not for those queued). */
+    pthread_mutex_lock(&o->lock);
+    while (o->n_background) pthread_cond_wait(&o->cond, &o->lock);
+    pthread_mutex_unlock(&o->lock);
     gp_op_lock(o);
     gp_reclaim_locked(o, needed, below, NULL, &got);
     gp_op_unlock(o);
@@ -418,6 +423,7 @@ static gp_status gp_job_offload(void *arg)
     o->n_background--;
     gp_bg_done(o, st);
     pthread_mutex_unlock(&o->lock);
+    gp_pool_releasing(o->pool, -1);
     return st;
 }
 
@@ -430,6 +436,7 @@ gp_status gp_offload_tags_background(gp_offloader *o, const gp_tag *tags, size_t
     if (!job) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a background offload");
     *job = (gp_bg_offload){.o = o, .opts = *opts, .n_tags = n_tags};
     memcpy(job->tags, tags, n_tags * sizeof *tags);
+    gp_pool_releasing(o->pool, 1);
     pthread_mutex_lock(&o->lock);
     o->n_background++;
     if ((st = gp_workq_push(o->pq, &o->prefetches, gp_job_offload, job)) != GP_OK) {
@@ -437,6 +444,7 @@ gp_status gp_offload_tags_background(gp_offloader *o, const gp_tag *tags, size_t
         free(job);
     }
     pthread_mutex_unlock(&o->lock);
+    if (st != GP_OK) gp_pool_releasing(o->pool, -1);
     return st;
 }
 

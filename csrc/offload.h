@@ -126,8 +126,9 @@ gp_status gp_offload_use(gp_offloader *o, gp_tag tag, int busy);
 /* Offload idle registered tags of priority below `below`, the lowest
  * first, then the least recently used, until `needed` bytes were released
  * (the pressure callback does this for the pool; the tenant registry asks
- * it for other processes).  Returns the bytes released; 0 when called from
- * within an offload or restore of the same thread. */
+ * it for other processes), after waiting for the background offloads
+ * queued.  Returns the bytes it released; 0 when called from within an
+ * offload or restore of the same thread. */
 uint64_t gp_offload_reclaim(gp_offloader *o, uint64_t needed, int below);
 /* Bytes of idle registered tags still on the device (what a reclaim could
  * offload now) and of live memory offloaded now. */

@@ -419,12 +419,15 @@ static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t siz
  * memory moves to where it is needed.  GPUPOOL_CACHE_SLACK is how much
  * cache may stay; growing is rare once a workload has seen its largest
  * step, so the sync is too. */
-void gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t size, int prio)
+void gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t size, int prio, uint64_t most)
 {
     double slack = p->cfg.cache_slack;
     if (slack < 0 || p->n_capturing) return;
     uint64_t after = p->st.allocated + size, keep = (uint64_t)(slack * (double)after);
-    if (p->st.reserved + need > after + keep) gp_trim_in(p, only, p->st.reserved + need - after - keep, prio);
+    if (p->st.reserved + need > after + keep) {
+        uint64_t over = p->st.reserved + need - after - keep;
+        gp_trim_in(p, only, over < most ? over : most, prio);
+    }
 }
 
 /* Map new memory so that a free block of at least `size` bytes exists on
@@ -456,7 +459,7 @@ static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t siz
             return NULL;
         }
     }
-    gp_trim_slack(p, a, need, size, prio);
+    gp_trim_slack(p, a, need, size, prio, UINT64_MAX);
     gp_block *u = gp_bins_find(&a->unmapped[p->slot_life[sidx]], need);
     if (!u) {
         *st = gp_error_set(GP_ERR_OOM, "no unmapped address range of %" PRIu64 " bytes left in the arena", need);
@@ -570,7 +573,7 @@ static gp_block *gp_displace(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t bs
 }
 
 /* Ask the pressure callback (offload, the arbiter) to give up live memory
- * of priorities below `prio`.  It runs without the lock, so anything may
+ * of priorities below `prio`, or to wait for the offloads under way.  It runs without the lock, so anything may
  * change meanwhile -- other threads and the callback itself allocate and
  * free -- and the caller must decide everything again afterwards.  Returns
  * whether it gave something up; the lock is held again on return, and the
@@ -581,11 +584,14 @@ static int gp_ask_pressure(gp_pool *p, uint64_t bsize, int prio, gp_status st)
     snprintf(why, sizeof why, "%s", gp_last_error());
     gp_pressure_fn fn = p->pressure;
     void *arg = p->pressure_arg;
+    /* (An offload under way has given its memory back once the callback,
+     * which waits for it, returns: worth deciding again.) */
+    int releasing = p->n_releasing != 0;
     pthread_mutex_unlock(&p->lock);
     uint64_t got = fn(arg, p, bsize, prio);
     pthread_mutex_lock(&p->lock);
-    if (!got) gp_error_set(st, "%s", why);
-    return got != 0;
+    if (!got && !releasing) gp_error_set(st, "%s", why);
+    return got != 0 || releasing;
 }
 
 void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priority, gp_status *status)
@@ -655,7 +661,8 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
         if (st != GP_ERR_OOM && st != GP_ERR_LIMIT) goto fail;
         if ((b = gp_displace(p, a, sidx, bsize, priority, &st))) break;
         /* Live memory of lower priorities, through the callback, once. */
-        if ((st != GP_ERR_OOM && st != GP_ERR_LIMIT) || asked || !p->pressure || !gp_lower_live(p, priority))
+        if ((st != GP_ERR_OOM && st != GP_ERR_LIMIT) || asked || !p->pressure ||
+            !(gp_lower_live(p, priority) || p->n_releasing))
             goto fail;
         asked = 1;
         if (!gp_ask_pressure(p, bsize, priority, st)) goto fail;
@@ -1031,6 +1038,13 @@ void gp_pool_destroy(gp_pool *p)
     pthread_mutex_destroy(&p->lock);
     free(p);
 }
+void gp_pool_releasing(gp_pool *p, int delta)
+{
+    pthread_mutex_lock(&p->lock);
+    p->n_releasing += (unsigned)delta;
+    pthread_mutex_unlock(&p->lock);
+}
+
 void gp_pool_set_pressure(gp_pool *p, gp_pressure_fn fn, void *arg)
 {
     pthread_mutex_lock(&p->lock);

@@ -119,6 +119,11 @@ struct gp_pool {
 
     gp_pressure_fn pressure;
     void *pressure_arg;
+    /* Offloads under way (plans begun and not ended) and background ones
+     * queued (gp_pool_releasing): memory that goes back to the device
+     * soon, which a request that found no room waits for through the
+     * pressure callback. */
+    unsigned n_releasing;
     char last_oom[GP_OOM_REPORT_MAX];
 
     /* The history (trace.c), NULL while off: every event site tests it,
@@ -215,8 +220,8 @@ uint64_t gp_unmap_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len);
 uint64_t gp_trim_in(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio);
 /* Before `need` bytes are mapped for `size` bytes of live blocks: give
  * back cache of priority <= prio (arena `only`, or all when NULL) beyond
- * GPUPOOL_CACHE_SLACK of what will be allocated then. */
-void gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t size, int prio);
+ * GPUPOOL_CACHE_SLACK of what will be allocated then, at most `most`. */
+void gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t size, int prio, uint64_t most);
 /* Merge free neighbours of different streams (the device is idle). */
 void gp_coalesce_idle(gp_pool *p, gp_arena *a);
 /* Map so that a free block of `size` exists on slot sidx; returned removed

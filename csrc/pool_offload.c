@@ -294,6 +294,7 @@ gp_status gp_pool_offload_begin(gp_pool *p, const gp_tag *tags, size_t n_tags, g
             b = y ? y : b;
         }
     }
+    p->n_releasing++; /* (until gp_pool_plan_end) */
     /* What stays: the tags' live blocks that touch no released chunk. */
     for (unsigned k = 0; k < p->n_arenas; k++)
         for (gp_block *b = p->arenas[k].first; b; b = b->next)
@@ -349,14 +350,16 @@ gp_status gp_pool_restore_begin(gp_pool *p, const gp_offload_run *runs, size_t n
         }
         if (st == GP_OK) st = gp_add_run(&pb, a, r->addr, r->addr + r->size);
     }
-    /* What comes back takes the place of cache, as a growth does: after a
-     * phase that left cache (a backward pass, before the optimizer's state
-     * comes back for its step) it would otherwise be mapped on top of it,
-     * and the peak would not fall by what was offloaded.  Cache of any
-     * priority (gp_restore_tags). */
+    /* What comes back takes the place of cache beyond the slack, as a
+     * growth does: after a phase that left cache (a backward pass, before
+     * the optimizer's state comes back for its step) it would otherwise be
+     * mapped on top of it, and the peak would not fall by what was
+     * offloaded.  Cache of any priority (gp_restore_tags), and no more than
+     * it maps: a prefetch during the backward pass would otherwise give
+     * back what the next forward maps again. */
     uint64_t need = 0;
     for (size_t i = 0; st == GP_OK && i < pl->n_runs; i++) need += pl->runs[i].size;
-    if (st == GP_OK) gp_trim_slack(p, NULL, need, pl->offloaded, GP_PRIO_MAX);
+    if (st == GP_OK) gp_trim_slack(p, NULL, need, pl->offloaded, GP_PRIO_MAX, need);
     return gp_plan_done(p, pl, st, out);
 }
 
@@ -477,6 +480,7 @@ gp_status gp_pool_plan_end(gp_pool *p, gp_offload_plan *pl, int resident)
             y = gp_insert_free(p, a, y)->next;
         }
     }
+    if (!pl->restore) p->n_releasing--;
     pthread_mutex_unlock(&p->lock);
     gp_plan_free(pl);
     return GP_OK;

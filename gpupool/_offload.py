@@ -250,7 +250,7 @@ class OffloadHandle:
 
 
 def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after_step: bool = False,
-                prefetch_next: bool = True, device: Optional[int] = None,
+                prefetch_next: bool = True, prefetch_at: Optional[float] = 0.5, device: Optional[int] = None,
                 pool: Optional["PoolView"] = None) -> OffloadHandle:
     """Make a ``torch.nn.Module`` or a ``torch.optim.Optimizer`` offloadable.
 
@@ -266,8 +266,13 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       busy; after it, the state (made by the first step) joins the tag, is
       marked idle and, with ``offload_after_step=True``, offloaded at once,
       on the pool's background thread (the next forward is queued while
-      the copies run; the next step's restore waits for them);
-      the end of the step is a yield point (gpupool.yield_point) for a
+      the copies run; the next step's restore waits for them).  Then the
+      state is prefetched during the backward pass, once the gradients of
+      ``prefetch_at`` of the parameters' bytes have been accumulated (the
+      copies run beside the rest of the backward, whose memory is falling
+      by then); None: the step's own restore brings it back.  With
+      gradient accumulation it comes back in the first backward pass and
+      stays until the step.  The end of the step is a yield point (gpupool.yield_point) for a
       process sharing the GPU (GPUPOOL_TENANT).
 
     Idle offloadable memory of a priority below an allocation's may be
@@ -284,8 +289,13 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
     p = _pool(device, pool)
     h = OffloadHandle(obj, tag, prio, p, pool)
     p._pool.offload_register(h._tid, prio)
+    if prefetch_at is not None and not 0.0 <= prefetch_at <= 1.0:
+        raise ValueError(f"prefetch_at must be a fraction of the parameters' bytes in [0, 1] or None, "
+                         f"got {prefetch_at!r}")
     if is_optimizer:
         _optimizer_hooks(h, obj, offload_after_step)
+        if offload_after_step and prefetch_at is not None:
+            _prefetch_in_backward(h, obj, prefetch_at)
     else:
         tagged(obj, tag, prio, pool=pool)
         h._hint([*obj.parameters(), *obj.buffers()])
@@ -332,13 +342,16 @@ def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> No
     # The context the step allocates under: its new state (the first step
     # makes it) lands under the tag, in the tag's region (offloadable tags
     # are long-lived), not among the gradients it would then share chunks
-    # with.  Per thread; a step that raised leaves it set until the next.
+    # with.  At the priority of the code that steps, which is what may
+    # displace cache under a limit (cache of a priority above the request's
+    # stays): the state moves to the handle's priority after the step.  Per
+    # thread; a step that raised leaves it set until the next.
     saved = threading.local()
 
     def pre(o: Any, args: Any, kwargs: Any) -> None:
         h._enter()
         if getattr(saved, "ctx", None) is None:
-            saved.ctx = _C.set_context(h._tid, h.priority)
+            saved.ctx = _C.set_context(h._tid, _C.get_context()[1])
 
     def post(o: Any, args: Any, kwargs: Any) -> None:
         ctx, saved.ctx = getattr(saved, "ctx", None), None
@@ -359,6 +372,29 @@ def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> No
     if hasattr(opt, "register_state_dict_pre_hook"):
         h._hooks.append(opt.register_state_dict_pre_hook(sd_pre))
     h._retag_state(opt)
+
+
+def _prefetch_in_backward(h: OffloadHandle, opt: Any, at: float) -> None:
+    params = [q for g in getattr(opt, "param_groups", ()) for q in g["params"]
+              if getattr(q, "requires_grad", False) and hasattr(q, "register_post_accumulate_grad_hook")]
+    total = sum(q.numel() * q.element_size() for q in params)
+    # Bytes whose gradients this backward pass has accumulated; -1 once the
+    # prefetch has been started.  The step starts the count afresh.
+    seen = [0]
+
+    def on_grad(q: Any) -> None:
+        if seen[0] < 0:
+            return
+        seen[0] += q.numel() * q.element_size()
+        if seen[0] >= at * total:
+            seen[0] = -1
+            h.prefetch()
+
+    def restart(o: Any, args: Any, kwargs: Any) -> None:
+        seen[0] = 0
+
+    h._hooks += [q.register_post_accumulate_grad_hook(on_grad) for q in params]
+    h._hooks.append(opt.register_step_post_hook(restart))
 
 
 def _flat(x: Any) -> Iterator[Any]:

@@ -4,12 +4,14 @@ clean, and the pressure path offloads idle lower-priority tags only."""
 from __future__ import annotations
 
 import ctypes
+import time
+from typing import Sequence
 
 import pytest
 
 import gpupool
 from gpupool import _C
-from gpupool._context import tag_id
+from gpupool._context import priority_value, tag_id
 
 MiB = 2**20
 
@@ -133,6 +135,22 @@ def test_background_offload_is_waited_for_and_reports_failure() -> None:
         gpupool.offload("bg_t", codec="lz77", wait=False, pool=p)
 
 
+def test_allocation_waits_for_a_background_offload() -> None:
+    # The optimizer hook offloads behind the step while the next forward
+    # allocates: under a limit, a request that finds no room must wait for
+    # the memory on its way out, not fail.  Same priority, not registered:
+    # nothing else the pressure path could give up.
+    p = pool(64 * MiB, limit="48MiB")
+    a = p.alloc(36 * MiB, tag="bgw_t")
+    fill(a, 36 * MiB, 2)
+    gpupool.offload("bgw_t", codec="zstd", wait=False, pool=p)  # compressing takes a while
+    x = p.alloc(36 * MiB, tag="bgw_next_t")
+    assert p.lookup(a).state == "offloaded"
+    p.free(x)
+    gpupool.restore("bgw_t", pool=p)
+    assert same(a, 36 * MiB, 2)
+
+
 def test_restore_takes_the_place_of_cache() -> None:
     # An optimizer's state goes between steps; the backward pass meanwhile
     # leaves cache behind.  The restore gives back that cache rather than
@@ -181,6 +199,111 @@ def test_offloadable_rejects_other_objects() -> None:
     p = pool()
     with pytest.raises(TypeError, match="nn.Module"):
         gpupool.offloadable(object(), "o_t", pool=p)
+
+
+class _FakeOptimizer:
+    """What offloadable() needs of a torch.optim.Optimizer: its step hooks and state."""
+
+    def __init__(self, params: Sequence[object] = ()) -> None:
+        self.state: dict = {}
+        self.param_groups = [{"params": list(params)}]
+        self.hooks: dict = {"pre": [], "post": []}
+        self.seen: tuple = ()
+
+    def _register(self, kind: str, fn: object) -> object:
+        hooks = self.hooks[kind]
+        hooks.append(fn)
+
+        class Handle:
+            def remove(self) -> None:
+                hooks.remove(fn)
+        return Handle()
+
+    def register_step_pre_hook(self, fn: object) -> object:
+        return self._register("pre", fn)
+
+    def register_step_post_hook(self, fn: object) -> object:
+        return self._register("post", fn)
+
+    def step(self) -> None:
+        for f in self.hooks["pre"]:
+            f(self, (), {})
+        self.seen = _C.get_context()  # what the step's new state would be allocated under
+        for f in self.hooks["post"]:
+            f(self, (), {})
+
+
+def test_optimizer_step_allocates_under_its_tag_at_the_callers_priority() -> None:
+    # The first step makes the state: at the handle's low priority it could
+    # not displace the caller's cache under a limit (a full fine-tune under
+    # a cap failed there with 21 GiB of cache).  Under the tag, for placement.
+    p = pool()
+    opt = _FakeOptimizer()
+    h = gpupool.offloadable(opt, "fake_opt_t", priority="low", pool=p)
+    with gpupool.tag("caller_t", priority="high"):
+        opt.step()
+        assert opt.seen[:2] == (tag_id("fake_opt_t"), priority_value("high"))
+        assert _C.get_context()[:2] == (tag_id("caller_t"), priority_value("high"))  # and back after it
+    h.remove()
+
+
+class _FakeParam:
+    """A parameter whose gradient hooks the test fires by hand."""
+
+    requires_grad = True
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.hooks: list = []
+
+    def numel(self) -> int:
+        return self.nbytes // 2
+
+    def element_size(self) -> int:
+        return 2
+
+    def register_post_accumulate_grad_hook(self, fn: object) -> object:
+        self.hooks.append(fn)
+        hooks = self.hooks
+
+        class Handle:
+            def remove(self) -> None:
+                hooks.remove(fn)
+        return Handle()
+
+    def grad_done(self) -> None:
+        for f in self.hooks:
+            f(self)
+
+
+def test_optimizer_state_is_prefetched_during_the_backward_pass() -> None:
+    p = pool()
+    params = [_FakeParam(n * MiB) for n in (4, 3, 2, 1)]  # the backward pass meets them in this order
+    opt = _FakeOptimizer(params)
+    h = gpupool.offloadable(opt, "pf_opt_t", offload_after_step=True, prefetch_at=0.6, pool=p)
+    state = p.alloc(8 * MiB, tag="pf_opt_t")
+    fill(state, 8 * MiB, 9)
+    opt.step()  # offloads the state behind the step
+    gpupool.prefetch("nothing_t", pool=p)  # (waits for the background offload)
+    assert p.lookup(state).state == "offloaded"
+    params[0].grad_done()  # 40% of the bytes: not yet
+    time.sleep(0.05)
+    assert p.lookup(state).state == "offloaded"
+    params[1].grad_done()  # 70%: the prefetch starts
+    deadline = time.monotonic() + 10
+    while p.lookup(state).state != "used" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert p.lookup(state).state == "used" and p.stats()["offload"]["n_restore"] == 1 and same(state, 8 * MiB, 9)
+    params[2].grad_done()  # (once per backward pass)
+    opt.step()  # offloaded again; the next backward pass prefetches again
+    for q in params[:2]:
+        q.grad_done()
+    gpupool.restore("pf_opt_t", pool=p)
+    assert p.stats()["offload"]["n_restore"] == 2
+    h.remove()
+    assert not any(q.hooks for q in params)
+    with pytest.raises(ValueError, match="prefetch_at"):
+        gpupool.offloadable(opt, "pf_opt_t", prefetch_at=1.5, pool=p)
 
 
 def test_snapshot_of_an_offloaded_pool() -> None:
