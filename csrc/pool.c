@@ -419,13 +419,15 @@ static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t siz
  * memory moves to where it is needed.  GPUPOOL_CACHE_SLACK is how much
  * cache may stay; growing is rare once a workload has seen its largest
  * step, so the sync is too. */
-void gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t size, int prio, uint64_t most)
+void gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t size, int prio, uint64_t floor,
+                   uint64_t most)
 {
     double slack = p->cfg.cache_slack;
     if (slack < 0 || p->n_capturing) return;
     uint64_t after = p->st.allocated + size, keep = (uint64_t)(slack * (double)after);
-    if (p->st.reserved + need > after + keep) {
-        uint64_t over = p->st.reserved + need - after - keep;
+    uint64_t target = after + keep > floor ? after + keep : floor;
+    if (p->st.reserved + need > target) {
+        uint64_t over = p->st.reserved + need - target;
         gp_trim_in(p, only, over < most ? over : most, prio);
     }
 }
@@ -459,7 +461,7 @@ static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t siz
             return NULL;
         }
     }
-    gp_trim_slack(p, a, need, size, prio, UINT64_MAX);
+    gp_trim_slack(p, a, need, size, prio, 0, UINT64_MAX);
     gp_block *u = gp_bins_find(&a->unmapped[p->slot_life[sidx]], need);
     if (!u) {
         *st = gp_error_set(GP_ERR_OOM, "no unmapped address range of %" PRIu64 " bytes left in the arena", need);

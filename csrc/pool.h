@@ -220,8 +220,10 @@ uint64_t gp_unmap_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len);
 uint64_t gp_trim_in(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio);
 /* Before `need` bytes are mapped for `size` bytes of live blocks: give
  * back cache of priority <= prio (arena `only`, or all when NULL) beyond
- * GPUPOOL_CACHE_SLACK of what will be allocated then, at most `most`. */
-void gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t size, int prio, uint64_t most);
+ * GPUPOOL_CACHE_SLACK of what will be allocated then, or beyond `floor`
+ * reserved bytes if that is more; at most `most`. */
+void gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t size, int prio, uint64_t floor,
+                   uint64_t most);
 /* Merge free neighbours of different streams (the device is idle). */
 void gp_coalesce_idle(gp_pool *p, gp_arena *a);
 /* Map so that a free block of `size` exists on slot sidx; returned removed

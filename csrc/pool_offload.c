@@ -350,16 +350,18 @@ gp_status gp_pool_restore_begin(gp_pool *p, const gp_offload_run *runs, size_t n
         }
         if (st == GP_OK) st = gp_add_run(&pb, a, r->addr, r->addr + r->size);
     }
-    /* What comes back takes the place of cache beyond the slack, as a
-     * growth does: after a phase that left cache (a backward pass, before
-     * the optimizer's state comes back for its step) it would otherwise be
-     * mapped on top of it, and the peak would not fall by what was
-     * offloaded.  Cache of any priority (gp_restore_tags), and no more than
-     * it maps: a prefetch during the backward pass would otherwise give
-     * back what the next forward maps again. */
+    /* What comes back takes the place of cache beyond the slack where it
+     * would raise reserved past its peak: after a phase that left cache (a
+     * backward pass, before the optimizer's state comes back for its step)
+     * it would otherwise be mapped on top of it, and the peak would not
+     * fall by what was offloaded.  Below the peak the cache stays (the
+     * trim costs a device sync, and the next phase would map it again).
+     * Cache of any priority (gp_restore_tags), and no more than it maps: a
+     * prefetch during the backward pass would otherwise give back what the
+     * next forward maps again. */
     uint64_t need = 0;
     for (size_t i = 0; st == GP_OK && i < pl->n_runs; i++) need += pl->runs[i].size;
-    if (st == GP_OK) gp_trim_slack(p, NULL, need, pl->offloaded, GP_PRIO_MAX, need);
+    if (st == GP_OK) gp_trim_slack(p, NULL, need, pl->offloaded, GP_PRIO_MAX, p->st.reserved_peak, need);
     return gp_plan_done(p, pl, st, out);
 }
 
