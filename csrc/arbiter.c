@@ -626,8 +626,13 @@ static void gp_lat_add(gp_arb_slot *s, uint64_t ns)
 }
 
 /* The asks pending for this tenant, answered: the callback runs with no
- * lock held; one thread of the process answers at a time (the others go on). */
-static uint64_t gp_answer(gp_arbiter *a)
+ * lock held; one thread of the process answers at a time (the others go on).
+ * With `all` (a yield point behind a waiting tenant) it gives all its cache
+ * too, asked or not, and that gift answers every ask made up to its end:
+ * counted once, from `since` (when the first waiter ahead began) when no ask
+ * was pending.  Answering an ask made during the gift again would count a
+ * second reclaim of nothing. */
+static uint64_t gp_answer(gp_arbiter *a, int all, uint64_t since)
 {
     gp_arb_shm *r = a->r;
     if (pthread_mutex_trylock(&a->answering) != 0) return 0;
@@ -644,6 +649,7 @@ static uint64_t gp_answer(gp_arbiter *a)
     uint64_t given = 0;
     if (bytes && a->reclaim) given = a->reclaim(a->reclaim_arg, bytes, level);
     else if (bytes && pool) given = gp_pool_trim(pool, bytes);
+    if (all && pool) given += gp_pool_trim(pool, UINT64_MAX);
     uint64_t cached = 0;
     if (pool) {
         gp_stats s;
@@ -651,14 +657,15 @@ static uint64_t gp_answer(gp_arbiter *a)
         cached = s.reserved - s.allocated;
     }
     if (gp_lock(r) == GP_OK) {
+        if (all) seq = atomic_load(&me->ask_seq);
         me->answer_seq = seq;
         me->answer_bytes = given;
         me->cached = cached;
         me->heartbeat = gp_now();
-        if (bytes) {
+        if (bytes || given) {
             me->n_given++;
             me->bytes_given += given;
-            gp_lat_add(me, me->heartbeat - asked_at);
+            gp_lat_add(me, me->heartbeat - (bytes ? asked_at : since));
         }
         if (atomic_load(&me->ask_seq) == seq) me->ask_bytes = 0, me->ask_time = 0, me->ask_level = 0;
         gp_unlock(r);
@@ -674,7 +681,7 @@ uint64_t gp_arbiter_poll(gp_arbiter *a)
     if (!a || gp_forked(a)) return 0;
     uint32_t seq = atomic_load_explicit(&a->r->slots[a->slot].ask_seq, memory_order_relaxed);
     if (seq == atomic_load_explicit(&a->answered, memory_order_relaxed)) return 0;
-    return gp_answer(a);
+    return gp_answer(a, 0, 0);
 }
 
 /* ------------------------------------------------------------- waiting */
@@ -899,22 +906,23 @@ static void *gp_wait_alloc(gp_arbiter *a, gp_pool *pool, size_t size, gp_stream 
 uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need)
 {
     if (!a || gp_forked(a)) return 0;
-    uint64_t given = gp_arbiter_poll(a);
     gp_arb_shm *r = a->r;
     gp_arb_slot *me = &r->slots[a->slot];
-    if (gp_lock(r) != GP_OK) return given;
+    if (gp_lock(r) != GP_OK) return 0;
     /* The last step's lease ends here. */
     me->wanted = 0, me->want_since = 0, me->granted = 0;
-    uint64_t peak = a->step_peak;
-    int behind = 0;
-    for (int j = 0; j < GP_ARB_SLOTS; j++) behind |= gp_ahead(r, j, a->slot) && !r->slots[j].granted;
+    uint64_t peak = a->step_peak, since = UINT64_MAX;
     me->heartbeat = gp_now();
+    for (int j = 0; j < GP_ARB_SLOTS; j++) {
+        const gp_arb_slot *s = &r->slots[j];
+        uint64_t t = s->want_since ? s->want_since : me->heartbeat;
+        if (gp_ahead(r, j, a->slot) && !s->granted && t < since) since = t;
+    }
     gp_unlock(r);
     gp_changed(r);
     /* Someone waits ahead of this tenant: its cache goes to them now, at
      * a point where it holds no step's memory. */
-    gp_pool *pool = atomic_load(&a->pool);
-    if (behind && pool) given += gp_pool_trim(pool, UINT64_MAX);
+    uint64_t given = since != UINT64_MAX ? gp_answer(a, 1, since) : gp_arbiter_poll(a);
     if (gp_lock(r) != GP_OK) return given;
     uint64_t target = need > peak ? need : peak;
     uint64_t lease = target > me->held ? target - me->held : 0;

@@ -74,6 +74,25 @@ def test_yield_point_answers_a_higher_tenant(group: str, asker: Path) -> None:
     assert pool.stats()["reserved"] == 0
 
 
+def test_cache_given_at_a_later_yield_point_counts(group: str, asker: Path) -> None:
+    """Asked while its memory is live, a tenant answers 0 B; freed and at a yield point while
+    the asker still waits (backing off, no ask pending), it gives its cache, and that counts."""
+    pool = host_tenant(group, "low")
+    block = pool.alloc(16 * MiB)
+    proc = subprocess.Popen([str(asker), "ask", group, "2", "32MiB", "32", "20000"],
+                            env=dict(os.environ, **ASAN_ENV), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not only(_arbiter.tenants(group, "host"), os.getpid())["asked"]:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.001)
+    assert _arbiter.yield_point() == 0  # the block is live
+    pool.free(block)
+    assert _arbiter.yield_point() == 16 * MiB  # within the asker's 0.2 s back-off
+    assert proc.wait(20) == 0, proc.stderr.read() if proc.stderr else ""
+    me = only(_arbiter.tenants(group, "host"), os.getpid())
+    assert me["reclaims_given"] == 2 and me["bytes_given"] == 16 * MiB and len(me["latencies_s"]) == 2
+
+
 def test_without_yield_points_the_asker_times_out(group: str, asker: Path) -> None:
     pool = host_tenant(group, "low")
     pool.free(pool.alloc(16 * MiB))
