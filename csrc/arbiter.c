@@ -33,13 +33,16 @@
 #include "error.h"
 
 #define GP_ARB_MAGIC 0x3174696272617067ull /* "gparbit1" */
-#define GP_ARB_VERSION 2
+#define GP_ARB_VERSION 3
 #define GP_ARB_LOCK_WAIT_S 10              /* a live holder longer: an error     */
 #define GP_ARB_INIT_WAIT_NS 2000000000ull  /* a creator still initialising       */
 #define GP_ARB_REAP_NS 100000000ull        /* dead tenants looked for, waiting   */
 #define GP_ARB_NAP_NS 50000000ull          /* longest sleep between checks       */
 #define GP_ARB_RETRY_NS 100000000ull       /* retry the pool even if short       */
 #define GP_ARB_BACKOFF_NS 200000000ull     /* re-ask a tenant that gave nothing  */
+#define GP_ARB_BUSY_NS 1000000000ull       /* a step this much past twice the last
+                                              one: its tenant went idle          */
+#define GP_ARB_PAUSE_MAX_NS 5000000000ull  /* the most one step adds to a pause  */
 #define MS 1000000ull
 
 typedef struct gp_arb_slot {
@@ -53,6 +56,9 @@ typedef struct gp_arb_slot {
                                    ahead of every want not yet admitted     */
     int32_t pad;
     uint64_t heartbeat;
+    /* Steps between yield points: the current one's start (0: none), the
+     * last one's length, and the time paused for higher priorities. */
+    uint64_t step_start, step_ns, pause_ns;
     /* Asks to this tenant: askers raise ask_bytes/ask_level and bump
      * ask_seq; the tenant sees ask_seq move on its hot path and answers
      * (answer_seq = the ask_seq it answered). */
@@ -74,6 +80,9 @@ typedef struct gp_arb_shm {
     int32_t owner;              /* pid holding the lock (for messages)     */
     int32_t dead;               /* unlinked: whoever maps it starts over   */
     uint64_t limit, total, n_registered, n_reaped;
+    /* Tenants below a busy higher priority start no step before this: the
+     * time their steps owe it (GPUPOOL_TENANT_SHARE). */
+    uint64_t quiet_until;
     char group[64], device[GP_ARB_DEVICE_MAX];
     gp_arb_slot slots[GP_ARB_SLOTS];
 } gp_arb_shm;
@@ -82,7 +91,14 @@ struct gp_arbiter {
     gp_arb_shm *r;
     int slot;
     char shm[160];
-    uint64_t timeout_ns;
+    uint64_t timeout_ns, turn_ns;
+    double share;
+    uint64_t turn_start;        /* this tenant's turn began (0: none); under the lock */
+    _Atomic int turns;          /* it has yield points: equal priorities' asks wait
+                                   for the end of its turn                          */
+    _Atomic uint32_t deferred;  /* the ask_seq left for the end of the turn          */
+    _Atomic int step_due;       /* a yield point passed: the next allocation
+                                   begins a step                                   */
     _Atomic uint64_t unit;      /* the largest map size seen: wants round to it */
     _Atomic uint32_t answered;  /* the ask_seq answered last                */
     pthread_mutex_t answering;  /* one thread of the process answers        */
@@ -402,6 +418,8 @@ gp_status gp_arbiter_open(const gp_arbiter_params *pr, gp_arbiter **out)
     a->fork_gen = atomic_load(&g_fork_gen);
     snprintf(a->shm, sizeof a->shm, "%s", name);
     a->timeout_ns = pr->timeout_ms * MS;
+    a->turn_ns = pr->turn_ms * MS;
+    a->share = pr->share > 0 && pr->share <= 1 ? pr->share : 1;
     pthread_mutex_init(&a->answering, NULL);
     gp_arb_shm *r = NULL;
     if ((st = gp_attach(name, 1, GP_ARB_LOCK_WAIT_S, &r)) != GP_OK) {
@@ -631,8 +649,13 @@ static void gp_lat_add(gp_arb_slot *s, uint64_t ns)
  * too, asked or not, and that gift answers every ask made up to its end:
  * counted once, from `since` (when the first waiter ahead began) when no ask
  * was pending.  Answering an ask made during the gift again would count a
- * second reclaim of nothing. */
-static uint64_t gp_answer(gp_arbiter *a, int all, uint64_t since)
+ * second reclaim of nothing.  A tenant with yield points leaves an equal
+ * priority's ask (for cache) to its yield point at the end of its turn:
+ * mid-step its cache is what the step is about to use again, and each
+ * handover between steps unmaps and maps all of a step's memory.  (Not
+ * while it waits itself (`defer` 0): two equal steps could each wait for
+ * the other's cache.) */
+static uint64_t gp_answer(gp_arbiter *a, int all, int defer, uint64_t since)
 {
     gp_arb_shm *r = a->r;
     if (pthread_mutex_trylock(&a->answering) != 0) return 0;
@@ -645,6 +668,11 @@ static uint64_t gp_answer(gp_arbiter *a, int all, uint64_t since)
     uint64_t bytes = me->ask_bytes, asked_at = me->ask_time;
     int level = me->ask_level;
     gp_unlock(r);
+    if (defer && !all && bytes && level == GP_RECLAIM_CACHE && atomic_load(&a->turns)) {
+        atomic_store(&a->deferred, seq);
+        pthread_mutex_unlock(&a->answering);
+        return 0;
+    }
     gp_pool *pool = atomic_load(&a->pool);
     uint64_t given = 0;
     if (bytes && a->reclaim) given = a->reclaim(a->reclaim_arg, bytes, level);
@@ -676,13 +704,17 @@ static uint64_t gp_answer(gp_arbiter *a, int all, uint64_t since)
     return given;
 }
 
-uint64_t gp_arbiter_poll(gp_arbiter *a)
+static uint64_t gp_poll(gp_arbiter *a, int defer)
 {
     if (!a || gp_forked(a)) return 0;
     uint32_t seq = atomic_load_explicit(&a->r->slots[a->slot].ask_seq, memory_order_relaxed);
-    if (seq == atomic_load_explicit(&a->answered, memory_order_relaxed)) return 0;
-    return gp_answer(a, 0, 0);
+    if (seq == atomic_load_explicit(&a->answered, memory_order_relaxed) ||
+        (defer && seq == atomic_load_explicit(&a->deferred, memory_order_relaxed)))
+        return 0;
+    return gp_answer(a, 0, defer, 0);
 }
+
+uint64_t gp_arbiter_poll(gp_arbiter *a) { return gp_poll(a, 1); }
 
 /* ------------------------------------------------------------- waiting */
 
@@ -812,7 +844,7 @@ static gp_status gp_wait_begin(gp_arbiter *a, gp_wait *w, uint64_t want, int cou
 static gp_status gp_wait_look(gp_arbiter *a, gp_wait *w, uint64_t have, uint64_t *short_b, uint32_t *gen)
 {
     gp_arb_shm *r = a->r;
-    gp_arbiter_poll(a); /* asked meanwhile by a higher priority */
+    gp_poll(a, 0); /* asked meanwhile */
     uint64_t now = gp_now();
     gp_status st = gp_lock(r);
     if (st != GP_OK) return st;
@@ -903,53 +935,126 @@ static void *gp_wait_alloc(gp_arbiter *a, gp_pool *pool, size_t size, gp_stream 
     return p;
 }
 
+/* Whether a tenant above `me` is in a step: it allocated since its last
+ * yield point (a server between requests does not) and has not come back,
+ * for less than twice its last step and a second (longer: it went idle
+ * without a yield point). */
+static int gp_busy_above(const gp_arb_shm *r, const gp_arb_slot *me, uint64_t now)
+{
+    for (int j = 0; j < GP_ARB_SLOTS; j++) {
+        const gp_arb_slot *s = &r->slots[j];
+        if (s == me || !s->pid || s->priority <= me->priority || !s->step_start) continue;
+        if (now - s->step_start < 2 * s->step_ns + GP_ARB_BUSY_NS) return 1;
+    }
+    return 0;
+}
+
+/* While a higher priority computes, the tenants below it compute at most
+ * GPUPOOL_TENANT_SHARE of the time, together: each step they end adds
+ * its length times (1/share - 1) to the group's quiet time, and none of
+ * them starts a step before it is over.  Memory arbitration cannot do
+ * this: the GPU time-slices between processes, so a low step running
+ * beside a high one slows it whatever memory each holds.  Asks are
+ * answered meanwhile; the pause ends as soon as no higher one is busy. */
+static void gp_pause(gp_arbiter *a)
+{
+    gp_arb_shm *r = a->r;
+    gp_arb_slot *me = &r->slots[a->slot];
+    if (a->share >= 1 || gp_lock(r) != GP_OK) return;
+    uint64_t now = gp_now(), t0 = now;
+    if (gp_busy_above(r, me, now)) {
+        uint64_t owe = (uint64_t)((double)me->step_ns * (1 / a->share - 1));
+        r->quiet_until = (r->quiet_until > now ? r->quiet_until : now) +
+                         (owe < GP_ARB_PAUSE_MAX_NS ? owe : GP_ARB_PAUSE_MAX_NS);
+    }
+    while (now < r->quiet_until && gp_busy_above(r, me, now)) {
+        uint64_t nap = r->quiet_until - now < GP_ARB_NAP_NS ? r->quiet_until - now : GP_ARB_NAP_NS;
+        uint32_t gen = atomic_load(&r->gen);
+        gp_unlock(r);
+        gp_arbiter_poll(a);
+        gp_sleep(r, gen, nap);
+        if (gp_lock(r) != GP_OK) return;
+        now = gp_now();
+    }
+    me->pause_ns += now - t0;
+    gp_unlock(r);
+}
+
+/* A yield point passed: the turn begins if it was over, and the step with
+ * the next allocation (gp_step_mark). */
+static void gp_step_due(gp_arbiter *a)
+{
+    if (gp_lock(a->r) != GP_OK) return;
+    if (!a->turn_start) a->turn_start = gp_now();
+    gp_unlock(a->r);
+    atomic_store(&a->step_due, 1);
+}
+
+static void gp_step_mark(gp_arbiter *a)
+{
+    if (gp_forked(a) || !atomic_exchange(&a->step_due, 0) || gp_lock(a->r) != GP_OK) return;
+    a->r->slots[a->slot].step_start = gp_now();
+    gp_unlock(a->r);
+}
+
 uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need)
 {
     if (!a || gp_forked(a)) return 0;
     gp_arb_shm *r = a->r;
     gp_arb_slot *me = &r->slots[a->slot];
+    atomic_store(&a->turns, 1);
+    atomic_store(&a->step_due, 0);
     if (gp_lock(r) != GP_OK) return 0;
-    /* The last step's lease ends here. */
+    /* The last step's lease ends here, and the step. */
+    uint64_t now = gp_now();
     me->wanted = 0, me->want_since = 0, me->granted = 0;
+    if (me->step_start) me->step_ns = now - me->step_start;
+    me->step_start = 0;
+    me->heartbeat = now;
+    /* Within its turn, tenants of its own priority wait on. */
+    int in_turn = a->turn_start && now - a->turn_start < a->turn_ns;
     uint64_t peak = a->step_peak, since = UINT64_MAX;
-    me->heartbeat = gp_now();
     for (int j = 0; j < GP_ARB_SLOTS; j++) {
         const gp_arb_slot *s = &r->slots[j];
-        uint64_t t = s->want_since ? s->want_since : me->heartbeat;
-        if (gp_ahead(r, j, a->slot) && !s->granted && t < since) since = t;
+        uint64_t t = s->want_since ? s->want_since : now;
+        if (gp_ahead(r, j, a->slot) && !s->granted && (!in_turn || s->priority > me->priority) && t < since)
+            since = t;
     }
+    if (since != UINT64_MAX) a->turn_start = 0; /* it gives: its turn is over */
     gp_unlock(r);
     gp_changed(r);
     /* Someone waits ahead of this tenant: its cache goes to them now, at
      * a point where it holds no step's memory. */
-    uint64_t given = since != UINT64_MAX ? gp_answer(a, 1, since) : gp_arbiter_poll(a);
+    uint64_t given = since != UINT64_MAX ? gp_answer(a, 1, 1, since) : gp_arbiter_poll(a);
+    gp_pause(a);
     if (gp_lock(r) != GP_OK) return given;
     uint64_t target = need > peak ? need : peak;
     uint64_t lease = target > me->held ? target - me->held : 0;
     a->step_peak = me->held;
     gp_unlock(r);
-    if (!lease) return given;
     /* Wait for the step's memory, in line, before the step takes any. */
     gp_wait w;
-    if (gp_wait_begin(a, &w, lease, 0) != GP_OK) return given;
-    int granted = 0;
-    for (;;) {
-        uint64_t short_b;
-        uint32_t gen;
-        if (gp_wait_look(a, &w, 0, &short_b, &gen) != GP_OK) break;
-        if (!short_b) {
-            granted = 1;
-            break;
+    if (lease && gp_wait_begin(a, &w, lease, 0) == GP_OK) {
+        int granted = 0;
+        for (;;) {
+            uint64_t short_b;
+            uint32_t gen;
+            if (gp_wait_look(a, &w, 0, &short_b, &gen) != GP_OK) break;
+            if (!short_b) {
+                granted = 1;
+                break;
+            }
+            if (!w.counted && gp_lock(r) == GP_OK) { /* it does wait: a wait */
+                me->n_waits++;
+                w.counted = 1;
+                gp_unlock(r);
+            }
+            if (gp_now() >= w.deadline) break;
+            gp_wait_sleep(a, &w, gen, w.deadline);
         }
-        if (!w.counted && gp_lock(r) == GP_OK) { /* it does wait: a wait */
-            me->n_waits++;
-            w.counted = 1;
-            gp_unlock(r);
-        }
-        if (gp_now() >= w.deadline) break;
-        gp_wait_sleep(a, &w, gen, w.deadline);
+        gp_wait_end(a, &w, granted, granted);
     }
-    gp_wait_end(a, &w, granted, granted);
+    gp_step_due(a);
     return given;
 }
 
@@ -999,6 +1104,7 @@ void *gp_arbiter_alloc(gp_arbiter *a, gp_pool *pool, size_t size, gp_stream stre
     gp_status dummy;
     if (!status) status = &dummy;
     gp_arbiter_poll(a);
+    if (a && atomic_load_explicit(&a->step_due, memory_order_relaxed)) gp_step_mark(a);
     void *p = gp_alloc(pool, size, stream, tag, priority, status);
     if (p || *status != GP_ERR_OOM || !a || gp_forked(a)) return p;
     return gp_wait_alloc(a, pool, size, stream, tag, priority, status);
@@ -1052,6 +1158,7 @@ gp_status gp_arbiter_read(const char *group, const char *device, gp_group_info *
             o->asked = s->answer_seq != atomic_load(&s->ask_seq) ? s->ask_bytes : 0;
             o->n_waits = s->n_waits, o->n_wait_fail = s->n_wait_fail;
             o->wait_ns = s->wait_ns, o->wait_max_ns = s->wait_max_ns;
+            o->pause_ns = s->pause_ns, o->step_ns = s->step_ns;
             o->n_given = s->n_given, o->bytes_given = s->bytes_given;
             o->n_received = s->n_received, o->bytes_received = s->bytes_received;
             o->lat_max_ns = s->lat_max_ns;
@@ -1101,6 +1208,8 @@ gp_status gp_arbiter_pool_create(gp_backend *be, const gp_config *cfg, const cha
         .limit = limit,
         .total = be->total,
         .timeout_ms = cfg->reclaim_timeout_ms,
+        .turn_ms = cfg->tenant_turn_ms,
+        .share = cfg->tenant_share,
     };
     gp_arbiter *a;
     gp_backend *w;

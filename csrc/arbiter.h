@@ -63,6 +63,8 @@ typedef struct gp_arbiter_params {
     uint64_t limit;       /* the group's device limit, 0: none (the device)    */
     uint64_t total;       /* the device's memory                               */
     uint64_t timeout_ms;  /* how long an allocation waits for memory           */
+    uint64_t turn_ms;     /* GPUPOOL_TENANT_TURN (gp_arbiter_yield)             */
+    double share;         /* GPUPOOL_TENANT_SHARE (gp_arbiter_yield), (0, 1]    */
 } gp_arbiter_params;
 
 /* Register in the group's registry, made if absent.  The first tenant of
@@ -88,18 +90,26 @@ void gp_arbiter_publish(gp_arbiter *a, uint64_t offloadable, uint64_t offloaded)
 /* The hot-path check: if a reclaim request is pending for this tenant,
  * answer it now (runs the callback); else one relaxed atomic load.
  * Returns the bytes given (0 when nothing was asked).  Call it where no
- * pool lock is held: before an allocation, after a free, at a step's end. */
+ * pool lock is held: before an allocation, after a free, at a step's end.
+ * Once the tenant has yield points, an ask from its own priority (for its
+ * cache) is left to the yield point that ends its turn (unless it waits
+ * itself, for memory: then every ask is answered). */
 uint64_t gp_arbiter_poll(gp_arbiter *a);
 
-/* A safe point between steps (gpupool.yield_point()): answers pending
- * asks; if a tenant waits ahead of this one, gives its cache back; then
- * takes a lease for the coming step -- waits (up to the timeout, in line
- * like any want) until the group can give what the step will need beyond
- * what this tenant holds: the larger of `need` (bytes held at the step's
- * peak, 0: unknown) and the most it held during the last step.  The lease
- * keeps that room for it until its next yield point, so that two steps
- * never both stall half way, each holding what the other needs.  Returns
- * the bytes given back. */
+/* A safe point between steps (gpupool.yield_point()):
+ * - answers pending asks; if a tenant waits ahead of this one, gives its
+ *   cache back -- one of its own priority only once its turn is over
+ *   (GPUPOOL_TENANT_TURN since its step first began after it last gave);
+ * - while a higher priority is in a step, pauses: the tenants below it
+ *   compute at most GPUPOOL_TENANT_SHARE of the time, together (each step
+ *   they end owes the group its length times 1/share - 1 of quiet);
+ * - takes a lease for the coming step: waits (up to the timeout, in line
+ *   like any want) until the group can give what the step will need beyond
+ *   what this tenant holds: the larger of `need` (bytes held at the step's
+ *   peak, 0: unknown) and the most it held during the last step.  The lease
+ *   keeps that room for it until its next yield point, so that two steps
+ *   never both stall half way, each holding what the other needs.
+ * Returns the bytes given back. */
 uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need);
 /* gp_arbiter_yield of every arbiter of this process's pools (no pool of
  * them may be destroyed meanwhile). */
@@ -160,6 +170,8 @@ typedef struct gp_tenant_info {
     uint64_t seen_ns;           /* since its last sign of life             */
     uint64_t asked;             /* bytes asked of it, not yet answered     */
     uint64_t n_waits, n_wait_fail, wait_ns, wait_max_ns;
+    uint64_t pause_ns;          /* paused at yield points for higher ones  */
+    uint64_t step_ns;           /* its last step, yield point to yield point */
     uint64_t n_given, bytes_given;       /* answers it gave, bytes released */
     uint64_t n_received, bytes_received; /* answers to its asks            */
     uint64_t lat_median_ns, lat_max_ns;  /* ask -> answer, of its answers  */

@@ -552,7 +552,7 @@ static int gp_print_device_limit(const gp_config *c, char *buf, size_t len)
 
 /* A duration: digits with an optional fraction, then ms, s (the default
  * unit) or min; at most a day, in milliseconds. */
-static int gp_parse_timeout(gp_config *c, const char *v, char *why, size_t n)
+static int gp_duration_scan(const char *v, uint64_t *out, char *why, size_t n)
 {
     static const struct { const char *name; uint64_t ms; } units[] = {{"", 1000}, {"s", 1000},
                                                                       {"ms", 1}, {"min", 60000}};
@@ -572,17 +572,52 @@ static int gp_parse_timeout(gp_config *c, const char *v, char *why, size_t n)
         if (!gp_ieq(s, units[i].name)) continue;
         uint64_t ms = whole * units[i].ms + num * units[i].ms / den;
         if (ms > 86400000) return snprintf(why, n, "it is longer than a day"), -1;
-        c->reclaim_timeout_ms = ms;
+        *out = ms;
         return 0;
     }
     return snprintf(why, n, "the unit is not ms, s or min"), -1;
 }
 
-static int gp_print_timeout(const gp_config *c, char *buf, size_t len)
+static int gp_duration_print(uint64_t ms, char *buf, size_t len)
 {
-    uint64_t ms = c->reclaim_timeout_ms;
     if (ms % 1000) return snprintf(buf, len, "%llums", (unsigned long long)ms);
     return snprintf(buf, len, "%llus", (unsigned long long)(ms / 1000));
+}
+
+static int gp_parse_timeout(gp_config *c, const char *v, char *why, size_t n)
+{
+    return gp_duration_scan(v, &c->reclaim_timeout_ms, why, n);
+}
+
+static int gp_print_timeout(const gp_config *c, char *buf, size_t len)
+{
+    return gp_duration_print(c->reclaim_timeout_ms, buf, len);
+}
+
+static int gp_parse_turn(gp_config *c, const char *v, char *why, size_t n)
+{
+    return gp_duration_scan(v, &c->tenant_turn_ms, why, n);
+}
+
+static int gp_print_turn(const gp_config *c, char *buf, size_t len)
+{
+    return gp_duration_print(c->tenant_turn_ms, buf, len);
+}
+
+static int gp_parse_share(gp_config *c, const char *v, char *why, size_t n)
+{
+    gp_size_spec s;
+    if (gp_ieq(v, "1")) return c->tenant_share = 1, 0; /* (a size scan reads 1 byte) */
+    if (gp_size_scan(v, 1, &s, why, n) != 0) return -1;
+    if (s.bytes) return snprintf(why, n, "it is a size, not a fraction"), -1;
+    if (!(s.fraction > 0 && s.fraction <= 1)) return snprintf(why, n, "it is not above 0 and at most 1"), -1;
+    c->tenant_share = s.fraction;
+    return 0;
+}
+
+static int gp_print_share(const gp_config *c, char *buf, size_t len)
+{
+    return gp_percent_print(c->tenant_share, buf, len);
 }
 
 /* The table: variable, keyword, default, accepted values, meaning, parser,
@@ -663,7 +698,17 @@ static int gp_print_timeout(const gp_config *c, char *buf, size_t len)
     X("GPUPOOL_RECLAIM_TIMEOUT", "reclaim_timeout", "30s",                                \
       "a duration such as 30, 2.5s, 500ms or 2min (at most a day); 0: do not wait",       \
       "with GPUPOOL_TENANT: how long an allocation waits for other tenants to give "      \
-      "memory back before it fails", gp_parse_timeout, gp_print_timeout)
+      "memory back before it fails", gp_parse_timeout, gp_print_timeout)                  \
+    X("GPUPOOL_TENANT_TURN", "tenant_turn", "1s",                                        \
+      "a duration such as 1s, 250ms or 2min (at most a day); 0: a turn of one step",     \
+      "with GPUPOOL_TENANT and yield points: how long a tenant keeps its memory across "  \
+      "its steps while one of its own priority waits (each handover unmaps and maps the " \
+      "step's memory); a higher priority never waits for it", gp_parse_turn, gp_print_turn) \
+    X("GPUPOOL_TENANT_SHARE", "tenant_share", "50%",                                      \
+      "a percentage such as 50% or a fraction such as 0.5, above 0; 100% (or 1): no pause", \
+      "with GPUPOOL_TENANT and yield points: the share of the time that the tenants below " \
+      "a busy higher-priority one may compute, together: at their yield points they pause " \
+      "so that it keeps most of the GPU", gp_parse_share, gp_print_share)
 
 #define GP_INFO(env, key, def, accepted, help, parse, print) {env, key, def, accepted, help},
 static const gp_option_info gp_options[] = {GP_OPTIONS(GP_INFO)};
@@ -701,6 +746,8 @@ void gp_config_default(gp_config *cfg)
         .placement = GP_PLACE_LIFETIME,
         .host_limit = {.fraction = 0.5},
         .reclaim_timeout_ms = 30000,
+        .tenant_turn_ms = 1000,
+        .tenant_share = 0.5,
     };
 }
 

@@ -131,6 +131,10 @@ typedef struct gp_config {
                                   group sees it (arbiter.h)                   */
     uint64_t reclaim_timeout_ms; /* GPUPOOL_RECLAIM_TIMEOUT how long an
                                   allocation waits for other tenants          */
+    uint64_t tenant_turn_ms; /* GPUPOOL_TENANT_TURN how long a tenant keeps its
+                                memory across steps before an equal priority */
+    double tenant_share;     /* GPUPOOL_TENANT_SHARE the compute share of the
+                                tenants below a busy higher priority (0, 1] */
 } gp_config;
 
 /* Lifetime-aware placement: with GP_PLACE_LIFETIME, blocks of long-lived

@@ -49,6 +49,7 @@ static PyObject *tenant_dict(const gp_tenant_info *t)
         put_u(d, "waits", t->n_waits) || put_u(d, "wait_failures", t->n_wait_fail) ||
         put(d, "wait_s", PyFloat_FromDouble(t->wait_ns / 1e9)) ||
         put(d, "wait_max_s", PyFloat_FromDouble(t->wait_max_ns / 1e9)) ||
+        put(d, "paused_s", PyFloat_FromDouble(t->pause_ns / 1e9)) || put(d, "step_s", PyFloat_FromDouble(t->step_ns / 1e9)) ||
         put_u(d, "reclaims_given", t->n_given) || put_u(d, "bytes_given", t->bytes_given) ||
         put_u(d, "reclaims_received", t->n_received) || put_u(d, "bytes_received", t->bytes_received) ||
         put(d, "latency_median_s", PyFloat_FromDouble(t->lat_median_ns / 1e9)) ||

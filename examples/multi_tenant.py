@@ -18,7 +18,11 @@ tokens) each job should peak at 10-11.5 GiB, under its 12 GiB quota (check
 the "peak alone" column; the batches are options): four of them cannot all
 be at their peak within 24 GiB. A job short of memory asks lower-priority
 jobs to give theirs back, and waits (``GPUPOOL_RECLAIM_TIMEOUT``, long here
-so that a low job queues rather than fails). At a yield point a job takes
+so that a low job queues rather than fails). A job keeps its memory across
+its steps for a turn (``GPUPOOL_TENANT_TURN``) while one of its own
+priority waits; while the high job is in a step, the jobs below it pause at
+their yield points so that together they compute at most
+``GPUPOOL_TENANT_SHARE`` of the time. At a yield point a job takes
 a lease on the memory its next step will hold at its peak (what it held
 alone, measured in the first phase): it starts the step only once the group
 can give that, so that two steps never both stall half way.
@@ -40,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KINDS = ("lora", "gen")
@@ -59,7 +63,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--size", default="0.5b", help="model shape of qwen_lora_finetune.py (default: 0.5b)")
     p.add_argument("--lora-batch", type=int, default=4, help="sequences per LoRA step (default: 4)")
     p.add_argument("--lora-len", type=int, default=960, help="tokens per sequence (default: 960)")
-    p.add_argument("--lora-steps", type=int, default=30, help="timed LoRA steps (default: 30)")
+    p.add_argument("--lora-steps", type=int, default=150,
+                   help="timed LoRA steps (default: 150, about as long alone as the generate() job)")
     p.add_argument("--gen-batch", type=int, default=40, help="prompts per generate() call (default: 40)")
     p.add_argument("--gen-len", type=int, default=1536, help="tokens per prompt (default: 1536)")
     p.add_argument("--gen-new", type=int, default=256, help="tokens generated per prompt (default: 256)")
@@ -147,7 +152,7 @@ def run_lora(args: argparse.Namespace) -> Dict[str, Any]:
     gpupool.yield_point(args.need)  # a lease for the first step
     gpupool.install_yield_point(opt, args.need)  # and after every step, for the next
     data = batches(m, model.config.vocab_size, m.warmup + m.steps)
-    tokens, seconds = 0, 0.0
+    tokens, seconds, spans = 0, 0.0, []
     for i, ids in enumerate(data):
         torch.cuda.synchronize()
         t = time.perf_counter()
@@ -157,10 +162,11 @@ def run_lora(args: argparse.Namespace) -> Dict[str, Any]:
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
+        spans.append((t, time.perf_counter()))
         if i >= m.warmup:
-            seconds += time.perf_counter() - t
+            seconds += spans[-1][1] - t
             tokens += ids.numel()
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "spans": spans}
 
 
 def run_gen(args: argparse.Namespace) -> Dict[str, Any]:
@@ -180,7 +186,7 @@ def run_gen(args: argparse.Namespace) -> Dict[str, Any]:
     model.eval()
     pad = model.config.eos_token_id if model.config.eos_token_id is not None else 0
     data = prompts(m, model.config.vocab_size, pad, m.warmup + m.steps)
-    tokens, seconds = 0, 0.0
+    tokens, seconds, spans = 0, 0.0, []
     with torch.no_grad():
         for i, (ids, mask) in enumerate(data):
             torch.cuda.synchronize()
@@ -192,10 +198,11 @@ def run_gen(args: argparse.Namespace) -> Dict[str, Any]:
                                      do_sample=False, pad_token_id=pad)
             torch.cuda.synchronize()
             del out
+            spans.append((t, time.perf_counter()))
             if i >= m.warmup:
-                seconds += time.perf_counter() - t
+                seconds += spans[-1][1] - t
                 tokens += m.batch * m.new_tokens
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "spans": spans}
 
 
 # ------------------------------------------------------------- coordinator
@@ -213,16 +220,23 @@ def start(args: argparse.Namespace, name: str, kind: str, prio: str, group: str,
     return subprocess.Popen(cmd, env=env)
 
 
-def watch(group: str, procs: Dict[str, subprocess.Popen], names: Dict[int, str], t0: float) -> List[str]:
+def watch(group: str, procs: Dict[str, subprocess.Popen], names: Dict[int, str],
+          t0: float) -> Tuple[List[str], List[Dict[str, Any]]]:
     """Poll the group's registry until every job ended; print and return who
-    gave memory back, to whom and when, and who waited."""
+    gave memory back, to whom and when, and who waited; and the timeline of
+    each job's held, cached and wanted bytes (every 50 ms)."""
     import gpupool
 
     seen: Dict[int, Dict[str, Any]] = {}
     log: List[str] = []
+    timeline: List[Dict[str, Any]] = []
     while any(p.poll() is None for p in procs.values()):
         for g, device in gpupool.registries():
             info = gpupool.tenants(g, device) if g == group else None
+            if info:
+                timeline.append({"t": round(time.perf_counter() - t0, 3), **{
+                    names.get(t["pid"], str(t["pid"])): [t["held"], t["cached"], t["wanted"], int(t["leased"])]
+                    for t in info["tenants"]}})
             for t in info["tenants"] if info else ():
                 old = seen.get(t["pid"], {"reclaims_given": 0, "bytes_given": 0, "wanted": 0, "waits": 0})
                 who = names.get(t["pid"], str(t["pid"]))
@@ -239,7 +253,7 @@ def watch(group: str, procs: Dict[str, subprocess.Popen], names: Dict[int, str],
                     log.append(line)
                 seen[t["pid"]] = t
         time.sleep(0.05)
-    return log
+    return log, timeline
 
 
 def run_jobs(args: argparse.Namespace, jobs: List[Dict[str, str]], group: str, tmp: str,
@@ -251,13 +265,14 @@ def run_jobs(args: argparse.Namespace, jobs: List[Dict[str, str]], group: str, t
                               os.path.join(tmp, j["name"] + ".json"), needs.get(j["name"], 0))
              for j in jobs}
     names = {p.pid: n for n, p in procs.items()}
-    log = watch(group, procs, names, t0)
+    log, timeline = watch(group, procs, names, t0)
     wall = time.perf_counter() - t0
     results = {}
     for n, p in procs.items():
         path = os.path.join(tmp, n + ".json")
         results[n] = json.load(open(path)) if os.path.exists(path) else {"ok": False, "error": f"exit {p.returncode}"}
-    return {"wall": wall, "jobs": results, "log": log}
+    # (spans: each step's start and end on the clock of t0, shared by the processes)
+    return {"t0": t0, "wall": wall, "jobs": results, "log": log, "timeline": timeline}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -283,7 +298,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         shared = run_jobs(args, jobs, group, tmp, needs)
     fmt_rate = lambda r: f"{r['tokens_per_s']:9.1f}" if r.get("ok") else "   failed"  # noqa: E731
     print(f"\n{'job':<16} {'prio':<7} {'tok/s alone':>11} {'tok/s shared':>12} {'ratio':>6} "
-          f"{'waits':>6} {'waited':>8} {'gave':>16} {'received':>16} {'peak alone':>11} {'shared':>10}")
+          f"{'waits':>6} {'waited':>8} {'paused':>7} {'gave':>16} {'received':>16} {'peak alone':>11} {'shared':>10}")
     lats: List[float] = []
     moved = 0
     for j in jobs:
@@ -295,7 +310,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ratio = s["tokens_per_s"] / a["tokens_per_s"] if s.get("ok") and a.get("ok") else float("nan")
         gib = lambda n: f"{n / 2**30:.2f} GiB"  # noqa: E731
         print(f"{j['name']:<16} {j['prio']:<7} {fmt_rate(a) if a else '        -':>11} {fmt_rate(s):>12} "
-              f"{ratio:6.2f} {t.get('waits', 0):6d} {t.get('wait_s', 0.0):7.1f}s "
+              f"{ratio:6.2f} {t.get('waits', 0):6d} {t.get('wait_s', 0.0):7.1f}s {t.get('paused_s', 0.0):6.1f}s "
               f"{t.get('reclaims_given', 0):4d} {gib(t.get('bytes_given', 0)):>11} "
               f"{t.get('reclaims_received', 0):4d} {gib(t.get('bytes_received', 0)):>11} "
               f"{gib(a.get('peak_reserved', 0)):>11} {gib(s.get('peak_reserved', 0)):>10}")

@@ -93,6 +93,83 @@ def test_cache_given_at_a_later_yield_point_counts(group: str, asker: Path) -> N
     assert me["reclaims_given"] == 2 and me["bytes_given"] == 16 * MiB and len(me["latencies_s"]) == 2
 
 
+def test_equal_priority_waits_for_the_end_of_a_turn(group: str, asker: Path) -> None:
+    """A tenant with yield points keeps its cache across steps while one of its own
+    priority waits, until its turn (GPUPOOL_TENANT_TURN) is over: each handover
+    unmaps and maps a step's memory.  Before, it gave it at the next allocator call."""
+    pool = gpupool.HostPool(256 * MiB, tenant=group, priority="normal", device_limit="32MiB", chunk="1MiB",
+                            large_chunk="1MiB", small_size="64KiB", cache_slack="none", tenant_turn="1500ms")
+    pool.free(pool.alloc(16 * MiB))
+    assert _arbiter.yield_point() == 0  # its turn begins
+    turn = time.monotonic()
+    proc = subprocess.Popen([str(asker), "ask", group, "1", "32MiB", "32", "20000"],
+                            env=dict(os.environ, **ASAN_ENV), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not only(_arbiter.tenants(group, "host"), os.getpid())["asked"]:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.001)
+    given = 0
+    while not given:
+        pool.free(pool.alloc(MiB))  # allocator calls mid-step: the ask waits
+        given = _arbiter.yield_point()
+        assert given or time.monotonic() - turn < 1.5
+        time.sleep(0.01)
+    assert time.monotonic() - turn >= 1.5 and given == 16 * MiB
+    assert proc.wait(20) == 0, proc.stderr.read() if proc.stderr else ""
+    me = only(_arbiter.tenants(group, "host"), os.getpid())
+    assert me["reclaims_given"] == 1 and me["bytes_given"] == 16 * MiB
+
+
+PACED_TENANT = """
+import sys, time, gpupool
+from gpupool import _arbiter
+p = gpupool.HostPool(64 << 20, tenant=sys.argv[1], priority="high")
+_arbiter.yield_point()
+p.free(p.alloc(1 << 20))  # a step begins with its first allocation
+time.sleep(1.0)  # a first step: its length tells how long the next may be busy
+_arbiter.yield_point()
+p.free(p.alloc(1 << 20))
+print("stepping", flush=True)
+time.sleep(float(sys.argv[2]))
+_arbiter.yield_point()  # and then no step: a server between requests
+print("idle", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("share", ["50%", "1"])
+def test_lower_tenants_pause_while_a_higher_one_steps(group: str, share: str) -> None:
+    """While a higher priority is in a step, a lower tenant's yield point pauses so that
+    the steps below it take at most GPUPOOL_TENANT_SHARE of the time (with 50%: as long
+    as its step); with 1, or once the higher one is idle, it does not pause."""
+    pool = gpupool.HostPool(64 * MiB, tenant=group, priority="low", tenant_share=share)
+    high = subprocess.Popen([sys.executable, "-c", PACED_TENANT, group, "4"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert high.stdout.readline().strip() == "stepping"
+        _arbiter.yield_point()
+        pool.free(pool.alloc(MiB))
+        time.sleep(0.4)  # a step of 0.4 s
+        t = time.monotonic()
+        _arbiter.yield_point()
+        paused = time.monotonic() - t
+        me = only(_arbiter.tenants(group, "host"), os.getpid())
+        assert 0.35 <= me["step_s"] < 1.5
+        if share == "1":
+            assert paused < 0.2 and me["paused_s"] == 0
+        else:
+            assert 0.35 <= paused < 2 and me["paused_s"] >= 0.35
+        assert high.stdout.readline().strip() == "idle"
+        pool.free(pool.alloc(MiB))
+        time.sleep(0.4)
+        t = time.monotonic()
+        _arbiter.yield_point()
+        assert time.monotonic() - t < 0.2  # nobody above is busy
+    finally:
+        high.kill()
+        high.wait(10)
+
+
 def test_without_yield_points_the_asker_times_out(group: str, asker: Path) -> None:
     pool = host_tenant(group, "low")
     pool.free(pool.alloc(16 * MiB))

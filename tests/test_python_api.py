@@ -396,6 +396,8 @@ OPTION_SAMPLES = {
     "debug": ["0", "yes"],
     "device_limit": ["24GiB", "0.3", "none"],
     "reclaim_timeout": ["0", "30s", "500ms", "2min"],
+    "tenant_turn": ["0", "1s", "250ms"],
+    "tenant_share": ["1", "100%", "0.25", "33.3333333%"],
 }
 
 

@@ -49,10 +49,15 @@ static void nap_ms(unsigned ms)
 }
 
 /* A tenant: a host pool of `group` with 1 MiB chunks under the arbiter. */
+/* GPUPOOL_TENANT_TURN of the tenants made next (0: equal priorities
+ * alternate at every yield point). */
+static unsigned g_turn_ms;
+
 static gp_pool *tenant(const char *group, int prio, const char *limit, unsigned timeout_ms)
 {
     gp_config cfg;
     gp_config_default(&cfg);
+    cfg.tenant_turn_ms = g_turn_ms;
     cfg.chunk = cfg.large_chunk = 1 * MiB;
     cfg.small_size = 64 * KiB;
     cfg.cache_slack = -1; /* keep cache: what the reclaims must take */
@@ -542,9 +547,10 @@ static int turns_done(int out, gp_pool *p, int fails)
 }
 
 /* Run two `fn` tenants from the same start: neither may fail, and both
- * must have waited (they did contend). */
-static void take_turns(child_fn fn, int rounds)
+ * must have waited (they did contend).  The most waits of one. */
+static uint64_t take_turns(child_fn fn, int rounds)
 {
+    uint64_t most = 0;
     new_group();
     child c[2];
     for (int i = 0; i < 2; i++) c[i] = spawn(fn, &rounds);
@@ -555,8 +561,10 @@ static void take_turns(child_fn fn, int rounds)
         CHECK(fails == 0);
         CHECK(waits > 0 && waits != UINT64_MAX);
         CHECK(finish(&c[i], 10000) == 0);
+        if (waits > most) most = waits;
     }
     CHECK(!registry_exists());
+    return most;
 }
 
 /* Equal priorities: each alternately needs 16 MiB of a 24 MiB group. */
@@ -581,7 +589,7 @@ static int equal_worker(int ctl, int out, void *arg)
     return turns_done(out, p, fails);
 }
 
-static void test_equal_share(void) { take_turns(equal_worker, 60); }
+static void test_equal_share(void) { (void)take_turns(equal_worker, 60); }
 
 /* Steps of two allocations: alone, two such tenants can both hold their
  * first half and wait for each other's second; a lease at each yield point
@@ -609,7 +617,17 @@ static int two_halves(int ctl, int out, void *arg)
     return turns_done(out, p, fails);
 }
 
-static void test_leases(void) { take_turns(two_halves, 20); }
+static void test_leases(void) { (void)take_turns(two_halves, 20); }
+
+/* With a turn of 150 ms, steps of 6 ms or more go in runs (60 steps: two
+ * turns each at least): a handover (one wait of the other) every several
+ * steps, not at every step. */
+static void test_turns(void)
+{
+    g_turn_ms = 150;
+    CHECK(take_turns(two_halves, 60) < 20);
+    g_turn_ms = 0;
+}
 
 /* Take 1 MiB blocks until the group says no; say how many; hold them. */
 static int greedy(int ctl, int out, void *arg)
@@ -758,6 +776,7 @@ int main(int argc, char **argv)
     test_high_never_fails();
     test_equal_share();
     test_leases();
+    test_turns();
     test_device_limit();
     test_fork();
     test_offload_in_a_group();
