@@ -649,12 +649,13 @@ static void gp_lat_add(gp_arb_slot *s, uint64_t ns)
  * too, asked or not, and that gift answers every ask made up to its end:
  * counted once, from `since` (when the first waiter ahead began) when no ask
  * was pending.  Answering an ask made during the gift again would count a
- * second reclaim of nothing.  A tenant with yield points leaves an equal
- * priority's ask (for cache) to its yield point at the end of its turn:
- * mid-step its cache is what the step is about to use again, and each
- * handover between steps unmaps and maps all of a step's memory.  (Not
- * while it waits itself (`defer` 0): two equal steps could each wait for
- * the other's cache.) */
+ * second reclaim of nothing.  A tenant with yield points leaves every ask
+ * to its next yield point (`defer`): its step's lease counted the cache it
+ * held then, and a step that gave that cache away mid-way outgrew its lease
+ * and stalled half way, holding memory, beside others that took what it
+ * gave (on the H100, three LoRA jobs stalled so until killed).  An equal
+ * priority's ask waits there for the end of its turn.  Not while it waits
+ * itself (`defer` 0): two steps could each wait for the other's cache. */
 static uint64_t gp_answer(gp_arbiter *a, int all, int defer, uint64_t since)
 {
     gp_arb_shm *r = a->r;
@@ -668,7 +669,7 @@ static uint64_t gp_answer(gp_arbiter *a, int all, int defer, uint64_t since)
     uint64_t bytes = me->ask_bytes, asked_at = me->ask_time;
     int level = me->ask_level;
     gp_unlock(r);
-    if (defer && !all && bytes && level == GP_RECLAIM_CACHE && atomic_load(&a->turns)) {
+    if (defer && !all && bytes && atomic_load(&a->turns)) {
         atomic_store(&a->deferred, seq);
         pthread_mutex_unlock(&a->answering);
         return 0;

@@ -91,9 +91,10 @@ void gp_arbiter_publish(gp_arbiter *a, uint64_t offloadable, uint64_t offloaded)
  * answer it now (runs the callback); else one relaxed atomic load.
  * Returns the bytes given (0 when nothing was asked).  Call it where no
  * pool lock is held: before an allocation, after a free, at a step's end.
- * Once the tenant has yield points, an ask from its own priority (for its
- * cache) is left to the yield point that ends its turn (unless it waits
- * itself, for memory: then every ask is answered). */
+ * Once the tenant has yield points, asks are left to its next yield point
+ * (a step keeps the memory its lease counted on), an equal priority's to
+ * the one that ends its turn; unless it waits itself, for memory: then
+ * every ask is answered. */
 uint64_t gp_arbiter_poll(gp_arbiter *a);
 
 /* A safe point between steps (gpupool.yield_point()):

@@ -13,7 +13,7 @@ Each job is a process with its own gpupool, started with
 Qwen2-shaped model with LoRA (examples/qwen_lora_finetune.py) and make every
 optimizer step a yield point; ``gen`` jobs serve ``generate()`` calls
 (examples/qwen_inference.py), a yield point before each. With the defaults
-(0.5B shape, LoRA batch 4 of 960 tokens, generate batch 40 of 1536 + 256
+(0.5B shape, LoRA batch 4 of 864 tokens, generate batch 40 of 1536 + 256
 tokens) each job should peak at 10-11.5 GiB, under its 12 GiB quota (check
 the "peak alone" column; the batches are options): four of them cannot all
 be at their peak within 24 GiB. A job short of memory asks lower-priority
@@ -62,7 +62,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--timeout", default="10min", help="GPUPOOL_RECLAIM_TIMEOUT of each job (default: 10min)")
     p.add_argument("--size", default="0.5b", help="model shape of qwen_lora_finetune.py (default: 0.5b)")
     p.add_argument("--lora-batch", type=int, default=4, help="sequences per LoRA step (default: 4)")
-    p.add_argument("--lora-len", type=int, default=960, help="tokens per sequence (default: 960)")
+    p.add_argument("--lora-len", type=int, default=864, help="tokens per sequence (default: 864)")
     p.add_argument("--lora-steps", type=int, default=150,
                    help="timed LoRA steps (default: 150, about as long alone as the generate() job)")
     p.add_argument("--gen-batch", type=int, default=40, help="prompts per generate() call (default: 40)")
@@ -71,6 +71,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--gen-steps", type=int, default=6, help="timed generate() calls (default: 6)")
     p.add_argument("--quick", action="store_true", help="a third of the steps")
     p.add_argument("--skip-alone", action="store_true", help="only the shared run")
+    p.add_argument("--max-wall", type=float, default=0,
+                   help="stop the jobs of a run still going after this many seconds (default: 0, never)")
     p.add_argument("--json", metavar="PATH", help="write the results here")
     p.add_argument("--worker", choices=KINDS, help=argparse.SUPPRESS)
     p.add_argument("--name", help=argparse.SUPPRESS)
@@ -221,7 +223,7 @@ def start(args: argparse.Namespace, name: str, kind: str, prio: str, group: str,
 
 
 def watch(group: str, procs: Dict[str, subprocess.Popen], names: Dict[int, str],
-          t0: float) -> Tuple[List[str], List[Dict[str, Any]]]:
+          t0: float, max_wall: float) -> Tuple[List[str], List[Dict[str, Any]]]:
     """Poll the group's registry until every job ended; print and return who
     gave memory back, to whom and when, and who waited; and the timeline of
     each job's held, cached and wanted bytes (every 50 ms)."""
@@ -231,6 +233,10 @@ def watch(group: str, procs: Dict[str, subprocess.Popen], names: Dict[int, str],
     log: List[str] = []
     timeline: List[Dict[str, Any]] = []
     while any(p.poll() is None for p in procs.values()):
+        if max_wall and time.perf_counter() - t0 > max_wall:
+            print(f"--max-wall {max_wall:g} s passed: stopping the jobs", flush=True)
+            for p in procs.values():
+                p.kill()
         for g, device in gpupool.registries():
             info = gpupool.tenants(g, device) if g == group else None
             if info:
@@ -261,11 +267,14 @@ def run_jobs(args: argparse.Namespace, jobs: List[Dict[str, str]], group: str, t
     """Start `jobs` together in `group` (each leasing needs[name] bytes per
     step); their results and the wall time."""
     t0 = time.perf_counter()
+    for j in jobs:  # a job that dies writes nothing: no result of an earlier run may stand in
+        if os.path.exists(os.path.join(tmp, j["name"] + ".json")):
+            os.remove(os.path.join(tmp, j["name"] + ".json"))
     procs = {j["name"]: start(args, j["name"], j["kind"], j["prio"], group,
                               os.path.join(tmp, j["name"] + ".json"), needs.get(j["name"], 0))
              for j in jobs}
     names = {p.pid: n for n, p in procs.items()}
-    log, timeline = watch(group, procs, names, t0)
+    log, timeline = watch(group, procs, names, t0, args.max_wall)
     wall = time.perf_counter() - t0
     results = {}
     for n, p in procs.items():

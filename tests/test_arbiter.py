@@ -120,6 +120,27 @@ def test_equal_priority_waits_for_the_end_of_a_turn(group: str, asker: Path) -> 
     assert me["reclaims_given"] == 1 and me["bytes_given"] == 16 * MiB
 
 
+def test_a_step_keeps_its_cache_until_its_yield_point(group: str, asker: Path) -> None:
+    """Once a tenant has yield points, a higher priority's ask is answered at the next
+    one, not by an allocator call mid-step: the step's lease counted that cache, and a
+    step that gave it away outgrew its lease and stalled half way (on the H100, three
+    LoRA jobs did so, each holding part of a step, until killed)."""
+    pool = host_tenant(group, "low")
+    pool.free(pool.alloc(16 * MiB))
+    assert _arbiter.yield_point() == 0  # a step begins
+    proc = subprocess.Popen([str(asker), "ask", group, "2", "32MiB", "32", "20000"],
+                            env=dict(os.environ, **ASAN_ENV), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not only(_arbiter.tenants(group, "host"), os.getpid())["asked"]:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.001)
+    for _ in range(5):  # the step goes on, allocating from its cache
+        pool.free(pool.alloc(8 * MiB))
+    assert pool.stats()["reserved"] == 16 * MiB
+    assert _arbiter.yield_point() == 16 * MiB
+    assert proc.wait(20) == 0, proc.stderr.read() if proc.stderr else ""
+
+
 PACED_TENANT = """
 import sys, time, gpupool
 from gpupool import _arbiter
