@@ -54,6 +54,18 @@ def only(info: Dict[str, Any], pid: int) -> Dict[str, Any]:
     return t
 
 
+def ask_of_me(asker: Path, group: str, priority: str) -> subprocess.Popen:
+    """A C tenant of `priority` asking for all 32 MiB (waiting up to 20 s), once its ask
+    to this process is posted."""
+    proc = subprocess.Popen([str(asker), "ask", group, priority, "32MiB", "32", "20000"],
+                            env=dict(os.environ, **ASAN_ENV), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not only(_arbiter.tenants(group, "host"), os.getpid())["asked"]:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.001)
+    return proc
+
+
 def test_yield_point_answers_a_higher_tenant(group: str, asker: Path) -> None:
     pool = host_tenant(group, "low")
     pool.free(pool.alloc(16 * MiB))  # cached: what the asker needs
@@ -79,12 +91,7 @@ def test_cache_given_at_a_later_yield_point_counts(group: str, asker: Path) -> N
     the asker still waits (backing off, no ask pending), it gives its cache, and that counts."""
     pool = host_tenant(group, "low")
     block = pool.alloc(16 * MiB)
-    proc = subprocess.Popen([str(asker), "ask", group, "2", "32MiB", "32", "20000"],
-                            env=dict(os.environ, **ASAN_ENV), stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while not only(_arbiter.tenants(group, "host"), os.getpid())["asked"]:
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.001)
+    proc = ask_of_me(asker, group, "2")
     assert _arbiter.yield_point() == 0  # the block is live
     pool.free(block)
     assert _arbiter.yield_point() == 16 * MiB  # within the asker's 0.2 s back-off
@@ -102,12 +109,7 @@ def test_equal_priority_waits_for_the_end_of_a_turn(group: str, asker: Path) -> 
     pool.free(pool.alloc(16 * MiB))
     assert _arbiter.yield_point() == 0  # its turn begins
     turn = time.monotonic()
-    proc = subprocess.Popen([str(asker), "ask", group, "1", "32MiB", "32", "20000"],
-                            env=dict(os.environ, **ASAN_ENV), stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while not only(_arbiter.tenants(group, "host"), os.getpid())["asked"]:
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.001)
+    proc = ask_of_me(asker, group, "1")
     given = 0
     while not given:
         pool.free(pool.alloc(MiB))  # allocator calls mid-step: the ask waits
@@ -128,12 +130,7 @@ def test_a_step_keeps_its_cache_until_its_yield_point(group: str, asker: Path) -
     pool = host_tenant(group, "low")
     pool.free(pool.alloc(16 * MiB))
     assert _arbiter.yield_point() == 0  # a step begins
-    proc = subprocess.Popen([str(asker), "ask", group, "2", "32MiB", "32", "20000"],
-                            env=dict(os.environ, **ASAN_ENV), stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while not only(_arbiter.tenants(group, "host"), os.getpid())["asked"]:
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.001)
+    proc = ask_of_me(asker, group, "2")
     for _ in range(5):  # the step goes on, allocating from its cache
         pool.free(pool.alloc(8 * MiB))
     assert pool.stats()["reserved"] == 16 * MiB
