@@ -94,9 +94,9 @@ struct gp_arbiter {
     uint64_t timeout_ns, turn_ns;
     double share;
     uint64_t turn_start;        /* this tenant's turn began (0: none); under the lock */
-    _Atomic int turns;          /* it has yield points: equal priorities' asks wait
-                                   for the end of its turn                          */
-    _Atomic uint32_t deferred;  /* the ask_seq left for the end of the turn          */
+    _Atomic int turns;          /* it has yield points: asks wait for the next one,
+                                   an equal priority's for the end of its turn      */
+    _Atomic uint32_t deferred;  /* the ask_seq left for the next yield point        */
     _Atomic int step_due;       /* a yield point passed: the next allocation
                                    begins a step                                   */
     _Atomic uint64_t unit;      /* the largest map size seen: wants round to it */
@@ -955,8 +955,9 @@ static int gp_busy_above(const gp_arb_shm *r, const gp_arb_slot *me, uint64_t no
  * its length times (1/share - 1) to the group's quiet time, and none of
  * them starts a step before it is over.  Memory arbitration cannot do
  * this: the GPU time-slices between processes, so a low step running
- * beside a high one slows it whatever memory each holds.  Asks are
- * answered meanwhile; the pause ends as soon as no higher one is busy. */
+ * beside a high one slows it whatever memory each holds.  Every ask is
+ * answered meanwhile (the lease is taken after the pause); the pause ends
+ * as soon as no higher one is busy. */
 static void gp_pause(gp_arbiter *a)
 {
     gp_arb_shm *r = a->r;
@@ -972,7 +973,7 @@ static void gp_pause(gp_arbiter *a)
         uint64_t nap = r->quiet_until - now < GP_ARB_NAP_NS ? r->quiet_until - now : GP_ARB_NAP_NS;
         uint32_t gen = atomic_load(&r->gen);
         gp_unlock(r);
-        gp_arbiter_poll(a);
+        gp_poll(a, 0); /* between steps: its lease is not taken yet */
         gp_sleep(r, gen, nap);
         if (gp_lock(r) != GP_OK) return;
         now = gp_now();
