@@ -32,7 +32,8 @@ static int cfg_eq(const gp_config *a, const gp_config *b)
            a->torch_patch == b->torch_patch && a->placement == b->placement && a->debug == b->debug &&
            a->device_limit.bytes == b->device_limit.bytes &&
            a->device_limit.fraction == b->device_limit.fraction &&
-           a->reclaim_timeout_ms == b->reclaim_timeout_ms;
+           a->reclaim_timeout_ms == b->reclaim_timeout_ms && a->tenant_turn_ms == b->tenant_turn_ms &&
+           a->tenant_share == b->tenant_share;
 }
 
 static int has(const char *needle) { return strstr(gp_last_error(), needle) != NULL; }
@@ -118,7 +119,7 @@ static void test_table(void)
     const char *keys[] = {"mode", "reserve", "limit", "priority", "codec", "nvcomp", "offload_threads",
                           "tenant", "log", "trace", "chunk", "small_size", "torch_patch",
                           "placement", "large_chunk", "cache_slack", "host_limit", "debug",
-                          "device_limit", "reclaim_timeout"};
+                          "device_limit", "reclaim_timeout", "tenant_turn", "tenant_share"};
     CHECK(n == sizeof keys / sizeof keys[0]);
     gp_config cfg;
     gp_config_default(&cfg);
@@ -474,6 +475,14 @@ static void test_options(void)
           sizeof buf) == GP_OK && strcmp(buf, "1500ms") == 0);
     CHECK(gp_config_set(&c, "reclaim_timeout", "2min") == GP_OK && gp_config_get(&c, "reclaim_timeout", buf,
           sizeof buf) == GP_OK && strcmp(buf, "120s") == 0);
+    /* tenant_turn: the same durations; tenant_share: a share above 0, at most 1 */
+    CHECK(set_ok(&c, "tenant_turn", "250ms") && c.tenant_turn_ms == 250);
+    CHECK(set_bad("tenant_turn", "2h") && has("ms, s or min"));
+    CHECK(set_ok(&c, "tenant_share", "25%") && c.tenant_share == 0.25);
+    CHECK(set_ok(&c, "tenant_share", "1") && c.tenant_share == 1);
+    CHECK(set_bad("tenant_share", "0") && has("above 0"));
+    CHECK(set_bad("tenant_share", "150%"));
+    CHECK(set_bad("tenant_share", "1GiB") && has("not a fraction"));
 }
 
 static void test_names(void)
@@ -539,7 +548,8 @@ static void test_get(void)
                             {"priority", "42"},      {"codec", "BITCOMP"}, {"nvcomp", "/"}, {"offload_threads", "9"},
                             {"tenant", "x.y-z"},     {"log", "all"},         {"trace", "on"},
                             {"chunk", "128KiB"},     {"small_size", "12345"}, {"torch_patch", "off"},
-                            {"debug", "yes"}, {"device_limit", "24GiB"}, {"reclaim_timeout", "250ms"}};
+                            {"debug", "yes"}, {"device_limit", "24GiB"}, {"reclaim_timeout", "250ms"},
+                            {"tenant_turn", "2s"}, {"tenant_share", "0.25"}};
     for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) CHECK(gp_config_set(&a, set[i][0], set[i][1]) == GP_OK);
     size_t n;
     const gp_option_info *o = gp_config_options(&n);
