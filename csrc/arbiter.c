@@ -33,7 +33,7 @@
 #include "error.h"
 
 #define GP_ARB_MAGIC 0x3174696272617067ull /* "gparbit1" */
-#define GP_ARB_VERSION 3
+#define GP_ARB_VERSION 4
 #define GP_ARB_LOCK_WAIT_S 10              /* a live holder longer: an error     */
 #define GP_ARB_INIT_WAIT_NS 2000000000ull  /* a creator still initialising       */
 #define GP_ARB_REAP_NS 100000000ull        /* dead tenants looked for, waiting   */
@@ -52,9 +52,12 @@ typedef struct gp_arb_slot {
     char name[GP_ARB_NAME_MAX];
     uint64_t quota, held, cached, offloadable, offloaded;
     uint64_t wanted, want_since; /* bytes waited for, since (0: none)      */
-    int32_t granted;            /* the want is a step's lease, admitted:
-                                   ahead of every want not yet admitted     */
+    int32_t want_step;          /* the wait is a step's, mid-way: ahead of
+                                   every wait for a step to begin           */
     int32_t pad;
+    uint64_t lease;             /* what it may hold in its current step:
+                                   lease - held is room no other tenant
+                                   takes, whatever its priority (0: none)   */
     uint64_t heartbeat;
     /* Steps between yield points: the current one's start (0: none), the
      * last one's length, and the time paused for higher priorities. */
@@ -506,14 +509,16 @@ void gp_arbiter_close(gp_arbiter *a)
 
 /* --------------------------------------------------------- accounting */
 
-/* Whether the want of slot j comes before slot i's: higher priority first,
- * then the older want; a tenant that waits for nothing is behind every
- * want of its priority, so it cannot take what an equal waits for. */
+/* Whether the want of slot j comes before slot i's: a step stuck mid-way
+ * first (it holds memory that others wait for; a step not begun holds
+ * none), then higher priority, then the older want; a tenant that waits
+ * for nothing is behind every want of its priority, so it cannot take
+ * what an equal waits for. */
 static int gp_ahead(const gp_arb_shm *r, int j, int i)
 {
     const gp_arb_slot *a = &r->slots[j], *b = &r->slots[i];
     if (j == i || !a->pid || !a->wanted) return 0;
-    if (a->granted != b->granted) return a->granted;
+    if (a->want_step != b->want_step) return a->want_step;
     if (a->priority != b->priority) return a->priority > b->priority;
     if (!b->want_since) return 1;
     if (a->want_since != b->want_since) return a->want_since < b->want_since;
@@ -522,18 +527,30 @@ static int gp_ahead(const gp_arb_shm *r, int j, int i)
 
 static uint64_t gp_cap(const gp_arb_shm *r) { return r->limit ? r->limit : r->total; }
 
-/* What slot i may map now, and the bytes wanted ahead of it. */
+/* The room a step's lease still keeps. */
+static uint64_t gp_leased(const gp_arb_slot *s) { return s->lease > s->held ? s->lease - s->held : 0; }
+
+/* What slot i may map now: its own lease's room, and of the room no lease
+ * keeps, what the wants ahead of it leave (*ahead: the bytes leased to
+ * others or wanted ahead).  A lease is a level of held, not a count spent
+ * by maps: a step that unmaps and maps again (its pool trims to fit a
+ * block) keeps its room. */
 static uint64_t gp_avail(const gp_arb_shm *r, int i, uint64_t *ahead, uint64_t *held_all)
 {
-    uint64_t held = 0, w = 0;
+    uint64_t held = 0, leased = 0, w = 0;
     for (int j = 0; j < GP_ARB_SLOTS; j++) {
-        if (!r->slots[j].pid) continue;
-        held += r->slots[j].held;
-        if (gp_ahead(r, j, i)) w += r->slots[j].wanted;
+        const gp_arb_slot *s = &r->slots[j];
+        if (!s->pid) continue;
+        uint64_t l = gp_leased(s);
+        held += s->held;
+        leased += l;
+        if (gp_ahead(r, j, i)) w += s->wanted > l ? s->wanted - l : 0; /* beyond its own lease */
     }
-    if (ahead) *ahead = w;
+    uint64_t mine = gp_leased(&r->slots[i]), cap = gp_cap(r);
+    uint64_t free_b = held + leased >= cap ? 0 : cap - held - leased;
+    if (ahead) *ahead = leased - mine + w;
     if (held_all) *held_all = held;
-    return held + w >= gp_cap(r) ? 0 : gp_cap(r) - held - w;
+    return mine + (free_b > w ? free_b - w : 0);
 }
 
 gp_status gp_arbiter_take(gp_arbiter *a, uint64_t size, gp_backend *inner)
@@ -552,7 +569,7 @@ gp_status gp_arbiter_take(gp_arbiter *a, uint64_t size, gp_backend *inner)
     if (size > avail || (dev_free != UINT64_MAX && dev_free < ahead + size)) {
         char b[4][32];
         st = gp_error_set(GP_ERR_OOM, "gpupool: tenant group '%s' on %s cannot give %s now: %s %s, %s held "
-                          "by its tenants, %s wanted by tenants ahead of this one%s",
+                          "by its tenants, %s leased to or wanted by tenants ahead of this one%s",
                           r->group, r->device, gp_fmt(size, b[0], sizeof b[0]),
                           r->limit ? "limit" : "device", gp_fmt(gp_cap(r), b[1], sizeof b[1]),
                           gp_fmt(held, b[2], sizeof b[2]), gp_fmt(ahead, b[3], sizeof b[3]),
@@ -561,8 +578,6 @@ gp_status gp_arbiter_take(gp_arbiter *a, uint64_t size, gp_backend *inner)
         /* (Its want stays whole until its wait ends: a map of part of it
          * may yet be rolled back.) */
         me->held += size;
-        /* A lease is spent as the step maps. */
-        if (me->granted) me->wanted -= me->wanted < size ? me->wanted : size;
         if (me->held > a->step_peak) a->step_peak = me->held;
         me->heartbeat = gp_now();
     }
@@ -812,24 +827,29 @@ size_t gp_arbiter_report(gp_arbiter *a, char *buf, size_t len)
 typedef struct gp_wait {
     gp_asked v[GP_ARB_SLOTS];
     uint64_t t0, deadline, want;
+    uint64_t lease;          /* a lease's wait: the held level it waits for
+                                (the want follows held: answers trim it)  */
     int counted;             /* a wait in the tenant's counters            */
 } gp_wait;
 
-/* Post the want: queued behind every earlier one of its priority (a lease
- * granted before keeps its place). */
-static gp_status gp_wait_begin(gp_arbiter *a, gp_wait *w, uint64_t want, int counted)
+/* Post the want of `want` bytes, or (lease) of the room to hold `lease`:
+ * queued behind every earlier one of its kind and priority.  `step`: the
+ * tenant is mid-way in a step. */
+static gp_status gp_wait_begin(gp_arbiter *a, gp_wait *w, uint64_t want, uint64_t lease, int step,
+                               int counted)
 {
     gp_arb_shm *r = a->r;
     gp_arb_slot *me = &r->slots[a->slot];
     memset(w->v, 0, sizeof w->v);
     w->t0 = gp_now();
     w->deadline = w->t0 + a->timeout_ns;
-    w->want = want;
+    w->lease = lease;
     w->counted = counted;
     gp_status st = gp_lock(r);
     if (st != GP_OK) return st;
-    me->wanted = want;
-    me->granted = 0; /* more than its lease: in line again, keeping its age */
+    if (lease) want = lease > me->held ? lease - me->held : 0;
+    me->wanted = w->want = want;
+    me->want_step = step;
     if (!me->want_since) me->want_since = w->t0;
     me->n_waits += (uint64_t)counted;
     gp_unlock(r);
@@ -854,9 +874,11 @@ static gp_status gp_wait_look(gp_arbiter *a, gp_wait *w, uint64_t have, uint64_t
         a->next_reap = now + GP_ARB_REAP_NS;
     }
     *gen = atomic_load(&r->gen);
+    gp_arb_slot *me = &r->slots[a->slot];
+    if (w->lease) me->wanted = w->want = w->lease > me->held ? w->lease - me->held : 0;
     uint64_t avail = gp_avail(r, a->slot, NULL, NULL) + have;
     *short_b = w->want > avail ? w->want - avail : 0;
-    gp_collect(r, &r->slots[a->slot], w->v, now);
+    gp_collect(r, me, w->v, now);
     if (*short_b) gp_ask(r, a->slot, w->v, *short_b, now);
     gp_unlock(r);
     if (*short_b) gp_changed(r); /* an asked tenant may sleep in its own wait */
@@ -871,16 +893,16 @@ static void gp_wait_sleep(gp_arbiter *a, gp_wait *w, uint32_t gen, uint64_t unti
     if (until > now) gp_sleep(a->r, gen, until - now);
 }
 
-/* The wait is over: `granted` keeps the want as the step's lease. */
-static void gp_wait_end(gp_arbiter *a, gp_wait *w, int ok, int granted)
+/* The wait is over; a lease's, if `ok`, begins the lease. */
+static void gp_wait_end(gp_arbiter *a, gp_wait *w, int ok)
 {
     gp_arb_shm *r = a->r;
     gp_arb_slot *me = &r->slots[a->slot];
     uint64_t dt = gp_now() - w->t0;
     if (gp_lock(r) != GP_OK) return;
     gp_collect(r, me, w->v, w->t0 + dt);
-    me->granted = granted;
-    if (!granted) me->wanted = 0, me->want_since = 0;
+    if (ok && w->lease) me->lease = w->lease;
+    me->wanted = 0, me->want_since = 0, me->want_step = 0;
     if (w->counted) {
         me->wait_ns += dt;
         if (dt > me->wait_max_ns) me->wait_max_ns = dt;
@@ -897,7 +919,9 @@ static void *gp_wait_alloc(gp_arbiter *a, gp_pool *pool, size_t size, gp_stream 
     uint64_t unit = atomic_load(&a->unit);
     if (!unit) unit = 2 * 1024 * 1024;
     gp_wait w;
-    if ((*st = gp_wait_begin(a, &w, (size + unit - 1) / unit * unit, 1)) != GP_OK) return NULL;
+    /* With yield points, every allocation is in a step. */
+    if ((*st = gp_wait_begin(a, &w, (size + unit - 1) / unit * unit, 0, atomic_load(&a->turns), 1)) != GP_OK)
+        return NULL;
     void *p = NULL;
     int was_short = 1, count_cache = 1;
     uint64_t next_try = w.t0;
@@ -925,7 +949,7 @@ static void *gp_wait_alloc(gp_arbiter *a, gp_pool *pool, size_t size, gp_stream 
         }
         gp_wait_sleep(a, &w, gen, next_try);
     }
-    gp_wait_end(a, &w, p != NULL, 0);
+    gp_wait_end(a, &w, p != NULL);
     if (!p && *st == GP_ERR_OOM) {
         char report[2048], tenants[2048];
         gp_pool_last_oom(pool, report, sizeof report);
@@ -1009,7 +1033,7 @@ uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need)
     if (gp_lock(r) != GP_OK) return 0;
     /* The last step's lease ends here, and the step. */
     uint64_t now = gp_now();
-    me->wanted = 0, me->want_since = 0, me->granted = 0;
+    me->wanted = 0, me->want_since = 0, me->want_step = 0, me->lease = 0;
     if (me->step_start) me->step_ns = now - me->step_start;
     me->step_start = 0;
     me->heartbeat = now;
@@ -1019,7 +1043,7 @@ uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need)
     for (int j = 0; j < GP_ARB_SLOTS; j++) {
         const gp_arb_slot *s = &r->slots[j];
         uint64_t t = s->want_since ? s->want_since : now;
-        if (gp_ahead(r, j, a->slot) && !s->granted && (!in_turn || s->priority > me->priority) && t < since)
+        if (gp_ahead(r, j, a->slot) && (!in_turn || s->priority > me->priority || s->want_step) && t < since)
             since = t;
     }
     if (since != UINT64_MAX) a->turn_start = 0; /* it gives: its turn is over */
@@ -1030,13 +1054,14 @@ uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need)
     uint64_t given = since != UINT64_MAX ? gp_answer(a, 1, 1, since) : gp_arbiter_poll(a);
     gp_pause(a);
     if (gp_lock(r) != GP_OK) return given;
-    uint64_t target = need > peak ? need : peak;
-    uint64_t lease = target > me->held ? target - me->held : 0;
+    uint64_t lease = need > peak ? need : peak;
     a->step_peak = me->held;
+    int room = lease <= me->held;
+    if (room) me->lease = lease; /* its own, if its pool unmaps some mid-step */
     gp_unlock(r);
     /* Wait for the step's memory, in line, before the step takes any. */
     gp_wait w;
-    if (lease && gp_wait_begin(a, &w, lease, 0) == GP_OK) {
+    if (!room && gp_wait_begin(a, &w, 0, lease, 0, 0) == GP_OK) {
         int granted = 0;
         for (;;) {
             uint64_t short_b;
@@ -1054,7 +1079,7 @@ uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need)
             if (gp_now() >= w.deadline) break;
             gp_wait_sleep(a, &w, gen, w.deadline);
         }
-        gp_wait_end(a, &w, granted, granted);
+        gp_wait_end(a, &w, granted);
     }
     gp_step_due(a);
     return given;
@@ -1154,7 +1179,7 @@ gp_status gp_arbiter_read(const char *group, const char *device, gp_group_info *
             memcpy(o->name, s->name, sizeof o->name);
             o->quota = s->quota, o->held = s->held, o->cached = s->cached;
             o->offloadable = s->offloadable, o->offloaded = s->offloaded, o->wanted = s->wanted;
-            o->leased = s->granted;
+            o->lease = s->lease;
             o->waiting_ns = s->want_since ? now - s->want_since : 0;
             o->seen_ns = now > s->heartbeat ? now - s->heartbeat : 0;
             o->asked = s->answer_seq != atomic_load(&s->ask_seq) ? s->ask_bytes : 0;

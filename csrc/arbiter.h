@@ -94,7 +94,11 @@ void gp_arbiter_publish(gp_arbiter *a, uint64_t offloadable, uint64_t offloaded)
  * Once the tenant has yield points, asks are left to its next yield point
  * (a step keeps the memory its lease counted on), an equal priority's to
  * the one that ends its turn; unless it waits itself, for memory: then
- * every ask is answered. */
+ * every ask is answered.  Such a wait is a step's, stuck mid-way: it comes
+ * before every wait for a step to begin, of any priority, and a tenant at
+ * its yield point gives it its cache (else a server of a higher priority,
+ * keeping its cache between requests, could hold a lower step half way
+ * for ever). */
 uint64_t gp_arbiter_poll(gp_arbiter *a);
 
 /* A safe point between steps (gpupool.yield_point()):
@@ -109,7 +113,11 @@ uint64_t gp_arbiter_poll(gp_arbiter *a);
  *   what this tenant holds: the larger of `need` (bytes held at the step's
  *   peak, 0: unknown) and the most it held during the last step.  The lease
  *   keeps that room for it until its next yield point, so that two steps
- *   never both stall half way, each holding what the other needs.
+ *   never both stall half way, each holding what the other needs: no other
+ *   tenant, of whatever priority, maps into it (a higher one asks, and is
+ *   answered at this tenant's next yield point).  It is a level of held,
+ *   not a count that maps spend: a step whose pool unmaps and maps again
+ *   keeps its room.
  * Returns the bytes given back. */
 uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need);
 /* gp_arbiter_yield of every arbiter of this process's pools (no pool of
@@ -165,8 +173,8 @@ typedef struct gp_tenant_info {
     int self;                   /* this process                            */
     char name[GP_ARB_NAME_MAX];
     uint64_t quota, held, cached, offloadable, offloaded;
-    uint64_t wanted;            /* bytes it waits for now, or its lease    */
-    int leased;                 /* `wanted` is the rest of a step's lease  */
+    uint64_t wanted;            /* bytes it waits for now                  */
+    uint64_t lease;             /* what its step may hold (0: no lease)    */
     uint64_t waiting_ns;        /* since when it waits (0: not waiting)    */
     uint64_t seen_ns;           /* since its last sign of life             */
     uint64_t asked;             /* bytes asked of it, not yet answered     */

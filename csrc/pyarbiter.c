@@ -44,7 +44,7 @@ static PyObject *tenant_dict(const gp_tenant_info *t)
         put(d, "priority", PyLong_FromLong(t->priority)) || put(d, "self", PyBool_FromLong(t->self)) ||
         put_u(d, "quota", t->quota) || put_u(d, "held", t->held) || put_u(d, "cached", t->cached) ||
         put_u(d, "offloadable", t->offloadable) || put_u(d, "offloaded", t->offloaded) ||
-        put_u(d, "wanted", t->wanted) || put(d, "leased", PyBool_FromLong(t->leased)) || put(d, "waiting_s", PyFloat_FromDouble(t->waiting_ns / 1e9)) ||
+        put_u(d, "wanted", t->wanted) || put_u(d, "lease", t->lease) || put(d, "waiting_s", PyFloat_FromDouble(t->waiting_ns / 1e9)) ||
         put(d, "seen_s", PyFloat_FromDouble(t->seen_ns / 1e9)) || put_u(d, "asked", t->asked) ||
         put_u(d, "waits", t->n_waits) || put_u(d, "wait_failures", t->n_wait_fail) ||
         put(d, "wait_s", PyFloat_FromDouble(t->wait_ns / 1e9)) ||

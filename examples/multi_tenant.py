@@ -241,7 +241,7 @@ def watch(group: str, procs: Dict[str, subprocess.Popen], names: Dict[int, str],
             info = gpupool.tenants(g, device) if g == group else None
             if info:
                 timeline.append({"t": round(time.perf_counter() - t0, 3), **{
-                    names.get(t["pid"], str(t["pid"])): [t["held"], t["cached"], t["wanted"], int(t["leased"])]
+                    names.get(t["pid"], str(t["pid"])): [t["held"], t["cached"], t["wanted"], t["lease"]]
                     for t in info["tenants"]}})
             for t in info["tenants"] if info else ():
                 old = seen.get(t["pid"], {"reclaims_given": 0, "bytes_given": 0, "wanted": 0, "waits": 0})

@@ -71,7 +71,7 @@ def tenants(group: str, device: str) -> Optional[Dict[str, Any]]:
     """A consistent copy of a registry (dead tenants reclaimed first), or None
     when the group has none on that device: ``{group, device, limit, total,
     registered, reaped, tenants: [{pid, name, priority, quota, held, cached,
-    offloadable, offloaded, wanted, waiting_s, seen_s, waits, wait_failures,
+    offloadable, offloaded, lease, wanted, waiting_s, seen_s, waits, wait_failures,
     reclaims_given, bytes_given, reclaims_received, bytes_received,
     latency_median_s, latency_max_s, latencies_s, ...}]}``."""
     return _C.tenant_read(group, device)
@@ -88,17 +88,16 @@ def format_tenants(info: Dict[str, Any], fmt: Callable[[int], str]) -> str:
     held = sum(t["held"] for t in info["tenants"])
     lines = [f"tenant group '{info['group']}' on {info['device']}: limit {limit}, held {fmt(held)}, "
              f"{len(info['tenants'])} tenants ({info['registered']} registered, {info['reaped']} dead reclaimed)"]
-    head = ("pid", "name", "prio", "quota", "held", "cached", "offloadable", "offloaded", "wanted",
+    head = ("pid", "name", "prio", "quota", "held", "cached", "offloadable", "offloaded", "lease", "wanted",
             "waits", "given", "received", "answer med/max")
     rows = [head]
     for t in sorted(info["tenants"], key=lambda t: (-t["priority"], -t["held"])):
-        wanted = (f"{fmt(t['wanted'])} lease" if t["leased"] else
-                  f"{fmt(t['wanted'])} {t['waiting_s']:.1f}s" if t["wanted"] else "-")
+        wanted = f"{fmt(t['wanted'])} {t['waiting_s']:.1f}s" if t["wanted"] else "-"
         latency = (f"{1e3 * t['latency_median_s']:.1f}/{1e3 * t['latency_max_s']:.1f}ms"
                    if t["latencies_s"] else "-")
         rows.append((str(t["pid"]), t["name"][:24], _prio(t["priority"]),
                      fmt(t["quota"]) if t["quota"] else "-", fmt(t["held"]), fmt(t["cached"]),
-                     fmt(t["offloadable"]), fmt(t["offloaded"]), wanted,
+                     fmt(t["offloadable"]), fmt(t["offloaded"]), fmt(t["lease"]) if t["lease"] else "-", wanted,
                      f"{t['waits']} ({t['wait_failures']} failed)",
                      f"{t['reclaims_given']} ({fmt(t['bytes_given'])})",
                      f"{t['reclaims_received']} ({fmt(t['bytes_received'])})", latency))

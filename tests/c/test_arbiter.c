@@ -629,6 +629,135 @@ static void test_turns(void)
     g_turn_ms = 0;
 }
 
+/* Leases are room no other tenant maps into, whatever its priority, and
+ * a level of held that unmaps do not spend.  A high tenant leases 8 MiB,
+ * maps it, frees it and trims (its step's pool unmapping to fit a block),
+ * then a low one leases 16 MiB of the 24; the high one then wants 12 MiB,
+ * 4 more than its lease: it waits for the low step's end, and the low step
+ * maps its 16 MiB at once.  (Seen on the H100: a lease spent by such
+ * churn, and a higher priority mapping into a lower one's lease, left two
+ * LoRA steps stalled half way.) */
+static int lease_high(int ctl, int out, void *arg)
+{
+    (void)arg;
+    gp_pool *p = tenant(g_group, HIGH, "24MiB", 5000);
+    gp_arbiter *a = gp_arbiter_of(p);
+    gp_arbiter_yield(a, 8 * MiB);
+    void *x = A(p, 8 * MiB, NULL);
+    if (x) gp_free(p, x);
+    gp_pool_trim(p, UINT64_MAX);
+    say(out, x != NULL);
+    char go;
+    if (!stopped(ctl, 10000) || read(ctl, &go, 1) != 1) return 1;
+    uint64_t t0 = now_ms();
+    void *y = A(p, 12 * MiB, NULL);
+    say(out, y != NULL);
+    say(out, now_ms() - t0);
+    if (y) gp_free(p, y);
+    gp_pool_destroy(p);
+    return 0;
+}
+
+static int lease_low(int ctl, int out, void *arg)
+{
+    (void)arg;
+    gp_pool *p = tenant(g_group, LOW, "24MiB", 5000);
+    gp_arbiter *a = gp_arbiter_of(p);
+    gp_arbiter_yield(a, 16 * MiB);
+    say(out, 1);
+    char go;
+    if (!stopped(ctl, 10000) || read(ctl, &go, 1) != 1) return 1;
+    uint64_t t0 = now_ms();
+    void *x = A(p, 16 * MiB, NULL);
+    say(out, x != NULL);
+    say(out, now_ms() - t0);
+    nap_ms(200); /* the step goes on */
+    if (x) gp_free(p, x);
+    gp_arbiter_yield(a, 0); /* its end: the cache goes to the high one */
+    stopped(ctl, 10000);
+    gp_pool_destroy(p);
+    return 0;
+}
+
+static void test_lease_is_kept(void)
+{
+    new_group();
+    child h = spawn(lease_high, NULL);
+    CHECK(hear(&h, 10000) == 1);
+    child l = spawn(lease_low, NULL);
+    CHECK(hear(&l, 10000) == 1);
+    CHECK(write(h.ctl, "g", 1) == 1);
+    nap_ms(100);
+    CHECK(write(l.ctl, "g", 1) == 1);
+    CHECK(hear(&l, 8000) == 1);
+    uint64_t low_ms = hear(&l, 1000);
+    CHECK(low_ms < 1000);
+    CHECK(hear(&h, 8000) == 1);
+    uint64_t high_ms = hear(&h, 1000);
+    CHECK(high_ms >= 250 && high_ms != UINT64_MAX);
+    CHECK(finish(&l, 10000) == 0);
+    CHECK(finish(&h, 10000) == 0);
+    CHECK(!registry_exists());
+}
+
+/* A step stuck mid-way comes before any step's start, and gets the cache
+ * of a higher tenant at that one's yield point: a server of high priority
+ * keeps 12 MiB of cache between its requests (its lease needs no more); a
+ * low step leases 8 MiB and then wants 8 more.  No one asks a higher
+ * priority, so only the server's yield point can end that wait. */
+static int cache_server(int ctl, int out, void *arg)
+{
+    (void)arg;
+    gp_pool *p = tenant(g_group, HIGH, "24MiB", 5000);
+    gp_arbiter *a = gp_arbiter_of(p);
+    int fails = 0;
+    for (int i = 0; !stopped(ctl, 0); i++) {
+        gp_arbiter_yield(a, 12 * MiB);
+        void *x = A(p, 12 * MiB, NULL);
+        fails += !x;
+        if (i == 0) say(out, 1);
+        nap_ms(20);
+        if (x) gp_free(p, x);
+    }
+    say(out, (uint64_t)fails);
+    gp_pool_destroy(p);
+    return 0;
+}
+
+static int overrun_low(int ctl, int out, void *arg)
+{
+    (void)ctl, (void)arg;
+    gp_pool *p = tenant(g_group, LOW, "24MiB", 3000);
+    gp_arbiter *a = gp_arbiter_of(p);
+    gp_arbiter_yield(a, 8 * MiB);
+    void *x = A(p, 8 * MiB, NULL);
+    uint64_t t0 = now_ms();
+    void *y = x ? A(p, 8 * MiB, NULL) : NULL;
+    say(out, y != NULL);
+    say(out, now_ms() - t0);
+    if (y) gp_free(p, y);
+    if (x) gp_free(p, x);
+    gp_arbiter_yield(a, 0);
+    gp_pool_destroy(p);
+    return 0;
+}
+
+static void test_stuck_step_first(void)
+{
+    new_group();
+    child s = spawn(cache_server, NULL);
+    CHECK(hear(&s, 10000) == 1);
+    child l = spawn(overrun_low, NULL);
+    CHECK(hear(&l, 8000) == 1);
+    uint64_t ms = hear(&l, 1000);
+    CHECK(ms < 1500);
+    CHECK(finish(&l, 10000) == 0);
+    stop(&s);
+    CHECK(hear(&s, 8000) == 0);
+    CHECK(finish(&s, 10000) == 0);
+    CHECK(!registry_exists());
+}
+
 /* Take 1 MiB blocks until the group says no; say how many; hold them. */
 static int greedy(int ctl, int out, void *arg)
 {
@@ -777,6 +906,8 @@ int main(int argc, char **argv)
     test_equal_share();
     test_leases();
     test_turns();
+    test_lease_is_kept();
+    test_stuck_step_first();
     test_device_limit();
     test_fork();
     test_offload_in_a_group();
