@@ -54,7 +54,8 @@ typedef struct gp_arb_slot {
     uint64_t wanted, want_since; /* bytes waited for, since (0: none)      */
     int32_t want_step;          /* the wait is a step's, mid-way: ahead of
                                    every wait for a step to begin           */
-    int32_t pad;
+    int32_t in_turn;            /* within its turn: ahead of the waits of
+                                   its priority (GPUPOOL_TENANT_TURN)       */
     uint64_t lease;             /* what it may hold in its current step:
                                    lease - held is room no other tenant
                                    takes, whatever its priority (0: none)   */
@@ -519,6 +520,7 @@ static int gp_ahead(const gp_arb_shm *r, int j, int i)
     const gp_arb_slot *a = &r->slots[j], *b = &r->slots[i];
     if (j == i || !a->pid || !a->wanted) return 0;
     if (a->want_step != b->want_step) return a->want_step;
+    if (a->priority == b->priority && a->in_turn != b->in_turn) return a->in_turn;
     if (a->priority != b->priority) return a->priority > b->priority;
     if (!b->want_since) return 1;
     if (a->want_since != b->want_since) return a->want_since < b->want_since;
@@ -529,6 +531,15 @@ static uint64_t gp_cap(const gp_arb_shm *r) { return r->limit ? r->limit : r->to
 
 /* The room a step's lease still keeps. */
 static uint64_t gp_leased(const gp_arb_slot *s) { return s->lease > s->held ? s->lease - s->held : 0; }
+
+/* The room no lease keeps. */
+static uint64_t gp_free_room(const gp_arb_shm *r)
+{
+    uint64_t used = 0;
+    for (int j = 0; j < GP_ARB_SLOTS; j++)
+        if (r->slots[j].pid) used += r->slots[j].held + gp_leased(&r->slots[j]);
+    return used >= gp_cap(r) ? 0 : gp_cap(r) - used;
+}
 
 /* What slot i may map now: its own lease's room, and of the room no lease
  * keeps, what the wants ahead of it leave (*ahead: the bytes leased to
@@ -546,8 +557,7 @@ static uint64_t gp_avail(const gp_arb_shm *r, int i, uint64_t *ahead, uint64_t *
         leased += l;
         if (gp_ahead(r, j, i)) w += s->wanted > l ? s->wanted - l : 0; /* beyond its own lease */
     }
-    uint64_t mine = gp_leased(&r->slots[i]), cap = gp_cap(r);
-    uint64_t free_b = held + leased >= cap ? 0 : cap - held - leased;
+    uint64_t mine = gp_leased(&r->slots[i]), free_b = gp_free_room(r);
     if (ahead) *ahead = leased - mine + w;
     if (held_all) *held_all = held;
     return mine + (free_b > w ? free_b - w : 0);
@@ -658,10 +668,16 @@ static void gp_lat_add(gp_arb_slot *s, uint64_t ns)
     if (ns > s->lat_max_ns) s->lat_max_ns = ns;
 }
 
+/* When a tenant with yield points answers: at once, at its next yield
+ * point (mid-step), or at once unless the ask is an equal priority's (its
+ * turn goes on). */
+enum { GP_ANSWER_NOW, GP_DEFER_ALL, GP_DEFER_EQUAL };
+
 /* The asks pending for this tenant, answered: the callback runs with no
  * lock held; one thread of the process answers at a time (the others go on).
- * With `all` (a yield point behind a waiting tenant) it gives all its cache
- * too, asked or not, and that gift answers every ask made up to its end:
+ * With a `gift` (a yield point behind waiting tenants: what they wait for)
+ * it gives that much of its cache too, asked or not, and that gift answers
+ * every ask made up to its end:
  * counted once, from `since` (when the first waiter ahead began) when no ask
  * was pending.  Answering an ask made during the gift again would count a
  * second reclaim of nothing.  A tenant with yield points leaves every ask
@@ -670,8 +686,10 @@ static void gp_lat_add(gp_arb_slot *s, uint64_t ns)
  * and stalled half way, holding memory, beside others that took what it
  * gave (on the H100, three LoRA jobs stalled so until killed).  An equal
  * priority's ask waits there for the end of its turn.  Not while it waits
- * itself (`defer` 0): two steps could each wait for the other's cache. */
-static uint64_t gp_answer(gp_arbiter *a, int all, int defer, uint64_t since)
+ * itself (GP_ANSWER_NOW): two steps could each wait for the other's cache;
+ * but between steps within its turn, an equal priority's ask still waits
+ * (GP_DEFER_EQUAL: else the wait for its next lease gave the turn away). */
+static uint64_t gp_answer(gp_arbiter *a, uint64_t gift, int defer, uint64_t since)
 {
     gp_arb_shm *r = a->r;
     if (pthread_mutex_trylock(&a->answering) != 0) return 0;
@@ -684,7 +702,7 @@ static uint64_t gp_answer(gp_arbiter *a, int all, int defer, uint64_t since)
     uint64_t bytes = me->ask_bytes, asked_at = me->ask_time;
     int level = me->ask_level;
     gp_unlock(r);
-    if (defer && !all && bytes && atomic_load(&a->turns)) {
+    if (defer && !gift && bytes && atomic_load(&a->turns) && (defer == GP_DEFER_ALL || level == GP_RECLAIM_CACHE)) {
         atomic_store(&a->deferred, seq);
         pthread_mutex_unlock(&a->answering);
         return 0;
@@ -693,7 +711,7 @@ static uint64_t gp_answer(gp_arbiter *a, int all, int defer, uint64_t since)
     uint64_t given = 0;
     if (bytes && a->reclaim) given = a->reclaim(a->reclaim_arg, bytes, level);
     else if (bytes && pool) given = gp_pool_trim(pool, bytes);
-    if (all && pool) given += gp_pool_trim(pool, UINT64_MAX);
+    if (gift > given && pool) given += gp_pool_trim(pool, gift - given);
     uint64_t cached = 0;
     if (pool) {
         gp_stats s;
@@ -701,7 +719,7 @@ static uint64_t gp_answer(gp_arbiter *a, int all, int defer, uint64_t since)
         cached = s.reserved - s.allocated;
     }
     if (gp_lock(r) == GP_OK) {
-        if (all) seq = atomic_load(&me->ask_seq);
+        if (gift) seq = atomic_load(&me->ask_seq);
         me->answer_seq = seq;
         me->answer_bytes = given;
         me->cached = cached;
@@ -730,7 +748,7 @@ static uint64_t gp_poll(gp_arbiter *a, int defer)
     return gp_answer(a, 0, defer, 0);
 }
 
-uint64_t gp_arbiter_poll(gp_arbiter *a) { return gp_poll(a, 1); }
+uint64_t gp_arbiter_poll(gp_arbiter *a) { return gp_poll(a, GP_DEFER_ALL); }
 
 /* ------------------------------------------------------------- waiting */
 
@@ -830,6 +848,7 @@ typedef struct gp_wait {
     uint64_t lease;          /* a lease's wait: the held level it waits for
                                 (the want follows held: answers trim it)  */
     int counted;             /* a wait in the tenant's counters            */
+    int defer;               /* the asks it leaves for later meanwhile     */
 } gp_wait;
 
 /* Post the want of `want` bytes, or (lease) of the room to hold `lease`:
@@ -845,6 +864,7 @@ static gp_status gp_wait_begin(gp_arbiter *a, gp_wait *w, uint64_t want, uint64_
     w->deadline = w->t0 + a->timeout_ns;
     w->lease = lease;
     w->counted = counted;
+    w->defer = GP_ANSWER_NOW;
     gp_status st = gp_lock(r);
     if (st != GP_OK) return st;
     if (lease) want = lease > me->held ? lease - me->held : 0;
@@ -865,7 +885,7 @@ static gp_status gp_wait_begin(gp_arbiter *a, gp_wait *w, uint64_t want, uint64_
 static gp_status gp_wait_look(gp_arbiter *a, gp_wait *w, uint64_t have, uint64_t *short_b, uint32_t *gen)
 {
     gp_arb_shm *r = a->r;
-    gp_poll(a, 0); /* asked meanwhile */
+    gp_poll(a, w->defer); /* asked meanwhile */
     uint64_t now = gp_now();
     gp_status st = gp_lock(r);
     if (st != GP_OK) return st;
@@ -979,10 +999,10 @@ static int gp_busy_above(const gp_arb_shm *r, const gp_arb_slot *me, uint64_t no
  * its length times (1/share - 1) to the group's quiet time, and none of
  * them starts a step before it is over.  Memory arbitration cannot do
  * this: the GPU time-slices between processes, so a low step running
- * beside a high one slows it whatever memory each holds.  Every ask is
- * answered meanwhile (the lease is taken after the pause); the pause ends
- * as soon as no higher one is busy. */
-static void gp_pause(gp_arbiter *a)
+ * beside a high one slows it whatever memory each holds.  Asks are
+ * answered meanwhile as `defer` says (the lease is taken after the
+ * pause); the pause ends as soon as no higher one is busy. */
+static void gp_pause(gp_arbiter *a, int defer)
 {
     gp_arb_shm *r = a->r;
     gp_arb_slot *me = &r->slots[a->slot];
@@ -997,7 +1017,7 @@ static void gp_pause(gp_arbiter *a)
         uint64_t nap = r->quiet_until - now < GP_ARB_NAP_NS ? r->quiet_until - now : GP_ARB_NAP_NS;
         uint32_t gen = atomic_load(&r->gen);
         gp_unlock(r);
-        gp_poll(a, 0); /* between steps: its lease is not taken yet */
+        gp_poll(a, defer); /* between steps: its lease is not taken yet */
         gp_sleep(r, gen, nap);
         if (gp_lock(r) != GP_OK) return;
         now = gp_now();
@@ -1037,32 +1057,39 @@ uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need)
     if (me->step_start) me->step_ns = now - me->step_start;
     me->step_start = 0;
     me->heartbeat = now;
-    /* Within its turn, tenants of its own priority wait on. */
-    int in_turn = a->turn_start && now - a->turn_start < a->turn_ns;
-    uint64_t peak = a->step_peak, since = UINT64_MAX;
+    /* Within its turn, tenants of its own priority wait on (gp_ahead). */
+    me->in_turn = a->turn_start && now - a->turn_start < a->turn_ns;
+    uint64_t peak = a->step_peak, since = UINT64_MAX, gift = 0;
     for (int j = 0; j < GP_ARB_SLOTS; j++) {
         const gp_arb_slot *s = &r->slots[j];
-        uint64_t t = s->want_since ? s->want_since : now;
-        if (gp_ahead(r, j, a->slot) && (!in_turn || s->priority > me->priority || s->want_step) && t < since)
-            since = t;
+        if (!gp_ahead(r, j, a->slot)) continue;
+        uint64_t t = s->want_since ? s->want_since : now, l = gp_leased(s);
+        if (t < since) since = t;
+        gift += s->wanted > l ? s->wanted - l : 0;
     }
-    if (since != UINT64_MAX) a->turn_start = 0; /* it gives: its turn is over */
+    /* What they wait for and the room no lease keeps does not cover: not
+     * all its cache (a step stuck mid-way may want 128 MiB). */
+    uint64_t room = gp_free_room(r);
+    gift = gift > room ? gift - room : 0;
+    if (gift) a->turn_start = 0, me->in_turn = 0; /* it gives: its turn is over */
+    int defer = me->in_turn ? GP_DEFER_EQUAL : GP_ANSWER_NOW;
     gp_unlock(r);
     gp_changed(r);
     /* Someone waits ahead of this tenant: its cache goes to them now, at
      * a point where it holds no step's memory. */
-    uint64_t given = since != UINT64_MAX ? gp_answer(a, 1, 1, since) : gp_arbiter_poll(a);
-    gp_pause(a);
+    uint64_t given = gift ? gp_answer(a, gift, GP_DEFER_ALL, since) : gp_arbiter_poll(a);
+    gp_pause(a, defer);
     if (gp_lock(r) != GP_OK) return given;
     uint64_t lease = need > peak ? need : peak;
     a->step_peak = me->held;
-    int room = lease <= me->held;
-    if (room) me->lease = lease; /* its own, if its pool unmaps some mid-step */
+    int enough = lease <= me->held;
+    if (enough) me->lease = lease; /* its own, if its pool unmaps some mid-step */
     gp_unlock(r);
     /* Wait for the step's memory, in line, before the step takes any. */
     gp_wait w;
-    if (!room && gp_wait_begin(a, &w, 0, lease, 0, 0) == GP_OK) {
+    if (!enough && gp_wait_begin(a, &w, 0, lease, 0, 0) == GP_OK) {
         int granted = 0;
+        w.defer = defer;
         for (;;) {
             uint64_t short_b;
             uint32_t gen;

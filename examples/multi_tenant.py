@@ -22,7 +22,8 @@ so that a low job queues rather than fails). A job keeps its memory across
 its steps for a turn (``GPUPOOL_TENANT_TURN``) while one of its own
 priority waits; while the high job is in a step, the jobs below it pause at
 their yield points so that together they compute at most
-``GPUPOOL_TENANT_SHARE`` of the time. At a yield point a job takes
+``GPUPOOL_TENANT_SHARE`` of the time (``--share``, 25% here: without MPS
+the GPU time-slices, and a LoRA step beside ``generate()`` slows it). At a yield point a job takes
 a lease on the memory its next step will hold at its peak (what it held
 alone, measured in the first phase): it starts the step only once the group
 can give that, so that two steps never both stall half way.
@@ -60,6 +61,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--limit", default="24GiB", help="GPUPOOL_DEVICE_LIMIT of the group (default: 24GiB)")
     p.add_argument("--quota", default="12GiB", help="GPUPOOL_LIMIT of each job (default: 12GiB)")
     p.add_argument("--timeout", default="10min", help="GPUPOOL_RECLAIM_TIMEOUT of each job (default: 10min)")
+    p.add_argument("--share", default="25%",
+                   help="GPUPOOL_TENANT_SHARE of each job: the compute time the jobs below a busy higher one "
+                        "get, together (default: 25%%; the library's is 50%%)")
     p.add_argument("--size", default="0.5b", help="model shape of qwen_lora_finetune.py (default: 0.5b)")
     p.add_argument("--lora-batch", type=int, default=4, help="sequences per LoRA step (default: 4)")
     p.add_argument("--lora-len", type=int, default=864, help="tokens per sequence (default: 864)")
@@ -212,7 +216,8 @@ def run_gen(args: argparse.Namespace) -> Dict[str, Any]:
 def start(args: argparse.Namespace, name: str, kind: str, prio: str, group: str, out: str,
           need: int) -> subprocess.Popen:
     env = dict(os.environ, GPUPOOL_TENANT=group, GPUPOOL_DEVICE_LIMIT=args.limit, GPUPOOL_PRIORITY=prio,
-               GPUPOOL_LIMIT=args.quota, GPUPOOL_RECLAIM_TIMEOUT=args.timeout, HF_HUB_OFFLINE="1")
+               GPUPOOL_LIMIT=args.quota, GPUPOOL_RECLAIM_TIMEOUT=args.timeout, GPUPOOL_TENANT_SHARE=args.share,
+               HF_HUB_OFFLINE="1")
     # --name first: `top` shows the start of the command line.
     cmd = [sys.executable, os.path.abspath(__file__), "--name", name, "--worker", kind, "--out", out,
            "--size", args.size, "--lora-batch", str(args.lora_batch), "--lora-len", str(args.lora_len),
