@@ -607,7 +607,9 @@ static _Thread_local cu_backend *cu_k_loading;
 static void cu_k_load_once(void)
 {
     cu_backend *cb = cu_k_loading;
-    cb->k_load = cu_api.module_load_data(&cb->k_module, gp_kernels_ptx);
+    /* SASS where it has this GPU's, else PTX (JIT). */
+    cb->k_load = cu_api.module_load_data(&cb->k_module, gp_kernels_sass);
+    if (cb->k_load != CUDA_SUCCESS) cb->k_load = cu_api.module_load_data(&cb->k_module, gp_kernels_ptx);
     if (cb->k_load == CUDA_SUCCESS)
         cb->k_load = cu_api.module_get_function(&cb->k_checksum, cb->k_module, "gp_checksum_kernel");
     if (cb->k_load == CUDA_SUCCESS)

@@ -129,3 +129,31 @@ def test_idle_module_offloaded_under_pressure_and_restored_by_its_hook(run_py) -
         print("OK")
     """)
     assert "OK" in r.stdout
+
+
+def test_offload_loads_its_kernels_without_jit(run_py) -> None:
+    """The checksum and gather kernels load as SASS on the GPUs of the
+    generations tools/gen_ptx.py builds for: a PTX JIT maps the driver's
+    compiler (32 MiB more host RSS at the first offload on the H100).
+    CUDA_CACHE_DISABLE makes a JIT show even where the driver's cache holds
+    an earlier one."""
+    r = run_py("""
+        import torch, gpupool
+        gpupool.enable()
+        def jit():
+            return any("ptxjitcompiler" in line for line in open("/proc/self/maps"))
+        with gpupool.tag("w"):
+            x = torch.ones(1 << 20, device="cuda")
+        torch.cuda.synchronize()
+        before = jit()
+        gpupool.offload("w", codec="raw")
+        gpupool.restore("w")
+        assert torch.equal(x, torch.ones_like(x))
+        print("jit", before, jit(), torch.cuda.get_device_capability()[0])
+    """, env={"CUDA_CACHE_DISABLE": "1"})
+    before, after, major = r.stdout.split()[-3:]
+    if int(major) not in (8, 9, 10, 12):
+        pytest.skip(f"no SASS of compute capability {major}.x: the PTX is JIT-compiled")
+    if before == "True":
+        pytest.skip("torch's own kernels needed the JIT: ours cannot be told apart")
+    assert after == "False", r.stdout
