@@ -22,6 +22,7 @@
 #include "codec.h"
 #include "offload.h"
 #include "pool_check.h"
+#include "rng.h"
 
 enum { LOW = GP_PRIO_LOW, NORMAL = GP_PRIO_NORMAL, HIGH = GP_PRIO_HIGH };
 
@@ -769,6 +770,72 @@ static void test_stuck_step_first(void)
     CHECK(!registry_exists());
 }
 
+/* Four tenants (low, normal, normal, high) of a 24 MiB group run steps of
+ * random peaks (4-12 MiB, said at the yield point before each), made of
+ * blocks of 1-3 MiB that they free and map again mid-step, trimming their
+ * cache now and then (as a pool does to fit a block).  No allocation may
+ * fail: two steps stalled half way would each fail at the timeout (the
+ * H100 runs of examples/multi_tenant.py stalled so twice). */
+static int random_steps(int ctl, int out, void *arg)
+{
+    int prio = *(int *)arg, fails = 0;
+    gp_pool *p = tenant(g_group, prio, "24MiB", 4000);
+    gp_arbiter *a = gp_arbiter_of(p);
+    rng_state = 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
+    say(out, 1);
+    char go;
+    if (!stopped(ctl, 10000) || read(ctl, &go, 1) != 1) return 1;
+    uint64_t peak = 4 + rnd() % 9; /* MiB, of the coming step */
+    for (int i = 0; i < 30; i++) {
+        gp_arbiter_yield(a, peak * MiB);
+        void *x[16];
+        uint64_t size[16], held = 0;
+        int n = 0;
+        while (held < peak && n < 16) {
+            if (n && rnd() % 4 == 0) {
+                int k = (int)(rnd() % (uint64_t)n);
+                gp_free(p, x[k]);
+                held -= size[k];
+                x[k] = x[n - 1], size[k] = size[n - 1], n--;
+                if (rnd() % 2) gp_pool_trim(p, UINT64_MAX);
+                continue;
+            }
+            uint64_t s = 1 + rnd() % 3;
+            if (s > peak - held) s = peak - held;
+            if (!(x[n] = A(p, s * MiB, NULL))) {
+                fails++;
+                break;
+            }
+            size[n++] = s;
+            held += s;
+        }
+        nap_ms(1 + (unsigned)(rnd() % 3));
+        while (n) gp_free(p, x[--n]);
+        peak = 4 + rnd() % 9;
+    }
+    return turns_done(out, p, fails);
+}
+
+static void test_random_steps(void)
+{
+    static int prios[4] = {LOW, NORMAL, NORMAL, HIGH};
+    new_group();
+    child c[4];
+    for (int i = 0; i < 4; i++) c[i] = spawn(random_steps, &prios[i]);
+    for (int i = 0; i < 4; i++) CHECK(hear(&c[i], 10000) == 1);
+    for (int i = 0; i < 4; i++) CHECK(write(c[i].ctl, "g", 1) == 1);
+    uint64_t waits = 0;
+    for (int i = 0; i < 4; i++) {
+        uint64_t w = hear(&c[i], 60000), fails = hear(&c[i], 1000);
+        CHECK(fails == 0);
+        CHECK(w != UINT64_MAX);
+        waits += w;
+        CHECK(finish(&c[i], 10000) == 0);
+    }
+    CHECK(waits > 0); /* they did contend */
+    CHECK(!registry_exists());
+}
+
 /* Take 1 MiB blocks until the group says no; say how many; hold them. */
 static int greedy(int ctl, int out, void *arg)
 {
@@ -919,6 +986,7 @@ int main(int argc, char **argv)
     test_turns();
     test_lease_is_kept();
     test_stuck_step_first();
+    test_random_steps();
     test_device_limit();
     test_fork();
     test_offload_in_a_group();
