@@ -512,9 +512,10 @@ void gp_arbiter_close(gp_arbiter *a)
 
 /* Whether the want of slot j comes before slot i's: a step stuck mid-way
  * first (it holds memory that others wait for; a step not begun holds
- * none), then higher priority, then the older want; a tenant that waits
- * for nothing is behind every want of its priority, so it cannot take
- * what an equal waits for. */
+ * none), then, between equal priorities, one within its turn, then higher
+ * priority, then the older want; a tenant that waits for nothing is
+ * behind every want of its priority, so it cannot take what an equal
+ * waits for. */
 static int gp_ahead(const gp_arb_shm *r, int j, int i)
 {
     const gp_arb_slot *a = &r->slots[j], *b = &r->slots[i];
