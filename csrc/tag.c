@@ -10,6 +10,15 @@
 #include "error.h"
 
 static pthread_mutex_t gp_tag_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* fork() while another thread interns: the lock is held across the fork,
+ * else the child would find it locked for ever (test_fork_while_interning).
+ * Nothing is locked under it, so the order against the pools' handlers
+ * does not matter. */
+static void gp_tag_fork_prepare(void) { pthread_mutex_lock(&gp_tag_lock); }
+static void gp_tag_fork_release(void) { pthread_mutex_unlock(&gp_tag_lock); }
+static void gp_tag_atfork(void) { pthread_atfork(gp_tag_fork_prepare, gp_tag_fork_release, gp_tag_fork_release); }
+static pthread_once_t gp_tag_atfork_once = PTHREAD_ONCE_INIT;
 static char gp_tag_names[GP_MAX_TAGS][GP_TAG_NAME_MAX + 1] = {"untagged"};
 /* Readers use gp_tag_names[id] without the lock: a name is complete before
  * the count that makes its id valid is published (release/acquire). */
@@ -47,6 +56,7 @@ gp_status gp_tag_intern(const char *name, gp_tag *out)
         return gp_error_set(GP_ERR_INVALID,
                             "tag name '%.80s' is not valid: expected 1 to %d printable "
                             "characters without spaces", name ? name : "(null)", GP_TAG_NAME_MAX);
+    pthread_once(&gp_tag_atfork_once, gp_tag_atfork);
     pthread_mutex_lock(&gp_tag_lock);
     unsigned count = atomic_load_explicit(&gp_tag_n, memory_order_relaxed);
     for (unsigned i = 0; i < count; i++) {

@@ -725,6 +725,45 @@ static gp_stats lean_growth(double slack)
     return s;
 }
 
+/* fork() while another thread interns a tag: the child must not find the
+ * tag table's lock held for ever.  Run after test_tags, which fills the
+ * table: interning its last name scans all of it under the lock, so a
+ * thread doing that in a loop holds the lock nearly all the time. */
+static atomic_int interning;
+
+static void *intern_loop(void *arg)
+{
+    const char *name = arg;
+    gp_tag t;
+    while (atomic_load(&interning)) (void)gp_tag_intern(name, &t);
+    return NULL;
+}
+
+static void test_fork_while_interning(void)
+{
+    const char *name = gp_tag_name(GP_MAX_TAGS - 1);
+    CHECK(name != NULL);
+    if (!name) return;
+    pthread_t t;
+    atomic_store(&interning, 1);
+    CHECK(pthread_create(&t, NULL, intern_loop, (void *)name) == 0);
+    int stuck = 0;
+    for (int i = 0; i < 40; i++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            alarm(5); /* the lock left held: the child dies of SIGALRM */
+            gp_tag x;
+            _exit(gp_tag_intern(name, &x) == GP_OK && x == GP_MAX_TAGS - 1 ? 0 : 1);
+        }
+        int status = 0;
+        if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) stuck++;
+    }
+    CHECK(stuck == 0);
+    atomic_store(&interning, 0);
+    pthread_join(t, NULL);
+}
+
 static void test_lean_growth(void)
 {
     gp_stats lean = lean_growth(0.05), fat = lean_growth(-1);
@@ -758,6 +797,7 @@ int main(void)
     test_reserve_mode();
     test_reserve_limit_below_a_chunk();
     test_tags();
+    test_fork_while_interning();
     test_lean_growth();
     return check_done();
 }
