@@ -646,7 +646,8 @@ static int gp_print_share(const gp_config *c, char *buf, size_t len)
       "where to load nvCOMP 6 from; unset: the nvidia-libnvcomp-cu13 wheel, then the "    \
       "system's libnvcomp.so.6", gp_parse_nvcomp, gp_print_nvcomp)                        \
     X("GPUPOOL_OFFLOAD_THREADS", "offload_threads", "8", "an integer 1..64",              \
-      "threads that map, unmap and checksum offloaded memory beside its copies",          \
+      "threads that unmap offloaded memory behind its copies (a restore maps ahead on "  \
+      "one thread of its own, in address order)",                                        \
       gp_parse_threads, gp_print_threads)                                                 \
     X("GPUPOOL_TENANT", "tenant", "none",                                                 \
       "1 to 63 characters of A-Z, a-z, 0-9, '_', '.' and '-'; none for no tenant",        \

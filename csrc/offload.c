@@ -249,6 +249,7 @@ gp_status gp_offloader_create(gp_pool *pool, uint64_t host_limit, unsigned threa
     if (st == GP_OK && !(o->sums_host = malloc(GP_SUMS_MAX * sizeof(uint64_t))))
         st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the offloader");
     if (st == GP_OK) st = gp_workq_create(threads, &o->q);
+    if (st == GP_OK) st = gp_workq_create(1, &o->mq);
     if (st == GP_OK) st = gp_workq_create(1, &o->pq);
     if (st != GP_OK) {
         gp_offloader_destroy(o);
@@ -265,6 +266,7 @@ void gp_offloader_destroy(gp_offloader *o)
     gp_pool_set_pressure(o->pool, NULL, NULL);
     gp_workq_destroy(o->pq); /* (runs the prefetches still queued) */
     gp_workq_destroy(o->q);
+    gp_workq_destroy(o->mq);
     while (o->records) {
         gp_record *r = o->records;
         o->records = r->next;

@@ -19,8 +19,8 @@
  * queued an event follows them, and a worker waits for it and unmaps the
  * chunk: device memory is given back while later chunks are still copied.
  *
- * Restore: the pool checks the runs are still offloaded; workers map each
- * chunk ahead of the copies; each piece is copied back (and decompressed)
+ * Restore: the pool checks the runs are still offloaded; a worker maps the
+ * chunks ahead of the copies, in their order; each piece is copied back (and decompressed)
  * as soon as the chunks under it are mapped, and summed on the device again;
  * only when every sum matches the one taken before the offload does the
  * pool make the blocks live -- the round trip through host memory, both
@@ -660,7 +660,7 @@ gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offload_res
         k->o = o;
         k->plan = pl;
         gp_batch_init(&k->done);
-        if ((st = gp_workq_push(o->q, &k->done, gp_job_map, k)) != GP_OK) {
+        if ((st = gp_workq_push(o->mq, &k->done, gp_job_map, k)) != GP_OK) {
             gp_batch_destroy(&k->done);
             break;
         }

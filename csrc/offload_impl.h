@@ -78,7 +78,13 @@ struct gp_offloader {
     pthread_mutex_t op;    /* one offload or restore at a time          */
     pthread_mutex_t lock;  /* records, registry, figures                */
     pthread_cond_t cond;   /* a prefetch or a background offload finished */
-    gp_workq *q;           /* unmaps, maps                              */
+    gp_workq *q;           /* unmaps (each waits for its copies' event) */
+    gp_workq *mq;          /* maps ahead of restores: one thread, so in
+                              address order (they hold the pool lock one
+                              at a time anyway; with several threads the
+                              one that just mapped took the next lock
+                              ahead of the waiters, and the first chunks
+                              the copies wait for came last)             */
     gp_workq *pq;          /* prefetches and background offloads (one
                               thread, in order: they take `op`)          */
     gp_host_store *hs;

@@ -3,11 +3,15 @@
  * offload and restore keep addresses and bytes and give device memory back;
  * dropped contents; the host limit fails cleanly; a corrupted host copy is
  * caught and the memory stays offloaded; prefetch; the pressure callback
- * offloads idle lower-priority tags only; several tags at once; the pool's
- * integrity after each step.
+ * offloads idle lower-priority tags only; several tags at once; a restore
+ * maps its chunks in the order its copies need them; the pool's integrity
+ * after each step.
  */
+#include <pthread.h>
 #include <string.h>
+#include <time.h>
 
+#include "backend_forward.h"
 #include "checksum.h"
 #include "codec.h"
 #include "offload.h"
@@ -346,6 +350,72 @@ static void test_compressed(void)
     done(p);
 }
 
+/* A host backend whose maps take a while, as the driver's do, and are
+ * recorded in the order they were made. */
+typedef struct slow_maps {
+    gp_backend_wrap w;
+    pthread_mutex_t lock;
+    uintptr_t addr[256];
+    unsigned n;
+} slow_maps;
+
+static gp_status slow_map(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t *handle)
+{
+    slow_maps *s = (slow_maps *)(void *)be;
+    nanosleep(&(struct timespec){0, 100 * 1000}, NULL);
+    pthread_mutex_lock(&s->lock);
+    if (s->n < sizeof s->addr / sizeof s->addr[0]) s->addr[s->n++] = addr;
+    pthread_mutex_unlock(&s->lock);
+    return GP_INNER(be)->map(GP_INNER(be), addr, size, handle);
+}
+
+/* The copies of a restore go in address order, each as soon as its chunk
+ * is mapped: the maps must come in that order too, whatever the number of
+ * offload threads (with one job per chunk on eight threads, the chunks the
+ * first copies needed were mapped among the last). */
+static void test_maps_in_order(void)
+{
+    gp_backend *inner;
+    CHECK(gp_backend_host_create(256 * MiB, &inner) == GP_OK);
+    slow_maps *s = calloc(1, sizeof *s);
+    CHECK(s != NULL);
+    gp_backend_forward(&s->w, inner);
+    pthread_mutex_init(&s->lock, NULL);
+    s->w.be.map = slow_map;
+    gp_config cfg;
+    gp_config_default(&cfg);
+    cfg.chunk = 256 * KiB;
+    cfg.small_size = 64 * KiB;
+    cfg.large_chunk = 1 * MiB;
+    cfg.cache_slack = -1;
+    gp_pool *p;
+    CHECK(gp_pool_create(&s->w.be, &cfg, &p) == GP_OK);
+    gp_offloader *o;
+    CHECK(gp_offloader_create(p, 0, 8, NULL, &o) == GP_OK);
+    enum { M = 48 };
+    void *w[M];
+    for (int i = 0; i < M; i++) {
+        w[i] = gp_alloc(p, 1 * MiB, NULL, T_W, GP_PRIO_NORMAL, NULL);
+        fill(w[i], 1 * MiB, (unsigned)i);
+    }
+    gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
+    gp_offload_result r;
+    for (int cycle = 0; cycle < 3; cycle++) {
+        CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK && r.released >= M * MiB);
+        s->n = 0;
+        CHECK(gp_restore_tags(o, &T_W, 1, &r) == GP_OK);
+        CHECK(s->n >= M);
+        unsigned out_of_order = 0;
+        for (unsigned k = 1; k < s->n; k++) out_of_order += s->addr[k] < s->addr[k - 1];
+        CHECK(out_of_order == 0);
+    }
+    for (int i = 0; i < M; i++) CHECK(same(w[i], 1 * MiB, (unsigned)i) && gp_free(p, w[i]) == GP_OK);
+    CHECK(pool_consistent(p, inner) == 0);
+    gp_offloader_destroy(o);
+    pthread_mutex_destroy(&s->lock);
+    done(p);
+}
+
 int main(void)
 {
     CHECK(gp_tag_intern("offl", &T_W) == GP_OK);
@@ -357,6 +427,7 @@ int main(void)
     test_pressure();
     test_destroy_while_offloaded();
     test_compressed();
+    test_maps_in_order();
     /* The checksum sees every word, and where it is. */
     uint64_t words[32];
     for (int i = 0; i < 32; i++) words[i] = 0x0101010101010101ull * (unsigned)i;
