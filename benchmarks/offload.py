@@ -129,6 +129,8 @@ def run_variant(torch: Any, mode: str, nbytes: int, cycles: int, codec: str, dat
             row.update(host_bytes=nbytes, bytes=nbytes, released=nbytes, codec_used="pinned copy")
         torch.cuda.synchronize()
         t1 = time.perf_counter()
+        if use_gpupool:  # its own device memory: the codecs' staging and the checksums
+            row["own_device"] = gpupool.stats()["tags"].get("gpupool", {}).get("allocated", 0)
         free1 = torch.cuda.mem_get_info()[0]
         rss1 = rss()
         t2 = time.perf_counter()
@@ -159,6 +161,7 @@ def run_variant(torch: Any, mode: str, nbytes: int, cycles: int, codec: str, dat
     res["same_bytes"] = all(r["same_bytes"] for r in rows)
     res["same_ptrs"] = all(r["same_ptrs"] for r in rows)
     res["pins_after_first"] = sum(r["pins"] for r in rows[1:])
+    res["max_own_device"] = max(r.get("own_device", 0) for r in rows)
     # The first cycle also pins the host slabs (and, compressing, takes the
     # staging), which the driver and the pool keep: reported apart.
     res["first_device_freed_minus_bytes"] = rows[0]["device_freed"] - rows[0]["bytes"]
