@@ -482,8 +482,13 @@ gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, 
                           "tags at a time)", r->n_pieces, GP_SUMS_MAX);
     int reserved = 0;
     if (st == GP_OK && opts->keep) {
-        reserved = (st = gp_host_store_reserve(o->hs, pl->bytes + 2 * GP_CODEC_ALIGN * (pl->bytes / 4096 + r->n_pieces))) ==
-                   GP_OK;
+        /* Each piece in an extent of its own (16-byte aligned); compressed,
+         * each chunk may be padded too. Raw needs no more: an offload of
+         * exactly the host limit fits. */
+        uint64_t room = 0;
+        for (size_t i = 0; i < r->n_pieces; i++) room += gp_codec_pad(r->pieces[i].size);
+        if (offered) room += 2 * GP_CODEC_ALIGN * (pl->bytes / 4096 + r->n_pieces);
+        reserved = (st = gp_host_store_reserve(o->hs, room)) == GP_OK;
     }
     /* The streams that used the memory (record_stream ones too) finish. */
     if (st == GP_OK) st = gp_pool_synchronize(o->pool);
