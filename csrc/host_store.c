@@ -181,13 +181,14 @@ static gp_status gp_hole_insert(gp_slab *s, uint64_t off, uint64_t size)
     return GP_OK;
 }
 
-gp_status gp_host_store_alloc(gp_host_store *hs, uint64_t size, gp_extent *out)
+gp_status gp_host_store_alloc_part(gp_host_store *hs, uint64_t size, uint64_t min, gp_extent *out)
 {
     *out = (gp_extent){0};
     uint64_t need = gp_align16(size);
     if (size == 0 || need > hs->slab_size)
         return gp_error_set(GP_ERR_INVALID, "gpupool: host extent of %llu bytes (1 byte to the slab size, %llu)",
                             (unsigned long long)size, (unsigned long long)hs->slab_size);
+    uint64_t least = min < size ? gp_align16(min) : need;
     pthread_mutex_lock(&hs->lock);
     gp_status st = GP_OK;
     if (need > hs->reserved) {
@@ -199,14 +200,15 @@ gp_status gp_host_store_alloc(gp_host_store *hs, uint64_t size, gp_extent *out)
         for (size_t k = 0; k < hs->n_slabs; k++) {
             gp_slab *s = &hs->slabs[k];
             for (size_t i = 0; i < s->n_holes; i++) {
-                if (s->holes[i].size < need) continue;
-                *out = (gp_extent){.ptr = s->base + s->holes[i].off, .size = need, .slab = (uint32_t)k};
-                s->holes[i].off += need;
-                s->holes[i].size -= need;
+                if (s->holes[i].size < least) continue;
+                uint64_t take = s->holes[i].size < need ? s->holes[i].size : need;
+                *out = (gp_extent){.ptr = s->base + s->holes[i].off, .size = take, .slab = (uint32_t)k};
+                s->holes[i].off += take;
+                s->holes[i].size -= take;
                 if (!s->holes[i].size) gp_hole_remove(s, i);
-                s->free -= need;
-                hs->used += need;
-                hs->reserved -= need;
+                s->free -= take;
+                hs->used += take;
+                hs->reserved -= take;
                 goto out;
             }
         }
@@ -217,6 +219,11 @@ gp_status gp_host_store_alloc(gp_host_store *hs, uint64_t size, gp_extent *out)
 out:
     pthread_mutex_unlock(&hs->lock);
     return st;
+}
+
+gp_status gp_host_store_alloc(gp_host_store *hs, uint64_t size, gp_extent *out)
+{
+    return gp_host_store_alloc_part(hs, size, size, out);
 }
 
 void gp_host_store_shrink(gp_host_store *hs, gp_extent *e, uint64_t size)

@@ -53,6 +53,11 @@ void gp_host_store_settle(gp_host_store *hs, uint64_t bytes);
  * room: the reservation shrinks by `size`.  GP_ERR_LIMIT when the
  * reservation or the slabs hold too little room. */
 gp_status gp_host_store_alloc(gp_host_store *hs, uint64_t size, gp_extent *out);
+/* The same, but the extent may be shorter, down to `min` bytes, where the
+ * first hole with room for that many is shorter than `size`: a caller that
+ * can cut what it stores fills the slabs' tails instead of pinning another
+ * slab.  out->size says how much it got (16-byte aligned). */
+gp_status gp_host_store_alloc_part(gp_host_store *hs, uint64_t size, uint64_t min, gp_extent *out);
 /* Keep only the first `size` bytes of `e` (the rest is free again). */
 void gp_host_store_shrink(gp_host_store *hs, gp_extent *e, uint64_t size);
 void gp_host_store_free(gp_host_store *hs, gp_extent *e);

@@ -406,6 +406,31 @@ static gp_status gp_lane_finish(gp_offloader *o, gp_record *r, gp_chunk *c, gp_l
     return st;
 }
 
+/* Host room for raw piece i.  Where a slab's tail is shorter than the
+ * piece, the piece is cut to fill it and the rest becomes piece i+1: raw
+ * pieces that do not divide a slab (12 MiB blocks in 32 MiB slabs) left
+ * each slab's tail empty, a quarter more pinned memory than bytes. */
+static gp_status gp_piece_host(gp_offloader *o, gp_record *r, size_t i)
+{
+    gp_piece *p = &r->pieces[i];
+    gp_status st = gp_host_store_alloc_part(o->hs, p->size, GP_PART_MIN, &p->host);
+    if (st == GP_OK && p->host.size < p->size) {
+        gp_piece *np = realloc(r->pieces, (r->n_pieces + 1) * sizeof *np);
+        if (!np) {
+            gp_host_store_free(o->hs, &p->host);
+            return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for an offload record");
+        }
+        r->pieces = np;
+        p = &np[i];
+        memmove(&np[i + 2], &np[i + 1], (r->n_pieces - i - 1) * sizeof *np);
+        np[i + 1] = (gp_piece){.addr = p->addr + p->host.size, .size = p->size - p->host.size, .tag = p->tag};
+        p->size = p->host.size;
+        r->n_pieces++;
+    }
+    p->stored = p->size;
+    return st;
+}
+
 /* The codec an offload may use (*out NULL: raw), the one asked for, and
  * the largest piece its jobs take (*slice); nothing is opened yet, so a
  * refused offload leaves the pool as it was. */
@@ -493,9 +518,15 @@ gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, 
     /* The streams that used the memory (record_stream ones too) finish. */
     if (st == GP_OK) st = gp_pool_synchronize(o->pool);
     if (st == GP_OK) st = gp_choose_codec(o, r, offered, lane);
-    for (size_t i = 0; st == GP_OK && opts->keep && !r->codec && i < r->n_pieces; i++) {
-        st = gp_host_store_alloc(o->hs, r->pieces[i].size, &r->pieces[i].host);
-        r->pieces[i].stored = r->pieces[i].size;
+    size_t n_cut = r ? r->n_pieces : 0; /* (r is NULL if st is not GP_OK) */
+    for (size_t i = 0; st == GP_OK && opts->keep && !r->codec && i < r->n_pieces; i++) st = gp_piece_host(o, r, i);
+    if (st == GP_OK && r->n_pieces != n_cut) {
+        free(c);
+        if (r->n_pieces > GP_SUMS_MAX)
+            st = gp_error_set(GP_ERR_INVALID, "gpupool: offload of %zu pieces at once (at most %u: offload fewer "
+                              "tags at a time)", r->n_pieces, GP_SUMS_MAX);
+        else if (!(c = gp_chunks_of(r, &n)))
+            st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for an offload record");
     }
     if (st != GP_OK) {
         char why[1024];

@@ -20,6 +20,9 @@
  * fixed cost (a few us) is lost in its transfer time at PCIe speed, small
  * enough to pipeline. */
 #define GP_PIECE_MAX (16ull << 20)
+/* Shortest part a raw piece is cut to where it fills a slab's tail: a
+ * copy's fixed cost is still small beside it. */
+#define GP_PART_MIN (1ull << 20)
 /* Slab of pinned host memory: a few per GiB (pinning cost is per byte),
  * small enough that the store holds little more than it must. */
 #define GP_HOST_SLAB (32ull << 20)
