@@ -127,9 +127,6 @@ gp_status gp_host_store_reserve(gp_host_store *hs, uint64_t bytes)
         st = gp_error_set(GP_ERR_LIMIT, "gpupool: offloading %llu more bytes would pass the host limit "
                           "(GPUPOOL_HOST_LIMIT) of %llu bytes: %llu are held by offloaded memory",
                           (unsigned long long)bytes, (unsigned long long)hs->limit, (unsigned long long)hs->used);
-    /* Room is counted in whole slabs' free bytes; an extent must also fit
-     * a hole, which the slack of one slab per extent size covers. */
-    while (st == GP_OK && gp_free_locked(hs) < want) st = gp_add_slab(hs);
     if (st == GP_OK) hs->reserved = want;
     pthread_mutex_unlock(&hs->lock);
     return st;
@@ -232,9 +229,12 @@ void gp_host_store_shrink(gp_host_store *hs, gp_extent *e, uint64_t size)
     if (!e->ptr || keep >= e->size) return;
     pthread_mutex_lock(&hs->lock);
     gp_slab *s = &hs->slabs[e->slab];
-    if (gp_hole_insert(s, (uint64_t)((char *)e->ptr - s->base) + keep, e->size - keep) == GP_OK)
+    if (gp_hole_insert(s, (uint64_t)((char *)e->ptr - s->base) + keep, e->size - keep) == GP_OK) {
         hs->used -= e->size - keep;
-    e->size = keep;
+        hs->reserved += e->size - keep;
+    }
+    if (keep) e->size = keep;
+    else *e = (gp_extent){0};
     pthread_mutex_unlock(&hs->lock);
 }
 

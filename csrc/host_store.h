@@ -5,8 +5,8 @@
  * offload path once warm), capped by a host limit (GPUPOOL_HOST_LIMIT).
  *
  * Space is handed out as extents of a slab, 16-byte aligned, first fit;
- * an extent taken for the worst case (a slice before compression) is shrunk
- * to what was written, so compressed slices pack densely.  Freed extents
+ * a caller that can cut what it stores takes what a slab's tail has left
+ * (gp_host_store_alloc_part) and shrinks it to a cut.  Freed extents
  * coalesce; slabs are never returned to the host while the store lives
  * (the next offload reuses them), except by gp_host_store_trim.
  *
@@ -42,10 +42,13 @@ gp_status gp_host_store_create(gp_backend *be, uint64_t limit, uint64_t slab, gp
 void gp_host_store_destroy(gp_host_store *hs);
 
 /* Promise `bytes` to an offload about to start: GP_ERR_LIMIT (naming the
- * limit) when used + reserved + bytes would pass it, GP_ERR_NOMEM when the
- * host refuses to pin; on success the slabs hold room for them (pinned now
- * if need be), so the extents taken under the promise cannot fail for lack
- * of space.  gp_host_store_settle gives back what the offload did not use. */
+ * limit) when used + reserved + bytes would pass it.  Nothing is pinned
+ * here: the extents taken under the promise pin slabs as they need them
+ * (a compressed offload reserves the raw size and uses about two thirds of
+ * it; pinning the whole promise made host RSS grow by the raw size), so
+ * gp_host_store_alloc may still fail with GP_ERR_NOMEM (the host refuses to
+ * pin) or, where holes too small strand room, GP_ERR_LIMIT.
+ * gp_host_store_settle gives back what the offload did not use. */
 gp_status gp_host_store_reserve(gp_host_store *hs, uint64_t bytes);
 void gp_host_store_settle(gp_host_store *hs, uint64_t bytes);
 
@@ -58,7 +61,9 @@ gp_status gp_host_store_alloc(gp_host_store *hs, uint64_t size, gp_extent *out);
  * can cut what it stores fills the slabs' tails instead of pinning another
  * slab.  out->size says how much it got (16-byte aligned). */
 gp_status gp_host_store_alloc_part(gp_host_store *hs, uint64_t size, uint64_t min, gp_extent *out);
-/* Keep only the first `size` bytes of `e` (the rest is free again). */
+/* Keep only the first `size` bytes of `e` (none: `e` is gone), taken
+ * under the reservation of an offload under way: the rest is free again
+ * and back in the reservation. */
 void gp_host_store_shrink(gp_host_store *hs, gp_extent *e, uint64_t size);
 void gp_host_store_free(gp_host_store *hs, gp_extent *e);
 

@@ -52,7 +52,7 @@ void gp_record_free(gp_offloader *o, gp_record *r)
 {
     if (!r) return;
     for (size_t i = 0; i < r->n_pieces; i++) {
-        gp_host_store_free(o->hs, &r->pieces[i].host);
+        gp_piece_host_free(o, &r->pieces[i]);
         free(r->pieces[i].chunks);
     }
     free(r->runs);
@@ -77,7 +77,7 @@ void gp_record_keep(gp_offloader *o, gp_record *r)
 {
     for (size_t i = 0; i < r->n_pieces; i++) {
         r->copied += r->pieces[i].host.ptr ? r->pieces[i].size : 0;
-        r->host_bytes += r->pieces[i].host.size;
+        r->host_bytes += r->pieces[i].host.size + r->pieces[i].host2.size;
     }
     pthread_mutex_lock(&o->lock);
     r->next = o->records;
@@ -85,7 +85,8 @@ void gp_record_keep(gp_offloader *o, gp_record *r)
     o->st.n_offload++;
     o->st.bytes_out += r->copied;
     o->st.host_bytes += r->host_bytes;
-    for (size_t i = 0; i < r->n_pieces; i++) o->st.tag_host_bytes[r->pieces[i].tag] += r->pieces[i].host.size;
+    for (size_t i = 0; i < r->n_pieces; i++)
+        o->st.tag_host_bytes[r->pieces[i].tag] += r->pieces[i].host.size + r->pieces[i].host2.size;
     pthread_mutex_unlock(&o->lock);
 }
 
@@ -104,7 +105,8 @@ static gp_status gp_restore_one_locked(gp_offloader *o, gp_record *r, gp_offload
     o->st.n_restore++;
     o->st.bytes_in += r->copied;
     o->st.host_bytes -= r->host_bytes;
-    for (size_t i = 0; i < r->n_pieces; i++) o->st.tag_host_bytes[r->pieces[i].tag] -= r->pieces[i].host.size;
+    for (size_t i = 0; i < r->n_pieces; i++)
+        o->st.tag_host_bytes[r->pieces[i].tag] -= r->pieces[i].host.size + r->pieces[i].host2.size;
     pthread_cond_broadcast(&o->cond);
     pthread_mutex_unlock(&o->lock);
     gp_record_free(o, r);
@@ -502,7 +504,8 @@ gp_status gp_offload_corrupt_for_test(gp_offloader *o, gp_tag tag)
     pthread_mutex_lock(&o->lock);
     for (gp_record *r = o->records; r && st != GP_OK; r = r->next) {
         if (!gp_record_has(r, &tag, 1) || !r->n_pieces || !r->pieces[0].host.ptr) continue;
-        ((unsigned char *)r->pieces[0].host.ptr)[r->pieces[0].stored / 2] ^= 0x40;
+        const gp_piece *p = &r->pieces[0]; /* (its first extent: a split one holds less than `stored`) */
+        ((unsigned char *)p->host.ptr)[(p->stored < p->host.size ? p->stored : p->host.size) / 2] ^= 0x40;
         gp_error_clear();
         st = GP_OK;
     }

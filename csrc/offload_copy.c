@@ -100,6 +100,23 @@ static gp_status gp_pieces_of(const gp_offload_plan *pl, gp_record *r, uint64_t 
     return GP_OK;
 }
 
+/* Point compressed piece p's chunks at their host copies. */
+static void gp_chunks_at_host(gp_piece *p)
+{
+    uint64_t off = 0;
+    for (uint64_t q = 0; q < p->n_chunks; q++) {
+        if (q == p->split) off = 0;
+        p->chunks[q].data = (char *)(q < p->split ? p->host.ptr : p->host2.ptr) + off;
+        off += gp_codec_pad(p->chunks[q].stored);
+    }
+}
+
+void gp_piece_host_free(gp_offloader *o, gp_piece *p)
+{
+    gp_host_store_free(o->hs, &p->host);
+    gp_host_store_free(o->hs, &p->host2);
+}
+
 static gp_record *gp_record_new(const gp_tag *tags, size_t n_tags, const gp_offload_plan *pl, uint64_t piece_max)
 {
     gp_record *r = calloc(1, sizeof *r);
@@ -335,11 +352,7 @@ static gp_status gp_undo_offload(gp_offloader *o, gp_offload_plan *pl, gp_record
                 st = o->be->copy(o->be, (void *)p->addr, p->host.ptr, p->size, GP_COPY_H2D, o->streams[0]);
                 continue;
             }
-            uint64_t off = 0;
-            for (uint64_t j = 0; j < p->n_chunks; j++) {
-                p->chunks[j].data = (char *)p->host.ptr + off;
-                off += gp_codec_pad(p->chunks[j].stored);
-            }
+            gp_chunks_at_host(p);
             st = gp_codec_decompress(lane[0].job, o->streams[0], (void *)p->addr, p->size, p->chunks, p->n_chunks);
             if (st == GP_OK) st = gp_stream_wait(o, o->streams[0]);
             if (st == GP_OK) st = gp_codec_decompress_check(lane[0].job);
@@ -352,6 +365,25 @@ static gp_status gp_undo_offload(gp_offloader *o, gp_offload_plan *pl, gp_record
 /* The compressed piece a lane holds: wait for its compression, store its
  * chunks on the host (each padded to GP_CODEC_ALIGN) and queue their
  * copies out. */
+/* Host room for compressed piece p's stored chunks.  Where a slab's tail
+ * is shorter, the chunks that fit go there and the rest to a second extent
+ * (`host2`, from chunk `split`): stored whole, pieces left the tails of the
+ * slabs empty, and pinned memory grew by up to a third more than the host
+ * bytes. */
+static gp_status gp_piece_room(gp_offloader *o, gp_piece *p)
+{
+    p->split = p->n_chunks;
+    gp_status st = gp_host_store_alloc_part(o->hs, p->stored, GP_PART_MIN, &p->host);
+    if (st != GP_OK || p->host.size >= p->stored) return st;
+    uint64_t fit = 0, m = 0;
+    while (m < p->n_chunks && fit + gp_codec_pad(p->chunks[m].stored) <= p->host.size)
+        fit += gp_codec_pad(p->chunks[m++].stored);
+    gp_host_store_shrink(o->hs, &p->host, fit);
+    if (!m) return gp_host_store_alloc(o->hs, p->stored, &p->host); /* (not even one chunk fit: whole, elsewhere) */
+    p->split = m;
+    return gp_host_store_alloc(o->hs, p->stored - fit, &p->host2);
+}
+
 static gp_status gp_lane_store(gp_offloader *o, gp_record *r, gp_lane *l)
 {
     gp_piece *p = &r->pieces[l->piece];
@@ -361,18 +393,20 @@ static gp_status gp_lane_store(gp_offloader *o, gp_record *r, gp_lane *l)
     if (st == GP_OK && !(p->chunks = calloc(n, sizeof *p->chunks)))
         st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a chunk table");
     if (st == GP_OK) st = gp_codec_compress_result(l->job, p->chunks, n, &stored);
-    if (st == GP_OK) st = gp_host_store_alloc(o->hs, stored, &p->host);
     p->n_chunks = n;
     p->stored = stored;
-    /* Chunks that lie back to back as the host keeps them (the gathered
-     * ones, runs of raw ones) go in one copy. */
+    if (st == GP_OK) st = gp_piece_room(o, p);
+    /* Chunks that lie back to back in the staging and on the host (the
+     * gathered ones, runs of raw ones) go in one copy. */
     uint64_t off = 0;
     for (uint64_t j = 0; j < n && st == GP_OK;) {
+        if (j == p->split) off = 0;
+        char *to = (char *)(j < p->split ? p->host.ptr : p->host2.ptr) + off;
         const char *from = p->chunks[j].data;
         uint64_t len = p->chunks[j].stored, e = j + 1;
-        while (e < n && (const char *)p->chunks[e].data == from + gp_codec_pad(len))
+        while (e < n && e != p->split && (const char *)p->chunks[e].data == from + gp_codec_pad(len))
             len = gp_codec_pad(len) + p->chunks[e++].stored;
-        st = o->be->copy(o->be, (char *)p->host.ptr + off, from, len, GP_COPY_D2H, l->s);
+        st = o->be->copy(o->be, to, from, len, GP_COPY_D2H, l->s);
         for (; j < e; j++) p->chunks[j].data = NULL; /* (staging: restore points them at the host copy) */
         off += gp_codec_pad(len);
     }
@@ -620,7 +654,7 @@ gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, 
         if (!p->host.ptr) continue;
         if (!p->copied || dst != GP_OK) {
             lost += p->size;
-            gp_host_store_free(o->hs, &p->host);
+            gp_piece_host_free(o, p);
         } else if (summed) {
             p->sum = o->sums_host[i];
             p->summed = 1;
@@ -712,11 +746,7 @@ gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offload_res
         if (st != GP_OK || !p->host.ptr) continue;
         if (p->chunks) {
             if ((st = gp_lane_check(o, l)) != GP_OK) break;
-            uint64_t off = 0;
-            for (uint64_t q = 0; q < p->n_chunks; q++) {
-                p->chunks[q].data = (char *)p->host.ptr + off;
-                off += gp_codec_pad(p->chunks[q].stored);
-            }
+            gp_chunks_at_host(p);
             st = gp_codec_decompress(l->job, l->s, (void *)p->addr, p->size, p->chunks, p->n_chunks);
             if (st == GP_OK) l->piece = (long)j;
         } else {

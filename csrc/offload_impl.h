@@ -43,7 +43,10 @@ typedef struct gp_piece {
     uintptr_t addr;     /* device bytes [addr, addr+size)              */
     uint64_t size;
     gp_extent host;     /* where they are (ptr NULL: contents dropped) */
-    uint64_t stored;    /* bytes stored in host                        */
+    gp_extent host2;    /* compressed: chunks [split, n_chunks), where
+                           `host` filled a slab's tail (else empty)     */
+    uint64_t split;
+    uint64_t stored;    /* bytes stored in host and host2              */
     uint64_t sum;       /* checksum of its device bytes (checksum.h)   */
     gp_tag tag;
     int copied;         /* its copy out was queued                     */
@@ -122,6 +125,8 @@ struct gp_offloader {
 };
 
 /* offload_copy.c */
+/* Give back the host room of piece p (both extents). */
+void gp_piece_host_free(gp_offloader *o, gp_piece *p);
 gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, const gp_offload_opts *opts,
                             gp_offload_result *res);
 gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offload_result *res);
