@@ -20,11 +20,11 @@
  * chunk: device memory is given back while later chunks are still copied.
  *
  * Restore: the pool checks the runs are still offloaded; a worker maps the
- * chunks ahead of the copies, in their order; each piece is copied back (and decompressed)
- * as soon as the chunks under it are mapped, and summed on the device again;
- * only when every sum matches the one taken before the offload does the
- * pool make the blocks live -- the round trip through host memory, both
- * copies and the codec are checked.
+ * chunks ahead of the copies, in their order; each piece is copied back
+ * (and decompressed) as soon as the chunks under it are mapped, and summed
+ * on the device again; only when every sum matches the one taken before
+ * the offload does the pool make the blocks live -- the round trip through
+ * host memory, both copies and the codec are checked.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -36,8 +36,8 @@
 
 /* ------------------------------------------------------- pieces, chunks */
 
-/* The chunks of a record's runs with the pieces in each (pieces never
- * cross a chunk boundary and are in address order). */
+/* The chunks of a record's runs with the pieces over each (pieces are in
+ * address order; one may lie across chunks). */
 typedef struct gp_chunk {
     uintptr_t addr;
     uint64_t size;
@@ -362,9 +362,6 @@ static gp_status gp_undo_offload(gp_offloader *o, gp_offload_plan *pl, gp_record
     return st;
 }
 
-/* The compressed piece a lane holds: wait for its compression, store its
- * chunks on the host (each padded to GP_CODEC_ALIGN) and queue their
- * copies out. */
 /* Host room for compressed piece p's stored chunks.  Where a slab's tail
  * is shorter, the chunks that fit go there and the rest to a second extent
  * (`host2`, from chunk `split`): stored whole, pieces left the tails of the
@@ -384,6 +381,9 @@ static gp_status gp_piece_room(gp_offloader *o, gp_piece *p)
     return gp_host_store_alloc(o->hs, p->stored - fit, &p->host2);
 }
 
+/* The compressed piece a lane holds: wait for its compression, store its
+ * chunks on the host (each padded to GP_CODEC_ALIGN) and queue their
+ * copies out. */
 static gp_status gp_lane_store(gp_offloader *o, gp_record *r, gp_lane *l)
 {
     gp_piece *p = &r->pieces[l->piece];
@@ -556,6 +556,7 @@ gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, 
     for (size_t i = 0; st == GP_OK && opts->keep && !r->codec && i < r->n_pieces; i++) st = gp_piece_host(o, r, i);
     if (st == GP_OK && r->n_pieces != n_cut) {
         free(c);
+        c = NULL;
         if (r->n_pieces > GP_SUMS_MAX)
             st = gp_error_set(GP_ERR_INVALID, "gpupool: offload of %zu pieces at once (at most %u: offload fewer "
                               "tags at a time)", r->n_pieces, GP_SUMS_MAX);
