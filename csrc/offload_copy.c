@@ -443,11 +443,13 @@ static gp_status gp_lane_finish(gp_offloader *o, gp_record *r, gp_chunk *c, gp_l
 /* Host room for raw piece i.  Where a slab's tail is shorter than the
  * piece, the piece is cut to fill it and the rest becomes piece i+1: raw
  * pieces that do not divide a slab (12 MiB blocks in 32 MiB slabs) left
- * each slab's tail empty, a quarter more pinned memory than bytes. */
+ * each slab's tail empty, a quarter more pinned memory than bytes.  (A
+ * record with as many pieces as it may sum stores the rest whole.) */
 static gp_status gp_piece_host(gp_offloader *o, gp_record *r, size_t i)
 {
     gp_piece *p = &r->pieces[i];
-    gp_status st = gp_host_store_alloc_part(o->hs, p->size, GP_PART_MIN, &p->host);
+    uint64_t min = r->n_pieces < GP_SUMS_MAX ? GP_PART_MIN : p->size;
+    gp_status st = gp_host_store_alloc_part(o->hs, p->size, min, &p->host);
     if (st == GP_OK && p->host.size < p->size) {
         gp_piece *np = realloc(r->pieces, (r->n_pieces + 1) * sizeof *np);
         if (!np) {
@@ -556,11 +558,7 @@ gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, 
     for (size_t i = 0; st == GP_OK && opts->keep && !r->codec && i < r->n_pieces; i++) st = gp_piece_host(o, r, i);
     if (st == GP_OK && r->n_pieces != n_cut) {
         free(c);
-        c = NULL;
-        if (r->n_pieces > GP_SUMS_MAX)
-            st = gp_error_set(GP_ERR_INVALID, "gpupool: offload of %zu pieces at once (at most %u: offload fewer "
-                              "tags at a time)", r->n_pieces, GP_SUMS_MAX);
-        else if (!(c = gp_chunks_of(r, &n)))
+        if (!(c = gp_chunks_of(r, &n)))
             st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for an offload record");
     }
     if (st != GP_OK) {
