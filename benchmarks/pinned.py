@@ -19,15 +19,9 @@ import json
 import time
 from typing import Any, Dict, List
 
+from .offload import rss
+
 MIB = 2**20
-
-
-def rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def main() -> None:
