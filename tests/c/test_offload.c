@@ -35,7 +35,8 @@ static int same(const void *ptr, size_t n, unsigned seed)
     return 1;
 }
 
-static gp_pool *pool_with(uint64_t capacity, gp_backend **be)
+/* The tests' pool over backend `be`: small chunks, so that a few MiB span many. */
+static gp_pool *pool_over(gp_backend *be)
 {
     gp_config cfg;
     gp_config_default(&cfg);
@@ -43,10 +44,15 @@ static gp_pool *pool_with(uint64_t capacity, gp_backend **be)
     cfg.small_size = 64 * KiB;
     cfg.large_chunk = 1 * MiB;
     cfg.cache_slack = -1;
-    CHECK(gp_backend_host_create(capacity, be) == GP_OK);
     gp_pool *p;
-    CHECK(gp_pool_create(*be, &cfg, &p) == GP_OK);
+    CHECK(gp_pool_create(be, &cfg, &p) == GP_OK);
     return p;
+}
+
+static gp_pool *pool_with(uint64_t capacity, gp_backend **be)
+{
+    CHECK(gp_backend_host_create(capacity, be) == GP_OK);
+    return pool_over(*be);
 }
 
 static int state_of(gp_pool *p, void *ptr)
@@ -437,14 +443,7 @@ static void test_maps_in_order(void)
     gp_backend_forward(&s->w, inner);
     pthread_mutex_init(&s->lock, NULL);
     s->w.be.map = slow_map;
-    gp_config cfg;
-    gp_config_default(&cfg);
-    cfg.chunk = 256 * KiB;
-    cfg.small_size = 64 * KiB;
-    cfg.large_chunk = 1 * MiB;
-    cfg.cache_slack = -1;
-    gp_pool *p;
-    CHECK(gp_pool_create(&s->w.be, &cfg, &p) == GP_OK);
+    gp_pool *p = pool_over(&s->w.be);
     gp_offloader *o;
     CHECK(gp_offloader_create(p, 0, 8, NULL, &o) == GP_OK);
     enum { M = 48 };
