@@ -77,7 +77,7 @@ void gp_record_keep(gp_offloader *o, gp_record *r)
 {
     for (size_t i = 0; i < r->n_pieces; i++) {
         r->copied += r->pieces[i].host.ptr ? r->pieces[i].size : 0;
-        r->host_bytes += r->pieces[i].host.size + r->pieces[i].host2.size;
+        r->host_bytes += gp_piece_host_bytes(&r->pieces[i]);
     }
     pthread_mutex_lock(&o->lock);
     r->next = o->records;
@@ -86,7 +86,7 @@ void gp_record_keep(gp_offloader *o, gp_record *r)
     o->st.bytes_out += r->copied;
     o->st.host_bytes += r->host_bytes;
     for (size_t i = 0; i < r->n_pieces; i++)
-        o->st.tag_host_bytes[r->pieces[i].tag] += r->pieces[i].host.size + r->pieces[i].host2.size;
+        o->st.tag_host_bytes[r->pieces[i].tag] += gp_piece_host_bytes(&r->pieces[i]);
     pthread_mutex_unlock(&o->lock);
 }
 
@@ -106,7 +106,7 @@ static gp_status gp_restore_one_locked(gp_offloader *o, gp_record *r, gp_offload
     o->st.bytes_in += r->copied;
     o->st.host_bytes -= r->host_bytes;
     for (size_t i = 0; i < r->n_pieces; i++)
-        o->st.tag_host_bytes[r->pieces[i].tag] -= r->pieces[i].host.size + r->pieces[i].host2.size;
+        o->st.tag_host_bytes[r->pieces[i].tag] -= gp_piece_host_bytes(&r->pieces[i]);
     pthread_cond_broadcast(&o->cond);
     pthread_mutex_unlock(&o->lock);
     gp_record_free(o, r);

@@ -124,6 +124,9 @@ struct gp_offloader {
     uint64_t scratch_bytes[2];
 };
 
+/* Host bytes piece p holds (both extents). */
+static inline uint64_t gp_piece_host_bytes(const gp_piece *p) { return p->host.size + p->host2.size; }
+
 /* offload_copy.c */
 /* Give back the host room of piece p (both extents). */
 void gp_piece_host_free(gp_offloader *o, gp_piece *p);
