@@ -100,15 +100,21 @@ gp_status gp_offload_tags_background(gp_offloader *o, const gp_tag *tags, size_t
  * and for the background offloads queued (reporting a failure of one).
  * To make room it releases cached chunks of any priority (what comes back
  * was live when displaced; cache is nobody's data), then offloads idle
- * registered tags of lower priority than the restored memory's.
- * GP_ERR_OOM (after trying to make room) or GP_ERR_LIMIT when the device
- * cannot hold them; GP_ERR_BACKEND for a device error or a checksum
- * mismatch (named); the memory of that offload then stays offloaded (the
- * tags' offloads restored before it stay restored: each comes back whole
- * or not at all).  res->lost counts bytes that came back uninitialised
- * because an offload of them failed and could not be undone.  Restoring
- * tags that are not offloaded does nothing. */
-gp_status gp_restore_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, gp_offload_result *res);
+ * registered tags of lower priority than the restored memory's -- never
+ * one of `tags`: tags that cannot be on the device together fail with
+ * GP_ERR_OOM instead of displacing each other.  GP_ERR_OOM (after trying
+ * to make room) or GP_ERR_LIMIT when the device cannot hold them;
+ * GP_ERR_BACKEND for a device error or a checksum mismatch (named); the
+ * memory of that offload then stays offloaded (the tags' offloads
+ * restored before it stay restored: each comes back whole or not at all).
+ * An offload whose failure lost bytes (res->lost of the failed offload's
+ * message) is restored only with `accept_loss` (those bytes come back
+ * uninitialised, and res->lost counts them); without it the restore fails
+ * with GP_ERR_BACKEND naming the tag and the bytes, and the memory stays
+ * offloaded.  When it returns GP_OK, no memory of `tags` is offloaded.
+ * Restoring tags that are not offloaded does nothing. */
+gp_status gp_restore_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, int accept_loss,
+                          gp_offload_result *res);
 
 /* Start restoring `tags` on a worker thread and return once it is queued
  * (after the background offloads queued before it have run); a later
@@ -150,6 +156,16 @@ void gp_offload_stats_get(gp_offloader *o, gp_offload_stats *out);
 
 /* Whether `tag` has memory offloaded now (any offload holding it). */
 int gp_offload_is_offloaded(gp_offloader *o, gp_tag tag);
+
+/* The offloader's integrity check (as gp_pool_check is the pool's): every
+ * record in a known state, its runs offloaded in the pool and its pieces
+ * inside them, in order and apart; every stored piece in extents of the
+ * pinned store that lie in its slabs and overlap no other; the figures
+ * (host bytes per tag and in all) the sums of the records'; the store's
+ * bytes within its limit.  Returns the number of problems found (0: none),
+ * the first described in msg (n bytes).  Takes the offloader's locks:
+ * call it between operations, not from a pool callback. */
+size_t gp_offload_check(gp_offloader *o, char *msg, size_t n);
 
 /* For tests: flip one stored byte of the newest offload holding `tag`, as
  * a failing host DIMM would (GP_ERR_INVALID if it has no stored bytes). */

@@ -184,7 +184,7 @@ PyObject *gp_py_restore(gp_pool_object *self, PyObject *args)
     if (!o) return gp_result(&r); /* nothing was ever offloaded */
     gp_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = gp_restore_tags(o, tags, n, &r);
+    st = gp_restore_tags(o, tags, n, 0, &r);
     Py_END_ALLOW_THREADS
     if (st != GP_OK) return gp_raise(st);
     gp_tenant_publish(self->pool);

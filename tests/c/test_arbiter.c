@@ -959,7 +959,7 @@ static void test_offload_in_a_group(void)
         CHECK(gp_offload_tags(o, &t, 1, &opts, &r) == GP_OK && r.released >= (N - 1) * 3 * MiB);
         gp_pool_stats(p, &st, 0);
         CHECK(read_group(&g, ti, 4) && ti[0].held == st.reserved); /* given back to the group */
-        CHECK(gp_restore_tags(o, &t, 1, &r) == GP_OK && r.lost == 0);
+        CHECK(gp_restore_tags(o, &t, 1, 0, &r) == GP_OK && r.lost == 0);
         for (int i = 0; i < N; i++)
             for (size_t k = 0; k < 3 * MiB; k += 4099)
                 CHECK(x[i][k] == (unsigned char)(k % 251 < 40 ? 0 : k * 7 + i));

@@ -517,7 +517,7 @@ static gp_status restore(run_state *r, int tag)
     int was[SLOTS];
     for (int i = 0; i < SLOTS; i++) was[i] = r->s[i].ptr && r->s[i].tag == tag ? state_of(r, i) : -1;
     gp_offload_result res;
-    gp_status st = gp_restore_tags(r->o, &tags[tag], 1, &res);
+    gp_status st = gp_restore_tags(r->o, &tags[tag], 1, 0, &res);
     for (int i = 0; i < SLOTS; i++) {
         if (was[i] < 0) continue;
         int now = state_of(r, i);
@@ -712,13 +712,13 @@ static void recover(run_state *r, const char *what)
          * room: the resident blocks go first if need be). */
         for (int t = 0; t < NTAGS; t++) {
             gp_offload_result res;
-            gp_status st = gp_restore_tags(r->o, &tags[t], 1, &res);
+            gp_status st = gp_restore_tags(r->o, &tags[t], 1, 0, &res);
             uint64_t lost = res.lost;
             if (st == GP_ERR_OOM || st == GP_ERR_LIMIT) {
                 for (int i = 0; i < SLOTS; i++)
                     if (r->s[i].ptr && state_of(r, i) == GP_BLOCK_USED && !free_slot(r, i))
                         report("%s: recovery: a free failed: %s", what, gp_last_error());
-                st = gp_restore_tags(r->o, &tags[t], 1, &res);
+                st = gp_restore_tags(r->o, &tags[t], 1, 0, &res);
                 lost += res.lost;
             }
             if (st != GP_OK) report("%s: recovery: restore of tag %d: %s", what, t, gp_last_error());

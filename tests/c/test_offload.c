@@ -103,7 +103,7 @@ static void test_round_trip(void)
     for (int i = 0; i < N; i++) gone += state_of(p, w[i]) == GP_BLOCK_OFFLOADED;
     CHECK(gone > 0);
     gp_offload_result rr;
-    CHECK(gp_restore_tags(o, &T_W, 1, &rr) == GP_OK);
+    CHECK(gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_OK);
     CHECK(rr.bytes == r.bytes && rr.copied == r.copied);
     for (int i = 0; i < N; i++) CHECK(state_of(p, w[i]) == GP_BLOCK_USED && same(w[i], sz[i], (unsigned)i));
     gp_pool_stats(p, &s1, 0);
@@ -112,13 +112,13 @@ static void test_round_trip(void)
     CHECK(os.host_bytes == 0 && os.tag_host_bytes[T_W] == 0 && os.n_restore == 1);
     CHECK(!gp_offload_is_offloaded(o, T_W));
     /* Restoring what is resident does nothing. */
-    CHECK(gp_restore_tags(o, &T_W, 1, &rr) == GP_OK && rr.bytes == 0);
+    CHECK(gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_OK && rr.bytes == 0);
     /* A second cycle pins nothing new. */
     uint64_t pins = os.n_pin;
-    CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK && gp_restore_tags(o, &T_W, 1, &rr) == GP_OK);
+    CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK && gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_OK);
     gp_offload_stats_get(o, &os);
     CHECK(os.n_pin <= pins + 1); /* (at most the slab grown ahead after the first) */
-    CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK && gp_restore_tags(o, &T_W, 1, &rr) == GP_OK);
+    CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK && gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_OK);
     gp_offload_stats s2;
     gp_offload_stats_get(o, &s2);
     CHECK(s2.n_pin == os.n_pin);
@@ -127,7 +127,7 @@ static void test_round_trip(void)
     /* Frees while offloaded, then restore. */
     CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK);
     for (int i = 0; i < N; i += 3) CHECK(gp_free(p, w[i]) == GP_OK);
-    CHECK(gp_restore_tags(o, &T_W, 1, &rr) == GP_OK);
+    CHECK(gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_OK);
     for (int i = 0; i < N; i++) {
         if (i % 3 == 0) continue;
         CHECK(same(w[i], sz[i], (unsigned)i));
@@ -163,7 +163,7 @@ static void test_drop_limit_corrupt(void)
     opts.keep = 0;
     CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK && r.copied == 0 && r.host_bytes == 0 && r.released > 0);
     gp_offload_result rr;
-    CHECK(gp_restore_tags(o, &T_W, 1, &rr) == GP_OK && state_of(p, big) == GP_BLOCK_USED);
+    CHECK(gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_OK && state_of(p, big) == GP_BLOCK_USED);
     memset(big, 0, 80 * MiB); /* usable again */
     gp_free(p, big);
     /* Raw bytes take no more host room than they are: exactly the limit
@@ -172,7 +172,7 @@ static void test_drop_limit_corrupt(void)
     fill(fit, 64 * MiB, 5);
     opts.keep = 1;
     CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK && r.host_bytes == 64 * MiB);
-    CHECK(gp_restore_tags(o, &T_W, 1, &rr) == GP_OK && same(fit, 64 * MiB, 5));
+    CHECK(gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_OK && same(fit, 64 * MiB, 5));
     gp_free(p, fit);
 
     /* A corrupted host copy: the restore fails naming the tag, the memory
@@ -183,13 +183,13 @@ static void test_drop_limit_corrupt(void)
     CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK);
     CHECK(gp_offload_corrupt_for_test(o, T_W) == GP_OK);
     gp_pool_stats(p, &s0, 0);
-    CHECK(gp_restore_tags(o, &T_W, 1, &rr) == GP_ERR_BACKEND);
+    CHECK(gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_ERR_BACKEND);
     CHECK(strstr(gp_last_error(), "checksum") && strstr(gp_last_error(), "'offl'"));
     gp_pool_stats(p, &s1, 0);
     CHECK(state_of(p, x) == GP_BLOCK_OFFLOADED && s1.reserved == s0.reserved);
     CHECK(pool_consistent(p, be) == 0);
     CHECK(gp_offload_corrupt_for_test(o, T_W) == GP_OK); /* flips it back */
-    CHECK(gp_restore_tags(o, &T_W, 1, &rr) == GP_OK && same(x, 20 * MiB, 4));
+    CHECK(gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_OK && same(x, 20 * MiB, 4));
     gp_free(p, x);
     CHECK(pool_consistent(p, be) == 0);
     gp_offloader_destroy(o);
@@ -213,20 +213,20 @@ static void test_prefetch_multi(void)
           state_of(p, b) == GP_BLOCK_OFFLOADED);
     /* Restoring one tag of a joint offload brings both back. */
     CHECK(gp_prefetch_tags(o, &T_O, 1) == GP_OK);
-    CHECK(gp_restore_tags(o, &T_O, 1, &rr) == GP_OK);
+    CHECK(gp_restore_tags(o, &T_O, 1, 0, &rr) == GP_OK);
     CHECK(state_of(p, a) == GP_BLOCK_USED && same(a, 9 * MiB + 3, 8) && same(b, 5 * MiB + 5, 9));
     CHECK(!gp_offload_is_offloaded(o, T_W));
     /* A prefetch that fails is reported by the restore that waits for it. */
     CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK);
     CHECK(gp_offload_corrupt_for_test(o, T_W) == GP_OK);
     CHECK(gp_prefetch_tags(o, &T_W, 1) == GP_OK);
-    CHECK(gp_restore_tags(o, &T_W, 1, &rr) == GP_ERR_BACKEND && strstr(gp_last_error(), "checksum"));
+    CHECK(gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_ERR_BACKEND && strstr(gp_last_error(), "checksum"));
     CHECK(gp_offload_corrupt_for_test(o, T_W) == GP_OK);
-    CHECK(gp_restore_tags(o, &T_W, 1, &rr) == GP_OK && same(a, 9 * MiB + 3, 8));
+    CHECK(gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_OK && same(a, 9 * MiB + 3, 8));
     /* Bad input. */
     gp_tag bad = (gp_tag)(GP_MAX_TAGS - 1);
     CHECK(gp_offload_tags(o, &bad, 1, &opts, &r) == GP_ERR_INVALID);
-    CHECK(gp_restore_tags(o, NULL, 0, &rr) == GP_ERR_INVALID);
+    CHECK(gp_restore_tags(o, NULL, 0, 0, &rr) == GP_ERR_INVALID);
     CHECK(gp_offload_register(o, T_W, 300, 0) == GP_ERR_INVALID);
     gp_free(p, a);
     gp_free(p, b);
@@ -266,14 +266,14 @@ static void test_pressure(void)
     /* Restore with the device full of higher-priority memory fails
      * cleanly, the bytes safe on the host. */
     gp_offload_result rr;
-    CHECK(gp_restore_tags(o, &T_W, 1, &rr) == GP_ERR_OOM && state_of(p, lo) == GP_BLOCK_OFFLOADED);
+    CHECK(gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_ERR_OOM && state_of(p, lo) == GP_BLOCK_OFFLOADED);
     CHECK(pool_consistent(p, be) == 0);
     gp_free(p, x);
     gp_free(p, y);
-    st = gp_restore_tags(o, &T_W, 1, &rr);
+    st = gp_restore_tags(o, &T_W, 1, 0, &rr);
     if (st != GP_OK) fprintf(stderr, "restore: %s\n", gp_last_error());
     CHECK(st == GP_OK && same(lo, 20 * MiB, 1));
-    CHECK(gp_restore_tags(o, &T_O, 1, &rr) == GP_OK && same(mid, 20 * MiB, 2));
+    CHECK(gp_restore_tags(o, &T_O, 1, 0, &rr) == GP_OK && same(mid, 20 * MiB, 2));
     gp_free(p, lo);
     gp_free(p, mid);
     gp_offloader_destroy(o);
@@ -334,23 +334,23 @@ static void test_compressed(void)
     CHECK(r.codec == GP_CODEC_RAW && r.host_bytes >= r.copied);
 #endif
     CHECK(pool_consistent(p, be) == 0);
-    CHECK(gp_restore_tags(o, &T_W, 1, &rr) == GP_OK);
+    CHECK(gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_OK);
     for (int i = 0; i < NW; i++) CHECK(memcmp(w[i], copy[i], sz[i]) == 0);
     /* Incompressible: raw, whatever was asked. */
     CHECK(gp_offload_tags(o, &T_O, 1, &opts, &r) == GP_OK && r.codec == GP_CODEC_RAW && r.host_bytes >= r.copied);
-    CHECK(gp_restore_tags(o, &T_O, 1, &rr) == GP_OK && memcmp(rnd, rcopy, 9 * MiB) == 0);
+    CHECK(gp_restore_tags(o, &T_O, 1, 0, &rr) == GP_OK && memcmp(rnd, rcopy, 9 * MiB) == 0);
     /* A corrupted compressed copy: caught, the memory stays offloaded. */
     CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK);
     CHECK(gp_offload_corrupt_for_test(o, T_W) == GP_OK);
-    CHECK(gp_restore_tags(o, &T_W, 1, &rr) == GP_ERR_BACKEND);
+    CHECK(gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_ERR_BACKEND);
     CHECK(state_of(p, w[0]) == GP_BLOCK_OFFLOADED);
     CHECK(pool_consistent(p, be) == 0);
     CHECK(gp_offload_corrupt_for_test(o, T_W) == GP_OK);
-    CHECK(gp_restore_tags(o, &T_W, 1, &rr) == GP_OK);
+    CHECK(gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_OK);
     for (int i = 0; i < NW; i++) CHECK(memcmp(w[i], copy[i], sz[i]) == 0);
     /* Dropped contents. */
     opts.keep = 0;
-    CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK && r.copied == 0 && gp_restore_tags(o, &T_W, 1, &rr) == GP_OK);
+    CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK && r.copied == 0 && gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_OK);
     /* A codec that cannot run here is a clear error, nothing moved. */
     opts = (gp_offload_opts){.keep = 1, .codec = GP_CODEC_ANS, .elem_size = 2};
     CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_ERR_INVALID && strstr(gp_last_error(), "ans"));
@@ -394,13 +394,13 @@ static void test_fills_slabs(int codec)
          * too short to take a part (under 1 MiB a slab). */
         CHECK(os.host_slabs <= r.host_bytes + 64 * MiB + os.host_slabs / 32);
         CHECK(pool_consistent(p, be) == 0);
-        CHECK(gp_restore_tags(o, &T_W, 1, &rr) == GP_OK && rr.copied == r.copied);
+        CHECK(gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_OK && rr.copied == r.copied);
         for (int i = 0; i < M; i++) CHECK(memcmp(w[i], copy + (size_t)i * 12 * MiB, 12 * MiB) == 0);
     }
     /* A corrupted copy is still caught with the pieces split. */
     CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK && gp_offload_corrupt_for_test(o, T_W) == GP_OK);
-    CHECK(gp_restore_tags(o, &T_W, 1, &rr) == GP_ERR_BACKEND);
-    CHECK(gp_offload_corrupt_for_test(o, T_W) == GP_OK && gp_restore_tags(o, &T_W, 1, &rr) == GP_OK);
+    CHECK(gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_ERR_BACKEND);
+    CHECK(gp_offload_corrupt_for_test(o, T_W) == GP_OK && gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_OK);
     for (int i = 0; i < M; i++) {
         CHECK(memcmp(w[i], copy + (size_t)i * 12 * MiB, 12 * MiB) == 0);
         gp_free(p, w[i]);
@@ -457,7 +457,7 @@ static void test_maps_in_order(void)
     for (int cycle = 0; cycle < 3; cycle++) {
         CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK && r.released >= M * MiB);
         s->n = 0;
-        CHECK(gp_restore_tags(o, &T_W, 1, &r) == GP_OK);
+        CHECK(gp_restore_tags(o, &T_W, 1, 0, &r) == GP_OK);
         CHECK(s->n >= M);
         unsigned out_of_order = 0;
         for (unsigned k = 1; k < s->n; k++) out_of_order += s->addr[k] < s->addr[k - 1];
