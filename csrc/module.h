@@ -93,6 +93,7 @@ void gp_tenant_publish(gp_pool *p);
 
 PyObject *gp_py_offload(gp_pool_object *self, PyObject *args, PyObject *kw);
 PyObject *gp_py_restore(gp_pool_object *self, PyObject *args);
+PyObject *gp_py_host_fail(gp_pool_object *self, PyObject *args);
 PyObject *gp_py_prefetch(gp_pool_object *self, PyObject *args);
 PyObject *gp_py_offload_register(gp_pool_object *self, PyObject *args);
 PyObject *gp_py_offload_use(gp_pool_object *self, PyObject *args);
@@ -115,7 +116,9 @@ PyObject *gp_py_offload_corrupt(gp_pool_object *self, PyObject *arg);
     {"offload_stats", (PyCFunction)gp_py_offload_stats, METH_VARARGS,                                \
      "offload_stats(create=False) -> dict or None (no offloader yet)"},                             \
     {"_offload_corrupt_for_test", (PyCFunction)gp_py_offload_corrupt, METH_O,                        \
-     "flip one stored byte of tag_id's offloaded copy (tests: a restore must catch it)"},
+     "flip one stored byte of tag_id's offloaded copy (tests: a restore must catch it)"},             \
+    {"_host_fail_for_test", (PyCFunction)gp_py_host_fail, METH_VARARGS,                               \
+     "_host_fail_for_test(fn, nth, from=False): the host backend's nth call of fn fails (0: disarm)"},
 
 /* ------------------------------------------- pycodec.c: codecs, nvCOMP */
 

@@ -11,6 +11,7 @@
 #include "arbiter.h"
 #include "codec.h"
 #include "module.h"
+#include "backend_host.h"
 #include "offload.h"
 
 #define GP_MAX_OFFLOADERS 256
@@ -284,4 +285,24 @@ PyObject *gp_py_offload_corrupt(gp_pool_object *self, PyObject *arg)
     gp_status st = gp_offload_corrupt_for_test(o, (gp_tag)tag);
     if (st != GP_OK) return gp_raise(st);
     Py_RETURN_NONE;
+}
+
+PyObject *gp_py_host_fail(gp_pool_object *self, PyObject *args)
+{
+    const char *fn;
+    unsigned long long nth;
+    int from = 0;
+    if (!PyArg_ParseTuple(args, "sK|p", &fn, &nth, &from)) return NULL;
+    gp_backend *be = gp_pool_backend(self->pool);
+    if (strcmp(be->name, "host") != 0) {
+        PyErr_SetString(PyExc_ValueError, "fault injection needs a HostPool (the host backend)");
+        return NULL;
+    }
+    for (int k = 0; k < GP_HOST_FN_COUNT; k++)
+        if (strcmp(fn, gp_host_fn_name((gp_host_fn)k)) == 0) {
+            gp_host_fail(be, (gp_host_fn)k, nth, GP_ERR_BACKEND, from ? GP_HOST_FAIL_FROM : GP_HOST_FAIL_ONCE);
+            Py_RETURN_NONE;
+        }
+    PyErr_Format(PyExc_ValueError, "no backend function '%s' to fail (copy, map, unmap, event_wait, ...)", fn);
+    return NULL;
 }

@@ -4,6 +4,7 @@ clean, and the pressure path offloads idle lower-priority tags only."""
 from __future__ import annotations
 
 import ctypes
+import re
 import time
 from typing import Sequence
 
@@ -362,3 +363,40 @@ def test_compressed_offload_takes_fewer_host_bytes() -> None:
     assert p.stats()["tags"]["bf16_t"]["host_bytes"] == info["host_bytes"]
     gpupool.restore("bf16_t", pool=p)
     assert bytes(buf[: 1 << 20]) == before
+
+
+def test_lost_bytes_come_back_only_with_consent() -> None:
+    # The second block's copy out fails, and the undo cannot map the first
+    # block's chunks back: the offload stays offloaded and says what it
+    # lost; a restore refuses to hand back those bytes unless told to.
+    p = pool()
+    addrs = [p.alloc(4 * MiB, tag="lost_t") for _ in range(3)]
+    for i, a in enumerate(addrs):
+        fill(a, 4 * MiB, i)
+    p._pool._host_fail_for_test("copy", 2)
+    p._pool._host_fail_for_test("map", 1, True)
+    with pytest.raises(RuntimeError, match=r"stays offloaded and (\d+) bytes") as err:
+        gpupool.offload("lost_t", codec="raw", pool=p)
+    p._pool._host_fail_for_test("map", 0)
+    lost = int(re.search(r"stays offloaded and (\d+) bytes", str(err.value)).group(1))
+    assert lost == 8 * MiB
+    with pytest.raises(RuntimeError, match="were lost.*accept_loss"):
+        gpupool.restore("lost_t", pool=p)
+    assert any(p.lookup(a).state == "offloaded" for a in addrs)
+    with pytest.warns(RuntimeWarning, match="uninitialised"):
+        info = gpupool.restore("lost_t", accept_loss=True, pool=p)
+    assert info["lost"] == lost and all(p.lookup(a).state == "used" for a in addrs)
+    # The block whose copy ran came back whole.
+    assert same(addrs[0], 4 * MiB, 0)
+    with pytest.raises(ValueError, match="no backend function 'nope'"):
+        p._pool._host_fail_for_test("nope", 1)
+
+
+def test_block_retagged_while_offloaded_comes_back_by_its_new_tag() -> None:
+    p = pool()
+    a = p.alloc(6 * MiB, tag="before_t")
+    fill(a, 6 * MiB, 21)
+    gpupool.offload("before_t", codec="raw", pool=p)
+    p.retag([a], "after_t")
+    info = gpupool.restore("after_t", pool=p)
+    assert info["bytes"] == 6 * MiB and p.lookup(a).state == "used" and same(a, 6 * MiB, 21)
