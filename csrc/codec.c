@@ -432,6 +432,8 @@ gp_status gp_codec_decompress(gp_codec_job *j, gp_stream stream, void *dst, uint
     return GP_OK;
 }
 
+void gp_codec_job_abandon(gp_codec_job *j) { j->state = GP_JOB_IDLE; }
+
 gp_status gp_codec_decompress_check(gp_codec_job *j)
 {
     const gp_codec *c = j->c;

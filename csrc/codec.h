@@ -188,6 +188,11 @@ gp_status gp_codec_compress(gp_codec_job *j, gp_stream stream, const void *src, 
  * that chunks[].data point at stay valid until its next use. */
 gp_status gp_codec_compress_result(gp_codec_job *j, gp_codec_chunk *chunks, uint64_t n, uint64_t *stored);
 
+/* Drop what the job was doing (a compression whose result is not wanted:
+ * an offload that failed half way); the caller has waited for its stream.
+ * The job is then idle. */
+void gp_codec_job_abandon(gp_codec_job *j);
+
 /* Queue on `stream` the copies of the stored chunks (chunks[].data: host
  * memory, pinned on a GPU, GP_CODEC_ALIGN-aligned) to the device and the
  * decompression into [dst, dst+len), whose chunks must be laid out as the

@@ -444,8 +444,8 @@ size_t gp_pool_check(gp_pool *pool, char *msg, size_t n);
  *   gp_pool_offload_begin  plans and marks, under the lock; every run's
  *                          chunks are still mapped.  An empty plan (n_runs
  *                          0) when nothing can move.
- *   gp_pool_restore_begin  a plan over runs offloaded earlier (their
- *                          chunks unmapped), to map them again.
+ *   gp_pool_restore_begin  a plan over runs offloaded earlier, to map
+ *                          them again (chunks still mapped stay so).
  *   gp_pool_plan_unmap     give back the chunks of [addr, addr+size) (a
  *                          chunk-aligned piece of one run), once its data is
  *                          safe on the host.
@@ -456,11 +456,12 @@ size_t gp_pool_check(gp_pool *pool, char *msg, size_t n);
  *                          give memory up and call it again.
  *   gp_pool_plan_end       finish: `resident` 1 when every chunk of the plan
  *                          is mapped (the blocks are live and usable again,
- *                          free pieces go back to the bins), 0 when every
- *                          chunk is unmapped (the runs stay offloaded).
- *                          GP_ERR_INVALID, and nothing changes, when the
- *                          chunks are not all in that state; else the plan
- *                          is freed.
+ *                          free pieces go back to the bins; GP_ERR_INVALID,
+ *                          and nothing changes, when one is not), 0 to
+ *                          leave the runs offloaded (a chunk whose give-back
+ *                          failed may stay mapped: it counts as reserved
+ *                          until a restore maps the rest); the plan is
+ *                          then freed.
  * The chunks of a run are touched by nobody else meanwhile (no allocation
  * lands in them, trim skips them), so the caller copies without the lock.
  * Refused while a CUDA graph captures (GP_ERR_INVALID): a capture may not
@@ -499,8 +500,8 @@ typedef struct gp_offload_plan {
  * GP_ERR_NOMEM when host memory for the plan is short. */
 gp_status gp_pool_offload_begin(gp_pool *pool, const gp_tag *tags, size_t n_tags,
                                 gp_offload_plan **out);
-/* Plan the restore of `runs` (as an offload plan listed them; each must
- * still be wholly offloaded: GP_ERR_INVALID otherwise).  The plan's ranges
+/* Plan the restore of `runs` (as an offload plan listed them; every block
+ * in each must still be offloaded: GP_ERR_INVALID otherwise).  The plan's ranges
  * are those of the blocks still live in them (some may have been freed
  * since): the same addresses and sizes the offload plan gave them. */
 gp_status gp_pool_restore_begin(gp_pool *pool, const gp_offload_run *runs, size_t n_runs,
@@ -510,6 +511,15 @@ gp_status gp_pool_plan_unmap(gp_pool *pool, gp_offload_plan *plan, uintptr_t add
 gp_status gp_pool_plan_map(gp_pool *pool, gp_offload_plan *plan, uintptr_t addr,
                            uint64_t size, int priority);
 gp_status gp_pool_plan_end(gp_pool *pool, gp_offload_plan *plan, int resident);
+/* Whether `run` is an offloaded run of the pool now (every block in it
+ * offloaded, live or free): GP_ERR_INVALID naming the first block that is
+ * not.  For the offloader's integrity check. */
+gp_status gp_pool_run_check(gp_pool *pool, const gp_offload_run *run);
+/* The OFFLOADED blocks of `tags` (n_tags 0: of every tag), whole, as
+ * ranges in address order: *out (free() it) and *n.  A block retagged while
+ * offloaded is found under its tag now. */
+gp_status gp_pool_offloaded_blocks(gp_pool *pool, const gp_tag *tags, size_t n_tags, gp_offload_range **out,
+                                   size_t *n);
 
 /* The configuration the pool was made with (its limit as set now). */
 void gp_pool_config(gp_pool *pool, gp_config *out);

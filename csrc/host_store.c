@@ -6,6 +6,8 @@
  * extent back and merges it with the holes beside it.  Offloads are few and
  * their extents large (MiBs), so the arrays stay short.
  */
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -261,4 +263,55 @@ void gp_host_store_stats_get(gp_host_store *hs, gp_host_store_stats *out)
     *out = (gp_host_store_stats){.limit = hs->limit, .slabs = hs->n_slabs * hs->slab_size, .used = hs->used,
                                  .reserved = hs->reserved, .n_pin = hs->n_pin, .pin_seconds = hs->pin_seconds};
     pthread_mutex_unlock(&hs->lock);
+}
+
+size_t gp_host_store_check(gp_host_store *hs, const gp_extent *ext, size_t n_ext, char *msg, size_t n)
+{
+    size_t found = 0;
+#define GP_BAD(...)                                                            \
+    do {                                                                       \
+        if (!found++ && n) snprintf(msg, n, __VA_ARGS__);                      \
+    } while (0)
+    if (n) msg[0] = '\0';
+    pthread_mutex_lock(&hs->lock);
+    uint64_t in_ext = 0, holes = 0;
+    for (size_t i = 0; i < n_ext; i++) {
+        const gp_extent *e = &ext[i];
+        const gp_slab *s = e->slab < hs->n_slabs ? &hs->slabs[e->slab] : NULL;
+        in_ext += e->size;
+        if (!s || (char *)e->ptr < s->base || (char *)e->ptr + e->size > s->base + hs->slab_size || !e->size ||
+            (uintptr_t)e->ptr % GP_EXTENT_ALIGN) {
+            GP_BAD("extent %p+%" PRIu64 " does not lie aligned in its slab %u", e->ptr, e->size, e->slab);
+            continue;
+        }
+        if (i && (char *)ext[i - 1].ptr + ext[i - 1].size > (char *)e->ptr)
+            GP_BAD("extents %p and %p overlap", ext[i - 1].ptr, e->ptr);
+        uint64_t off = (uint64_t)((char *)e->ptr - s->base);
+        for (size_t h = 0; h < s->n_holes; h++)
+            if (s->holes[h].off < off + e->size && off < s->holes[h].off + s->holes[h].size)
+                GP_BAD("extent %p+%" PRIu64 " overlaps a free hole of slab %u", e->ptr, e->size, e->slab);
+    }
+    for (size_t k = 0; k < hs->n_slabs; k++) {
+        const gp_slab *s = &hs->slabs[k];
+        uint64_t sum = 0;
+        for (size_t h = 0; h < s->n_holes; h++) {
+            const gp_hole *g = &s->holes[h];
+            sum += g->size;
+            if (!g->size || g->off + g->size > hs->slab_size ||
+                (h && s->holes[h - 1].off + s->holes[h - 1].size >= g->off))
+                GP_BAD("slab %zu: hole %zu (%" PRIu64 "+%" PRIu64 ") is empty, outside or not apart", k, h, g->off,
+                       g->size);
+        }
+        if (sum != s->free) GP_BAD("slab %zu: its holes hold %" PRIu64 " bytes, it says %" PRIu64 " free", k, sum, s->free);
+        holes += sum;
+    }
+    if (in_ext != hs->used) GP_BAD("the extents hold %" PRIu64 " bytes, used says %" PRIu64, in_ext, hs->used);
+    if (in_ext + holes != hs->n_slabs * hs->slab_size)
+        GP_BAD("extents (%" PRIu64 ") and holes (%" PRIu64 ") do not cover the %zu slabs", in_ext, holes, hs->n_slabs);
+    if (hs->reserved) GP_BAD("%" PRIu64 " bytes are reserved between offloads", hs->reserved);
+    if (hs->limit && hs->n_slabs * hs->slab_size > hs->limit)
+        GP_BAD("%zu slabs pass the limit of %" PRIu64 " bytes", hs->n_slabs, hs->limit);
+#undef GP_BAD
+    pthread_mutex_unlock(&hs->lock);
+    return found;
 }

@@ -73,4 +73,13 @@ void gp_host_store_grow_ahead(gp_host_store *hs);
 
 void gp_host_store_stats_get(gp_host_store *hs, gp_host_store_stats *out);
 
+/* The store's integrity, given every extent its callers hold (`ext`, n of
+ * them, in address order), between offloads (nothing reserved): each lies
+ * inside its slab and overlaps no other extent and no hole; the holes of
+ * each slab are in order, apart, and add up to its free bytes; extents and
+ * holes cover the slabs exactly; `used` is the extents' sum; the slabs are
+ * within the limit.  Returns the number of problems (0: none), the first
+ * described in msg (n bytes). */
+size_t gp_host_store_check(gp_host_store *hs, const gp_extent *ext, size_t n_ext, char *msg, size_t n);
+
 #endif /* GP_HOST_STORE_H */

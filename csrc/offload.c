@@ -38,114 +38,38 @@ static void gp_op_unlock(gp_offloader *o)
     pthread_mutex_unlock(&o->op);
 }
 
-/* --------------------------------------------------------------- records */
+/* ------------------------------------------------------------- restores */
 
-static int gp_record_has(const gp_record *r, const gp_tag *tags, size_t n)
+/* Restore record r, which this thread holds, and retire it (the op lock
+ * is taken here); on failure the caller gives it back. */
+static gp_status gp_restore_held(gp_offloader *o, gp_record *r, const gp_want *w, gp_offload_result *res)
 {
-    for (unsigned i = 0; i < r->n_tags; i++)
-        for (size_t j = 0; j < n; j++)
-            if (r->tags[i] == tags[j]) return 1;
-    return 0;
-}
-
-void gp_record_free(gp_offloader *o, gp_record *r)
-{
-    if (!r) return;
-    for (size_t i = 0; i < r->n_pieces; i++) {
-        gp_piece_host_free(o, &r->pieces[i]);
-        free(r->pieces[i].chunks);
-    }
-    free(r->runs);
-    free(r->pieces);
-    free(r);
-}
-
-const char *gp_tags_text(const gp_record *r, char *buf, size_t len)
-{
-    size_t at = 0;
-    buf[0] = '\0';
-    for (unsigned i = 0; i < r->n_tags && at < len; i++) {
-        const char *name = gp_tag_name(r->tags[i]);
-        int k = snprintf(buf + at, len - at, "%s'%s'", i ? ", " : "", name ? name : "?");
-        if (k > 0) at += (size_t)k;
-    }
-    return buf;
-}
-
-/* Add record r to the offloaded ones. */
-void gp_record_keep(gp_offloader *o, gp_record *r)
-{
-    for (size_t i = 0; i < r->n_pieces; i++) {
-        r->copied += r->pieces[i].host.ptr ? r->pieces[i].size : 0;
-        r->host_bytes += gp_piece_host_bytes(&r->pieces[i]);
-    }
-    pthread_mutex_lock(&o->lock);
-    r->next = o->records;
-    o->records = r;
-    o->st.n_offload++;
-    o->st.bytes_out += r->copied;
-    o->st.host_bytes += r->host_bytes;
-    for (size_t i = 0; i < r->n_pieces; i++)
-        o->st.tag_host_bytes[r->pieces[i].tag] += gp_piece_host_bytes(&r->pieces[i]);
-    pthread_mutex_unlock(&o->lock);
-}
-
-/* Restore record r (op is held); on success it leaves the records, its
- * figures with it, and whoever waits for a prefetch of it is woken. */
-static gp_status gp_restore_one_locked(gp_offloader *o, gp_record *r, gp_offload_result *res)
-{
-    gp_status st = gp_restore_record_locked(o, r, res);
-    if (st != GP_OK) return st;
-    pthread_mutex_lock(&o->lock);
-    for (gp_record **pp = &o->records; *pp; pp = &(*pp)->next)
-        if (*pp == r) {
-            *pp = r->next;
-            break;
-        }
-    o->st.n_restore++;
-    o->st.bytes_in += r->copied;
-    o->st.host_bytes -= r->host_bytes;
-    for (size_t i = 0; i < r->n_pieces; i++)
-        o->st.tag_host_bytes[r->pieces[i].tag] -= gp_piece_host_bytes(&r->pieces[i]);
-    pthread_cond_broadcast(&o->cond);
-    pthread_mutex_unlock(&o->lock);
-    gp_record_free(o, r);
-    return GP_OK;
-}
-
-/* The next record holding one of `tags` that no prefetch has (the lock is
- * held); *busy says whether one is being prefetched. */
-static gp_record *gp_find(gp_offloader *o, const gp_tag *tags, size_t n, int *busy)
-{
-    *busy = 0;
-    for (gp_record *r = o->records; r; r = r->next) {
-        if (!gp_record_has(r, tags, n)) continue;
-        if (r->prefetching) *busy = 1;
-        else return r;
-    }
-    return NULL;
-}
-
-static gp_status gp_restore_locked(gp_offloader *o, const gp_tag *tags, size_t n, gp_offload_result *res)
-{
-    gp_status st = GP_OK;
-    for (;;) {
-        int busy;
-        pthread_mutex_lock(&o->lock);
-        gp_record *r = gp_find(o, tags, n, &busy);
-        pthread_mutex_unlock(&o->lock);
-        if (!r) break;
-        if ((st = gp_restore_one_locked(o, r, res)) != GP_OK) break;
-    }
+    gp_tagset keep;
+    gp_keep_of(r, w, &keep);
+    gp_op_lock(o);
+    gp_status st = gp_restore_record_locked(o, r, &keep, res);
+    if (st == GP_OK) gp_record_retire(o, r);
+    gp_op_unlock(o);
     return st;
+}
+
+/* Refuse to restore r, which lost bytes when its offload failed, unless
+ * the caller accepts the loss. */
+static gp_status gp_loss_refused(const gp_record *r)
+{
+    char tags[256];
+    return gp_error_set(GP_ERR_BACKEND, "gpupool: %" PRIu64 " bytes of tag %s were lost when an offload of it failed "
+                        "and could not be undone; restoring it would bring them back uninitialised, so it stays "
+                        "offloaded: restore with accept_loss to take it back so (or free its memory)", r->lost,
+                        gp_tags_text(r, tags, sizeof tags));
 }
 
 /* ------------------------------------------------------------- pressure */
 
-/* Offload idle registered tags of priority below `below` (not those of
- * record `keep`), the lowest priority first, then the least recently used,
- * until `needed` bytes were released.  `op` is held. */
-gp_status gp_reclaim_locked(gp_offloader *o, uint64_t needed, int below, const gp_record *keep,
+/* Offload idle registered tags of priority below `below` (none of `keep`),
+ * the lowest priority first, then the least recently used, until `needed`
+ * bytes were released.  `op` is held. */
+gp_status gp_reclaim_locked(gp_offloader *o, uint64_t needed, int below, const gp_tagset *keep,
                             uint64_t *released)
 {
     *released = 0;
@@ -156,8 +80,7 @@ gp_status gp_reclaim_locked(gp_offloader *o, uint64_t needed, int below, const g
         unsigned nt = gp_tag_count();
         for (unsigned t = 0; t < nt; t++) {
             const gp_reg *g = &o->reg[t];
-            gp_tag tt = (gp_tag)t;
-            if (g->prio < 0 || g->prio >= below || g->busy || tried[t] || (keep && gp_record_has(keep, &tt, 1)))
+            if (g->prio < 0 || g->prio >= below || g->busy || tried[t] || (keep && gp_tagset_has(keep, (gp_tag)t)))
                 continue;
             if (best < 0 || g->prio < o->reg[best].prio ||
                 (g->prio == o->reg[best].prio && g->last_use < o->reg[best].last_use))
@@ -170,7 +93,8 @@ gp_status gp_reclaim_locked(gp_offloader *o, uint64_t needed, int below, const g
         gp_pool_tag_stats(o->pool, (gp_tag)best, &ts);
         if (!ts.allocated) continue;
         /* Compressed when it pays and the staging exists (it is taken from
-         * the pool, which is short of memory now: else raw). */
+         * the pool, which is short of memory now: else raw; and raw inside
+         * a restore, whose lanes hold the staging). */
         gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_AUTO, .elem_size = o->reg[best].elem_size};
         gp_offload_result res;
         gp_tag t = (gp_tag)best;
@@ -247,8 +171,9 @@ gp_status gp_offloader_create(gp_pool *pool, uint64_t host_limit, unsigned threa
     if (st == GP_OK) st = gp_tag_intern("gpupool", &own);
     /* The checksums' device array comes from the pool, once, before any
      * pressure could call on the offloader. */
-    if (st == GP_OK) o->sums_dev = gp_alloc(pool, GP_SUMS_MAX * sizeof(uint64_t), NULL, own, GP_PRIO_CRITICAL, &st);
-    if (st == GP_OK && !(o->sums_host = malloc(GP_SUMS_MAX * sizeof(uint64_t))))
+    size_t sums = GP_SUMS_MAX * sizeof(uint64_t);
+    if (st == GP_OK) o->sums_dev = gp_alloc(pool, sums, NULL, own, GP_PRIO_CRITICAL, &st);
+    if (st == GP_OK && !(o->sums_host = malloc(sums)))
         st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the offloader");
     if (st == GP_OK) st = gp_workq_create(threads, &o->q);
     if (st == GP_OK) st = gp_workq_create(1, &o->mq);
@@ -345,21 +270,46 @@ static void gp_bg_done(gp_offloader *o, gp_status st)
 gp_status gp_restore_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, int accept_loss,
                           gp_offload_result *res)
 {
-    (void)accept_loss; /* (WIP) */
     double t0 = gp_now();
     memset(res, 0, sizeof *res);
     gp_status st = gp_check_tags(o, tags, n_tags);
     if (st != GP_OK) return st;
-    /* Background offloads and a prefetch of them first finish. */
+    gp_want w;
+    if ((st = gp_want_of(o, tags, n_tags, &w)) != GP_OK) return st;
     pthread_mutex_lock(&o->lock);
-    int busy;
-    while (o->n_background || (gp_find(o, tags, n_tags, &busy), busy)) pthread_cond_wait(&o->cond, &o->lock);
+    /* Background offloads first finish (what they take has no record
+     * before they have run), and report a failure. */
+    while (o->n_background) pthread_cond_wait(&o->cond, &o->lock);
     st = gp_bg_failure(o);
+    /* Then every record of the tags, each taken by this thread (one that a
+     * prefetch or another restore holds is waited for: it comes back
+     * restored, or offloaded again for this one to try). */
+    while (st == GP_OK) {
+        gp_record *r = NULL;
+        int held = 0;
+        for (gp_record *q = o->records; q && !r; q = q->next) {
+            if (!gp_record_wanted(q, &w)) continue;
+            if (q->state == GP_REC_OFFLOADED) r = q;
+            else held = 1;
+        }
+        if (!r && !held) break;
+        if (!r) {
+            pthread_cond_wait(&o->cond, &o->lock);
+            st = gp_bg_failure(o); /* (a prefetch of them failed: say why) */
+            continue;
+        }
+        if (r->lost && !accept_loss) {
+            st = gp_loss_refused(r);
+            break;
+        }
+        gp_record_move(o, r, GP_REC_OFFLOADED, GP_REC_RESTORING);
+        pthread_mutex_unlock(&o->lock);
+        st = gp_restore_held(o, r, &w, res);
+        pthread_mutex_lock(&o->lock);
+        if (st != GP_OK) gp_record_move(o, r, GP_REC_RESTORING, GP_REC_OFFLOADED);
+    }
     pthread_mutex_unlock(&o->lock);
-    if (st != GP_OK) return st;
-    gp_op_lock(o);
-    st = gp_restore_locked(o, tags, n_tags, res);
-    gp_op_unlock(o);
+    gp_want_free(&w);
     res->seconds = gp_now() - t0;
     return st;
 }
@@ -367,6 +317,7 @@ gp_status gp_restore_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, in
 typedef struct gp_prefetch {
     gp_offloader *o;
     gp_record *r;
+    gp_want w; /* (its tags only: what restoring r may not displace) */
 } gp_prefetch;
 
 static gp_status gp_job_prefetch_record(void *arg)
@@ -374,13 +325,13 @@ static gp_status gp_job_prefetch_record(void *arg)
     gp_prefetch *pf = arg;
     gp_offloader *o = pf->o;
     gp_record *r = pf->r;
-    free(pf);
     gp_offload_result res = {0};
-    gp_op_lock(o);
-    gp_status st = gp_restore_one_locked(o, r, &res);
-    gp_op_unlock(o);
+    gp_status st = r->lost ? gp_loss_refused(r) : gp_restore_held(o, r, &pf->w, &res);
+    free(pf);
     pthread_mutex_lock(&o->lock);
-    if (st != GP_OK) r->prefetching = 0; /* the record stays (offloaded); the next restore reports why */
+    /* A failed one stays offloaded, and the next restore reports why: a
+     * restore waiting for it wakes to both at once. */
+    if (st != GP_OK) gp_record_move(o, r, GP_REC_PREFETCHING, GP_REC_OFFLOADED);
     gp_bg_done(o, st);
     pthread_mutex_unlock(&o->lock);
     return st;
@@ -390,24 +341,27 @@ gp_status gp_prefetch_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags)
 {
     gp_status st = gp_check_tags(o, tags, n_tags);
     if (st != GP_OK) return st;
+    gp_want w;
+    if ((st = gp_want_of(o, tags, n_tags, &w)) != GP_OK) return st;
     pthread_mutex_lock(&o->lock);
     /* What a background offload takes has no record before it has run. */
     while (o->n_background) pthread_cond_wait(&o->cond, &o->lock);
     for (gp_record *r = o->records; r && st == GP_OK; r = r->next) {
-        if (r->prefetching || !gp_record_has(r, tags, n_tags)) continue;
+        if (r->state != GP_REC_OFFLOADED || !gp_record_wanted(r, &w)) continue;
         gp_prefetch *pf = malloc(sizeof *pf);
         if (!pf) {
             st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a prefetch");
             break;
         }
-        *pf = (gp_prefetch){o, r};
-        r->prefetching = 1;
+        *pf = (gp_prefetch){.o = o, .r = r, .w = {.tags = w.tags}};
+        gp_record_move(o, r, GP_REC_OFFLOADED, GP_REC_PREFETCHING);
         if ((st = gp_workq_push(o->pq, &o->prefetches, gp_job_prefetch_record, pf)) != GP_OK) {
-            r->prefetching = 0;
+            gp_record_move(o, r, GP_REC_PREFETCHING, GP_REC_OFFLOADED);
             free(pf);
         }
     }
     pthread_mutex_unlock(&o->lock);
+    gp_want_free(&w);
     return st;
 }
 
@@ -493,26 +447,21 @@ void gp_offload_stats_get(gp_offloader *o, gp_offload_stats *out)
 
 int gp_offload_is_offloaded(gp_offloader *o, gp_tag tag)
 {
-    pthread_mutex_lock(&o->lock);
-    int found = 0;
-    for (gp_record *r = o->records; r && !found; r = r->next) found = gp_record_has(r, &tag, 1);
-    pthread_mutex_unlock(&o->lock);
-    return found;
-}
-
-size_t gp_offload_check(gp_offloader *o, char *msg, size_t n)
-{
-    (void)o; /* (WIP) */
-    if (n) msg[0] = '\0';
-    return 0;
+    /* The pool knows where each block is now, whatever tag it had when it
+     * went (a block retagged while offloaded). */
+    gp_tag_stats ts;
+    gp_pool_tag_stats(o->pool, tag, &ts);
+    return ts.offloaded != 0;
 }
 
 gp_status gp_offload_corrupt_for_test(gp_offloader *o, gp_tag tag)
 {
     gp_status st = gp_error_set(GP_ERR_INVALID, "gpupool: tag id %u has no stored bytes", (unsigned)tag);
     pthread_mutex_lock(&o->lock);
+    gp_want w = {{{0}}};
+    gp_tagset_add(&w.tags, tag);
     for (gp_record *r = o->records; r && st != GP_OK; r = r->next) {
-        if (!gp_record_has(r, &tag, 1) || !r->n_pieces || !r->pieces[0].host.ptr) continue;
+        if (!gp_record_wanted(r, &w) || !r->n_pieces || !r->pieces[0].host.ptr) continue;
         const gp_piece *p = &r->pieces[0]; /* (its first extent: a split one holds less than `stored`) */
         ((unsigned char *)p->host.ptr)[(p->stored < p->host.size ? p->stored : p->host.size) / 2] ^= 0x40;
         gp_error_clear();

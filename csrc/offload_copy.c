@@ -76,30 +76,6 @@ static gp_chunk *gp_chunks_of(const gp_record *r, size_t *n_out)
     return c;
 }
 
-/* Pieces of the plan's ranges, cut at piece_max: a piece may lie across
- * chunks (cut at chunk boundaries, a block that straddles two 64 MiB chunks
- * made 1 MiB pieces, each a host round trip when compressing). */
-static gp_status gp_pieces_of(const gp_offload_plan *pl, gp_record *r, uint64_t piece_max)
-{
-    size_t n = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        n = 0;
-        for (size_t i = 0; i < pl->n_ranges; i++) {
-            const gp_offload_range *g = &pl->ranges[i];
-            for (uintptr_t x = g->addr; x < g->addr + g->size;) {
-                uintptr_t e = g->addr + g->size - x > piece_max ? x + piece_max : g->addr + g->size;
-                if (pass) r->pieces[n] = (gp_piece){.addr = x, .size = e - x, .tag = g->tag};
-                n++;
-                x = e;
-            }
-        }
-        if (!pass && n && !(r->pieces = calloc(n, sizeof *r->pieces)))
-            return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for an offload record");
-    }
-    r->n_pieces = n;
-    return GP_OK;
-}
-
 /* Point compressed piece p's chunks at their host copies. */
 static void gp_chunks_at_host(gp_piece *p)
 {
@@ -115,27 +91,6 @@ void gp_piece_host_free(gp_offloader *o, gp_piece *p)
 {
     gp_host_store_free(o->hs, &p->host);
     gp_host_store_free(o->hs, &p->host2);
-}
-
-static gp_record *gp_record_new(const gp_tag *tags, size_t n_tags, const gp_offload_plan *pl, uint64_t piece_max)
-{
-    gp_record *r = calloc(1, sizeof *r);
-    if (!r) return NULL;
-    memcpy(r->tags, tags, n_tags * sizeof *tags);
-    r->n_tags = (unsigned)n_tags;
-    r->offloaded = pl->offloaded;
-    r->released = pl->released;
-    for (size_t i = 0; i < pl->n_ranges; i++)
-        if (pl->ranges[i].priority > r->priority) r->priority = pl->ranges[i].priority;
-    if (!(r->runs = malloc(pl->n_runs * sizeof *r->runs)) || gp_pieces_of(pl, r, piece_max) != GP_OK) {
-        free(r->runs);
-        free(r->pieces);
-        free(r);
-        return NULL;
-    }
-    memcpy(r->runs, pl->runs, pl->n_runs * sizeof *r->runs);
-    r->n_runs = pl->n_runs;
-    return r;
 }
 
 /* ---------------------------------------------------------------- jobs */
@@ -214,11 +169,13 @@ static gp_status gp_streams_drain(gp_offloader *o)
     return st;
 }
 
-/* Read the first n checksums back (the work that wrote them has run). */
+/* Read the operation's first n checksums back (the work that wrote them
+ * has run). */
 static gp_status gp_sums_read(gp_offloader *o, size_t n)
 {
     if (!n) return GP_OK;
-    gp_status st = o->be->copy(o->be, o->sums_host, o->sums_dev, n * sizeof *o->sums_dev, GP_COPY_D2H, o->streams[0]);
+    gp_status st = o->be->copy(o->be, gp_sums_host(o), gp_sums_dev(o), n * sizeof(uint64_t), GP_COPY_D2H,
+                               o->streams[0]);
     return st == GP_OK ? gp_streams_drain(o) : st;
 }
 
@@ -333,10 +290,16 @@ void gp_offload_copy_free(gp_offloader *o)
 /* -------------------------------------------------------------- offload */
 
 /* Undo a failed offload: map back the chunks that were given up and copy
- * their pieces back (their copies had run before each unmap). */
+ * their pieces back (their copies had run before each unmap).  The
+ * streams have been drained; a lane's compression under way is dropped
+ * (the job then decompresses).  A piece of a given-up chunk without a
+ * host copy (keep = 0) cannot come back: *lost counts its bytes. */
 static gp_status gp_undo_offload(gp_offloader *o, gp_offload_plan *pl, gp_record *r, gp_chunk *c, size_t n,
-                                 gp_lane *lane)
+                                 gp_lane *lane, uint64_t *lost)
 {
+    *lost = 0;
+    for (int i = 0; i < 2; i++)
+        if (lane[i].job) gp_codec_job_abandon(lane[i].job);
     gp_status st = GP_OK;
     for (size_t k = 0; k < n && st == GP_OK; k++)
         if (c[k].unmapped) st = gp_pool_plan_map(o->pool, pl, c[k].addr, c[k].size, GP_PRIO_MAX);
@@ -347,15 +310,21 @@ static gp_status gp_undo_offload(gp_offloader *o, gp_offload_plan *pl, gp_record
         for (size_t i = next > c[k].p0 ? next : c[k].p0; i < c[k].p0 + c[k].np && st == GP_OK; i++) {
             gp_piece *p = &r->pieces[i];
             next = i + 1;
-            if (!p->host.ptr) continue;
-            if (!p->chunks) {
-                st = o->be->copy(o->be, (void *)p->addr, p->host.ptr, p->size, GP_COPY_H2D, o->streams[0]);
+            if (r->dropped) {
+                *lost += p->size;
                 continue;
             }
-            gp_chunks_at_host(p);
-            st = gp_codec_decompress(lane[0].job, o->streams[0], (void *)p->addr, p->size, p->chunks, p->n_chunks);
-            if (st == GP_OK) st = gp_stream_wait(o, o->streams[0]);
-            if (st == GP_OK) st = gp_codec_decompress_check(lane[0].job);
+            if (!p->copied) /* (a chunk goes only once its pieces are out: never) */
+                st = gp_error_set(GP_ERR_BACKEND, "gpupool: a piece of a given-up chunk was never copied out");
+            else if (!p->chunks)
+                st = o->be->copy(o->be, (void *)p->addr, p->host.ptr, p->size, GP_COPY_H2D, o->streams[0]);
+            else {
+                gp_chunks_at_host(p);
+                st = gp_codec_decompress(lane[0].job, o->streams[0], (void *)p->addr, p->size, p->chunks,
+                                         p->n_chunks);
+                if (st == GP_OK) st = gp_stream_wait(o, o->streams[0]);
+                if (st == GP_OK) st = gp_codec_decompress_check(lane[0].job);
+            }
         }
     }
     if (st == GP_OK) st = gp_streams_drain(o);
@@ -448,7 +417,7 @@ static gp_status gp_lane_finish(gp_offloader *o, gp_record *r, gp_chunk *c, gp_l
 static gp_status gp_piece_host(gp_offloader *o, gp_record *r, size_t i)
 {
     gp_piece *p = &r->pieces[i];
-    uint64_t min = r->n_pieces < GP_SUMS_MAX ? GP_PART_MIN : p->size;
+    uint64_t min = r->n_pieces < gp_sums_room(o) ? GP_PART_MIN : p->size;
     gp_status st = gp_host_store_alloc_part(o->hs, p->size, min, &p->host);
     if (st == GP_OK && p->host.size < p->size) {
         gp_piece *np = realloc(r->pieces, (r->n_pieces + 1) * sizeof *np);
@@ -474,11 +443,14 @@ static gp_status gp_codec_offered(gp_offloader *o, const gp_offload_opts *opts, 
 {
     *out = NULL;
     *slice = GP_PIECE_MAX;
-    if (opts->codec == GP_CODEC_RAW || !opts->keep) return GP_OK;
+    if (opts->codec == GP_CODEC_RAW) return GP_OK;
     gp_codec *c;
     uint32_t m;
+    /* (A codec that cannot run here is refused whether or not the contents
+     * are kept; nothing is compressed when they are not, nor in an offload
+     * inside a restore, whose lanes hold the staging.) */
     gp_status st = gp_codec_for(o, opts->codec, opts->elem_size, &c);
-    if (st != GP_OK || gp_codec_kind(c) == GP_CODEC_RAW) return st;
+    if (st != GP_OK || gp_codec_kind(c) == GP_CODEC_RAW || !opts->keep || o->depth > 1) return st;
     if ((st = gp_codec_job_fit(c, gp_staging_half(o), &m)) == GP_ERR_INVALID) {
         gp_error_clear(); /* a staging too small for the codec's chunks: raw */
         return GP_OK;
@@ -507,8 +479,8 @@ static gp_status gp_choose_codec(gp_offloader *o, gp_record *r, gp_codec *c, gp_
     return st;
 }
 
-gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, const gp_offload_opts *opts,
-                            gp_offload_result *res)
+static gp_status gp_offload_steps(gp_offloader *o, const gp_tag *tags, size_t n_tags, const gp_offload_opts *opts,
+                                gp_offload_result *res)
 {
     double t0 = gp_now();
     memset(res, 0, sizeof *res);
@@ -535,12 +507,13 @@ gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, 
     uint64_t slice;
     if ((st = gp_codec_offered(o, opts, &offered, &slice)) == GP_OK) {
         r = gp_record_new(tags, n_tags, pl, slice);
+        if (r) r->dropped = !opts->keep;
         c = r ? gp_chunks_of(r, &n) : NULL;
         if (!c) st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for an offload record");
     }
-    if (st == GP_OK && r->n_pieces > GP_SUMS_MAX)
-        st = gp_error_set(GP_ERR_INVALID, "gpupool: offload of %zu pieces at once (at most %u: offload fewer "
-                          "tags at a time)", r->n_pieces, GP_SUMS_MAX);
+    if (st == GP_OK && r->n_pieces > gp_sums_room(o))
+        st = gp_error_set(GP_ERR_INVALID, "gpupool: offload of %zu pieces at once (at most %zu%s: offload fewer "
+                          "tags at a time)", r->n_pieces, gp_sums_room(o), o->depth > 1 ? " inside a restore" : "");
     int reserved = 0;
     if (st == GP_OK && opts->keep) {
         /* Each piece in an extent of its own (16-byte aligned); compressed,
@@ -586,7 +559,7 @@ gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, 
         gp_piece *p = &r->pieces[j];
         gp_lane *l = &lane[j & 1];
         if ((st = gp_lane_finish(o, r, c, lane, l, &unmaps)) != GP_OK) break;
-        st = o->be->checksum(o->be, (const void *)p->addr, p->size, p->addr, &o->sums_dev[j], l->s);
+        st = o->be->checksum(o->be, (const void *)p->addr, p->size, p->addr, &gp_sums_dev(o)[j], l->s);
         if (st != GP_OK) break;
         size_t due = closed;
         while (due < n && (!c[due].np || c[due].p0 + c[due].np <= j + 1)) due++;
@@ -613,12 +586,12 @@ gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, 
     /* The sums ran before the copies, which have run: read them. */
     if (st == GP_OK && opts->keep) st = gp_sums_read(o, r->n_pieces);
     for (size_t i = 0; st == GP_OK && i < r->n_pieces; i++) {
-        r->pieces[i].sum = o->sums_host[i];
+        r->pieces[i].sum = gp_sums_host(o)[i];
         r->pieces[i].summed = 1;
     }
     if (st == GP_OK && (st = gp_pool_plan_end(o->pool, pl, 0)) == GP_OK) {
         gp_lanes_close(lane);
-        gp_record_keep(o, r);
+        gp_record_publish(o, r);
         *res = (gp_offload_result){.bytes = r->offloaded, .copied = r->copied, .host_bytes = r->host_bytes,
                                    .released = r->released, .kept = res->kept,
                                    .codec = r->codec ? gp_codec_kind(r->codec) : GP_CODEC_RAW,
@@ -634,41 +607,68 @@ gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, 
             if (c[k].event[i]) o->be->event_release(o->be, c[k].event[i]);
     gp_error_clear();
     gp_status dst = gp_streams_drain(o);
-    if (dst == GP_OK && gp_undo_offload(o, pl, r, c, n, lane) == GP_OK && gp_pool_plan_end(o->pool, pl, 1) == GP_OK) {
+    uint64_t lost = 0;
+    if (dst == GP_OK && gp_undo_offload(o, pl, r, c, n, lane, &lost) == GP_OK &&
+        gp_pool_plan_end(o->pool, pl, 1) == GP_OK) {
         gp_lanes_close(lane);
         gp_record_free(o, r);
         free(c);
+        res->lost = lost;
+        if (lost)
+            return gp_error_set(st, "%s (the offload was undone: the blocks are on the device again, but the %" PRIu64
+                                " bytes of them it had given back lost their contents, which keep=False drops)",
+                                why, lost);
         return gp_error_set(st, "%s (the offload was undone: the memory is on the device as before)", why);
     }
     /* The device refuses even that: give the rest up too and keep what the
      * host has, so that the pool stays whole and a restore brings back
-     * every address; pieces whose copy never ran are lost (and the restore
-     * says so).  Those whose sums come back are checked on restore. */
+     * every address.  Every piece whose copy out is not known to have run
+     * whole is lost (and counted: a restore of it needs the caller's
+     * consent); those whose sums come back are checked on restore.  A
+     * chunk that will not go stays mapped inside the run. */
     gp_lanes_close(lane);
-    uint64_t lost = 0;
-    for (size_t k = 0; k < n; k++) gp_pool_plan_unmap(o->pool, pl, c[k].addr, c[k].size);
+    for (size_t k = 0; k < n; k++)
+        if (gp_pool_plan_unmap(o->pool, pl, c[k].addr, c[k].size) != GP_OK) gp_error_clear();
     int summed = dst == GP_OK && gp_sums_read(o, r->n_pieces) == GP_OK;
     for (size_t i = 0; i < r->n_pieces; i++) {
         gp_piece *p = &r->pieces[i];
-        if (!p->host.ptr) continue;
-        if (!p->copied || dst != GP_OK) {
+        if (r->dropped) continue;
+        if (!p->copied || !summed) {
             lost += p->size;
             gp_piece_host_free(o, p);
-        } else if (summed) {
-            p->sum = o->sums_host[i];
+            free(p->chunks);
+            p->chunks = NULL;
+            p->stored = 0;
+        } else {
+            p->sum = gp_sums_host(o)[i];
             p->summed = 1;
         }
     }
     r->lost = lost;
+    res->lost = lost;
     char tags_txt[256], undo_why[512];
     gp_tags_text(r, tags_txt, sizeof tags_txt);
     snprintf(undo_why, sizeof undo_why, "%s", gp_last_error());
-    gp_status est = gp_pool_plan_end(o->pool, pl, 0);
+    gp_pool_plan_end(o->pool, pl, 0); /* (ending offloaded cannot fail) */
     free(c);
-    if (est == GP_OK) gp_record_keep(o, r);
-    else gp_record_free(o, r);
+    gp_record_publish(o, r);
     return gp_error_set(st, "%s; undoing the offload of tag %s failed too (%s): it stays offloaded and %" PRIu64
                         " bytes of its contents are lost", why, tags_txt, undo_why, lost);
+}
+
+/* An operation one level deeper than the one running (if any): its own
+ * checksums, and no codec where it is nested. */
+gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, const gp_offload_opts *opts,
+                            gp_offload_result *res)
+{
+    if (o->depth == GP_OP_DEPTH)
+        return gp_error_set(GP_ERR_INVALID, "gpupool: an offload nested %d deep", GP_OP_DEPTH + 1);
+    size_t at = o->sums_at;
+    o->sums_at = o->depth++ ? o->sums_free : 0;
+    gp_status st = gp_offload_steps(o, tags, n_tags, opts, res);
+    o->depth--;
+    o->sums_at = at;
+    return st;
 }
 
 /* -------------------------------------------------------------- restore */
@@ -682,23 +682,38 @@ static gp_status gp_lane_check(gp_offloader *o, gp_lane *l)
     return st == GP_OK ? gp_codec_decompress_check(l->job) : st;
 }
 
-/* Chunk k is mapped (its job has run); one the device had no room for:
- * make room (lower-priority idle tags), then map it here. */
-static gp_status gp_chunk_ready(gp_offloader *o, gp_record *r, gp_chunk *k)
+/* Chunk c[k] is mapped (its job has run).  One the device had no room
+ * for is mapped here: at once where room came since (the jobs of the
+ * chunks after it may have failed too while the device was full), else
+ * after making room for it and every later chunk whose job failed
+ * (lower-priority idle tags, none of `keep`). */
+static gp_status gp_chunk_ready(gp_offloader *o, const gp_record *r, const gp_tagset *keep, gp_chunk *c, size_t k,
+                                size_t queued)
 {
-    gp_status st = gp_batch_wait(&k->done);
-    if (st != GP_OK && !k->mapped && (st == GP_ERR_OOM || st == GP_ERR_LIMIT)) {
-        uint64_t got = 0;
-        gp_status rst = gp_reclaim_locked(o, k->size, r->priority, r, &got);
-        if (rst == GP_OK && got) {
-            gp_error_clear();
-            st = gp_job_map(k);
-        }
+    gp_status st = gp_batch_wait(&c[k].done);
+    if (st == GP_OK || c[k].mapped || (st != GP_ERR_OOM && st != GP_ERR_LIMIT)) return st;
+    gp_error_clear();
+    if ((st = gp_job_map(&c[k])) != GP_ERR_OOM && st != GP_ERR_LIMIT) return st;
+    char why[1024];
+    snprintf(why, sizeof why, "%s", gp_last_error());
+    uint64_t need = c[k].size, got = 0;
+    for (size_t i = k + 1; i < queued; i++)
+        if (gp_batch_wait(&c[i].done) != GP_OK && !c[i].mapped) need += c[i].size;
+    gp_error_clear();
+    if (gp_reclaim_locked(o, need, r->priority, keep, &got) == GP_OK && got) {
+        gp_error_clear();
+        return gp_job_map(&c[k]);
     }
-    return st;
+    return gp_error_set(st, "%s", why);
 }
 
-gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offload_result *res)
+/* The first failure's message, before later steps overwrite it. */
+static void gp_note(gp_status st, char *why, size_t n)
+{
+    if (st != GP_OK && !why[0]) snprintf(why, n, "%s", gp_last_error());
+}
+
+static gp_status gp_restore_steps(gp_offloader *o, gp_record *r, const gp_tagset *keep, gp_offload_result *res)
 {
     gp_status st = gp_streams(o);
     if (st != GP_OK) return st;
@@ -741,7 +756,7 @@ gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offload_res
         gp_piece *p = &r->pieces[j];
         gp_lane *l = &lane[j & 1];
         while (st == GP_OK && ready < queued && c[ready].addr < p->addr + p->size)
-            st = gp_chunk_ready(o, r, &c[ready++]);
+            st = gp_chunk_ready(o, r, keep, c, ready++, queued);
         if (st != GP_OK || !p->host.ptr) continue;
         if (p->chunks) {
             if ((st = gp_lane_check(o, l)) != GP_OK) break;
@@ -751,42 +766,44 @@ gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offload_res
         } else {
             st = o->be->copy(o->be, (void *)p->addr, p->host.ptr, p->size, GP_COPY_H2D, l->s);
         }
-        if (st == GP_OK) st = o->be->checksum(o->be, (const void *)p->addr, p->size, p->addr, &o->sums_dev[j], l->s);
+        if (st == GP_OK) st = o->be->checksum(o->be, (const void *)p->addr, p->size, p->addr, &gp_sums_dev(o)[j], l->s);
     }
-    while (st == GP_OK && ready < queued) st = gp_chunk_ready(o, r, &c[ready++]);
+    while (st == GP_OK && ready < queued) st = gp_chunk_ready(o, r, keep, c, ready++, queued);
     for (int i = 0; i < 2; i++) {
         gp_status cst = gp_lane_check(o, &lane[i]);
         if (st == GP_OK) st = cst;
     }
     /* The blocks stay OFFLOADED (untouchable) until every piece came back
      * whole; a mismatch gives the chunks back below. */
+    char why[1024] = "";
+    gp_note(st, why, sizeof why);
     for (size_t k = 0; k < queued; k++) gp_batch_wait(&c[k].done);
     if (st == GP_OK) st = gp_streams_drain(o);
     if (st == GP_OK) st = gp_sums_read(o, r->n_pieces);
     for (size_t i = 0; st == GP_OK && i < r->n_pieces; i++) {
         const gp_piece *p = &r->pieces[i];
-        if (p->host.ptr && p->summed && o->sums_host[i] != p->sum) {
+        if (p->host.ptr && p->summed && gp_sums_host(o)[i] != p->sum) {
             char tags[256];
             st = gp_error_set(GP_ERR_BACKEND, "gpupool: the host copy of tag %s is corrupt: checksum mismatch in "
                               "the %" PRIu64 " bytes of 0x%" PRIxPTR, gp_tags_text(r, tags, sizeof tags), p->size,
                               p->addr);
         }
     }
-    char why[1024] = "";
-    if (st != GP_OK) snprintf(why, sizeof why, "%s", gp_last_error());
+    gp_note(st, why, sizeof why);
     for (size_t k = 0; k < queued; k++) gp_batch_destroy(&c[k].done);
     gp_lanes_close(lane);
     gp_error_clear();
     gp_status dst = gp_streams_drain(o);
     if (st == GP_OK) st = dst;
+    gp_note(st, why, sizeof why);
     if (st != GP_OK) {
-        if (!why[0]) snprintf(why, sizeof why, "%s", gp_last_error());
         /* Give back what was mapped: the tags stay offloaded, their bytes
-         * on the host. */
-        for (size_t k = 0; k < n; k++) gp_pool_plan_unmap(o->pool, pl, c[k].addr, c[k].size);
-        gp_status est = gp_pool_plan_end(o->pool, pl, 0);
+         * on the host (a chunk that will not go stays mapped in the run,
+         * and the next restore maps only the others). */
+        for (size_t k = 0; k < n; k++)
+            if (gp_pool_plan_unmap(o->pool, pl, c[k].addr, c[k].size) != GP_OK) gp_error_clear();
+        gp_pool_plan_end(o->pool, pl, 0); /* (ending offloaded cannot fail) */
         free(c);
-        if (est != GP_OK) return est;
         char tags[256];
         return gp_error_set(st, "gpupool: restoring tag %s failed, the memory stays offloaded: %s",
                             gp_tags_text(r, tags, sizeof tags), why);
@@ -802,4 +819,16 @@ gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offload_res
     res->codec = r->codec ? gp_codec_kind(r->codec) : GP_CODEC_RAW;
     res->lost += r->lost;
     return GP_OK;
+}
+
+gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, const gp_tagset *keep, gp_offload_result *res)
+{
+    if (o->depth)
+        return gp_error_set(GP_ERR_INVALID, "gpupool: a restore inside another offload or restore");
+    o->depth++;
+    o->sums_at = 0;
+    o->sums_free = r->n_pieces;
+    gp_status st = gp_restore_steps(o, r, keep, res);
+    o->depth--;
+    return st;
 }

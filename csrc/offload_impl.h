@@ -1,10 +1,12 @@
 /*
- * offload_impl.h -- the insides of offload, shared by its two files:
- *   offload.c       the offloader: records of what is offloaded, the API,
- *                   prefetches, the registry of offloadable tags and the
- *                   pressure callback
- *   offload_copy.c  the data path: pieces, the two copy lanes, codecs,
- *                   checksums, the offload and restore pipelines
+ * offload_impl.h -- the insides of offload, shared by its files:
+ *   offload.c         the offloader: the API, restores and prefetches,
+ *                     background offloads, the registry of offloadable
+ *                     tags and the pressure callback
+ *   offload_record.c  a record's life (its states and every transition),
+ *                     which records a restore wants, the integrity check
+ *   offload_copy.c    the data path: pieces, the two copy lanes, codecs,
+ *                     checksums, the offload and restore pipelines
  */
 #ifndef GP_OFFLOAD_IMPL_H
 #define GP_OFFLOAD_IMPL_H
@@ -30,6 +32,9 @@
  * many words, taken from the pool once): 2 TiB in GP_PIECE_MAX pieces,
  * 256 GiB of 2 MiB chunks. */
 #define GP_SUMS_MAX (128u << 10)
+/* Operations one thread may run inside each other: a restore, and the
+ * offload it makes room with. */
+#define GP_OP_DEPTH 2
 /* Device staging of each of the two lanes' codec jobs, taken from the pool
  * on the first compressed offload and kept: 2 x 80 MiB at most, and no
  * more than 1/16 of the device each (a small device compresses in smaller
@@ -55,6 +60,21 @@ typedef struct gp_piece {
     uint64_t n_chunks;
 } gp_piece;
 
+/* A record's life.  An offload makes it (NEW: only that operation sees
+ * it) and publishes it (OFFLOADED: in o->records, nobody holds it).  A
+ * restore or a prefetch job takes it (RESTORING, PREFETCHING: only the
+ * holder restores it; everyone else waits on o->cond), and either retires
+ * it (restored: out of the list, freed by the holder) or gives it back
+ * (OFFLOADED again).  Every change goes through gp_record_move, which
+ * refuses any other transition.  The state is guarded by o->lock. */
+typedef enum gp_record_state {
+    GP_REC_NEW,
+    GP_REC_OFFLOADED,
+    GP_REC_PREFETCHING,
+    GP_REC_RESTORING,
+    GP_REC_STATES
+} gp_record_state;
+
 /* One offload: what it released and where its bytes are. */
 typedef struct gp_record {
     struct gp_record *next;
@@ -66,10 +86,28 @@ typedef struct gp_record {
     size_t n_pieces;
     uint64_t offloaded, copied, host_bytes, released;
     uint64_t lost;      /* bytes a failed offload lost (restore says so) */
+    int dropped;        /* keep = 0: no piece has a host copy, by choice */
     int priority;       /* the highest of its blocks': what restoring may displace */
     gp_codec *codec;    /* the codec of its pieces (NULL: raw)        */
-    int prefetching;    /* a prefetch is restoring it                 */
+    gp_record_state state;
 } gp_record;
+
+/* A set of tags (what a restore may not displace, what it wants). */
+typedef struct gp_tagset {
+    uint64_t bits[GP_MAX_TAGS / 64];
+} gp_tagset;
+
+static inline void gp_tagset_add(gp_tagset *s, gp_tag t) { s->bits[t / 64] |= 1ull << (t % 64); }
+static inline int gp_tagset_has(const gp_tagset *s, gp_tag t) { return (int)(s->bits[t / 64] >> (t % 64) & 1); }
+
+/* What a restore or prefetch of some tags is after: records made under
+ * them, and records holding blocks that carry them now (a block retagged
+ * while offloaded is in a record under its old tag). */
+typedef struct gp_want {
+    gp_tagset tags;
+    gp_offload_range *blocks; /* offloaded blocks of the tags, in address order */
+    size_t n_blocks;
+} gp_want;
 
 typedef struct gp_reg {
     int prio;           /* -1: not offloadable under pressure         */
@@ -102,8 +140,14 @@ struct gp_offloader {
     gp_batch prefetches;   /* (waited for through the records' flags and
                               n_background)                              */
     unsigned n_background; /* background offloads queued or running      */
-    uint64_t *sums_dev;    /* GP_SUMS_MAX checksums, device memory       */
-    uint64_t *sums_host;   /* where they are read back                   */
+    /* Checksums: GP_SUMS_MAX words on the device and where they are read
+     * back.  An operation uses those from `sums_at`; an offload that a
+     * restore makes room with runs inside it and takes those after the
+     * restore's (from `sums_free`), never the restore's own. */
+    uint64_t *sums_dev;
+    uint64_t *sums_host;
+    size_t sums_at, sums_free;
+    unsigned depth;        /* operations running (under `op`): 0, 1 or 2 */
     /* The last failure of a prefetch or a background offload, reported by
      * the next offload, restore or prefetch. */
     gp_status bg_status;
@@ -127,22 +171,49 @@ struct gp_offloader {
 /* Host bytes piece p holds (both extents). */
 static inline uint64_t gp_piece_host_bytes(const gp_piece *p) { return p->host.size + p->host2.size; }
 
+/* The running operation's part of the checksums, and how many it may take. */
+static inline uint64_t *gp_sums_dev(const gp_offloader *o) { return o->sums_dev + o->sums_at; }
+static inline uint64_t *gp_sums_host(const gp_offloader *o) { return o->sums_host + o->sums_at; }
+static inline size_t gp_sums_room(const gp_offloader *o) { return GP_SUMS_MAX - o->sums_at; }
+
 /* offload_copy.c */
 /* Give back the host room of piece p (both extents). */
 void gp_piece_host_free(gp_offloader *o, gp_piece *p);
+/* Offload `tags` (`op` is held): a published record, or every failure
+ * undone -- or, where undoing failed too, a record published with the
+ * bytes it lost counted. */
 gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, const gp_offload_opts *opts,
                             gp_offload_result *res);
-gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, gp_offload_result *res);
+/* Restore record r, which the caller holds (`op` is held), displacing no
+ * tag of `keep`. */
+gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, const gp_tagset *keep, gp_offload_result *res);
 void gp_offload_copy_free(gp_offloader *o);
 
-/* offload.c */
-/* Offload idle registered tags of priority below `below` (not those of
- * record `keep`), until `needed` bytes were released; `op` is held. */
-gp_status gp_reclaim_locked(gp_offloader *o, uint64_t needed, int below, const gp_record *keep,
-                            uint64_t *released);
-void gp_record_keep(gp_offloader *o, gp_record *r);
+/* offload_record.c */
+gp_record *gp_record_new(const gp_tag *tags, size_t n_tags, const gp_offload_plan *pl, uint64_t piece_max);
+/* Free a NEW record and its host room. */
 void gp_record_free(gp_offloader *o, gp_record *r);
+/* Publish NEW record r: OFFLOADED, its figures counted. */
+void gp_record_publish(gp_offloader *o, gp_record *r);
+/* Change r's state (o->lock is held); aborts on a transition the life
+ * above does not have: that is memory about to be lost or freed twice. */
+void gp_record_move(gp_offloader *o, gp_record *r, gp_record_state from, gp_record_state to);
+/* Take r out of the records and free it, once restored by its holder. */
+void gp_record_retire(gp_offloader *o, gp_record *r);
+/* What a restore or prefetch of `tags` wants; gp_want_free after. */
+gp_status gp_want_of(gp_offloader *o, const gp_tag *tags, size_t n, gp_want *w);
+void gp_want_free(gp_want *w);
+/* Whether r holds memory w wants. */
+int gp_record_wanted(const gp_record *r, const gp_want *w);
+/* The tags of r and of w, which restoring r may not displace. */
+void gp_keep_of(const gp_record *r, const gp_want *w, gp_tagset *keep);
 const char *gp_tags_text(const gp_record *r, char *buf, size_t len);
+
+/* offload.c */
+/* Offload idle registered tags of priority below `below` (none of `keep`,
+ * if given), until `needed` bytes were released; `op` is held. */
+gp_status gp_reclaim_locked(gp_offloader *o, uint64_t needed, int below, const gp_tagset *keep,
+                            uint64_t *released);
 double gp_now(void);
 
 #endif /* GP_OFFLOAD_IMPL_H */

@@ -313,6 +313,62 @@ static gp_arena *gp_run_arena(gp_pool *p, const gp_offload_run *r)
     return a;
 }
 
+/* Whether [r->addr, +r->size) is an offloaded run of arena a: every block
+ * in it offloaded (live or free); *first its first block.  (Its chunks may
+ * be mapped or not: a give-back that failed leaves one mapped.) */
+static gp_status gp_run_offloaded(gp_pool *p, const gp_offload_run *r, gp_arena **a_out, gp_block **first)
+{
+    gp_arena *a = gp_run_arena(p, r);
+    gp_block *b = a ? gp_block_at(a, r->addr) : NULL;
+    if (!b)
+        return gp_error_set(GP_ERR_INVALID, "gpupool: 0x%" PRIxPTR "+%" PRIu64 " is not an offloaded run of this pool",
+                            r->addr, r->size);
+    *a_out = a;
+    *first = b;
+    for (; b && b->addr < r->addr + r->size; b = b->next)
+        if (b->state != GP_BLOCK_OFFLOADED && b->state != GP_BLOCK_FREE_OFFLOADED)
+            return gp_error_set(GP_ERR_INVALID, "gpupool: 0x%" PRIxPTR "+%" PRIu64 " is not wholly offloaded: the "
+                                "block at 0x%" PRIxPTR " is not", r->addr, r->size, b->addr);
+    return GP_OK;
+}
+
+gp_status gp_pool_run_check(gp_pool *p, const gp_offload_run *r)
+{
+    gp_arena *a;
+    gp_block *b;
+    pthread_mutex_lock(&p->lock);
+    gp_status st = gp_run_offloaded(p, r, &a, &b);
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
+gp_status gp_pool_offloaded_blocks(gp_pool *p, const gp_tag *tags, size_t n_tags, gp_offload_range **out,
+                                   size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    uint8_t want[GP_MAX_TAGS] = {0};
+    for (size_t i = 0; i < n_tags; i++)
+        if (tags[i] < GP_MAX_TAGS) want[tags[i]] = 1;
+    gp_plan_build pb = {.pl = gp_plan_new(0)};
+    if (!pb.pl) return gp_nomem_plan();
+    gp_status st = GP_OK;
+    pthread_mutex_lock(&p->lock);
+    for (int k = 0; k < GP_ARENA_COUNT && st == GP_OK; k++)
+        for (gp_block *b = p->arenas[k].first; b && st == GP_OK; b = b->next)
+            if (b->state == GP_BLOCK_OFFLOADED && (!n_tags || want[b->tag]))
+                st = gp_add_range(&pb, b, b->addr, b->addr + b->size);
+    pthread_mutex_unlock(&p->lock);
+    if (st == GP_OK) {
+        gp_plan_sort(pb.pl);
+        *out = pb.pl->ranges;
+        *n = pb.pl->n_ranges;
+        pb.pl->ranges = NULL;
+    }
+    gp_plan_free(pb.pl);
+    return st;
+}
+
 gp_status gp_pool_restore_begin(gp_pool *p, const gp_offload_run *runs, size_t n_runs, gp_offload_plan **out)
 {
     *out = NULL;
@@ -324,30 +380,17 @@ gp_status gp_pool_restore_begin(gp_pool *p, const gp_offload_run *runs, size_t n
     pthread_mutex_lock(&p->lock);
     for (size_t i = 0; i < n_runs && st == GP_OK; i++) {
         const gp_offload_run *r = &runs[i];
-        gp_arena *a = gp_run_arena(p, r);
-        gp_block *b = a ? gp_block_at(a, r->addr) : NULL;
-        if (!b) {
-            st = gp_error_set(GP_ERR_INVALID, "gpupool: restore of 0x%" PRIxPTR "+%" PRIu64 ", which is not an "
-                              "offloaded run of this pool", r->addr, r->size);
+        gp_arena *a;
+        gp_block *b;
+        if ((st = gp_run_offloaded(p, r, &a, &b)) != GP_OK) {
+            st = gp_error_set(st, "gpupool: restore of %s", gp_last_error() + strlen("gpupool: "));
             break;
         }
-        for (uintptr_t x = r->addr; x < r->addr + r->size; x += a->chunk)
-            if (a->handles[gp_chunk_index(a, x)]) {
-                st = gp_error_set(GP_ERR_INVALID, "gpupool: restore of 0x%" PRIxPTR "+%" PRIu64 ": chunk 0x%"
-                                  PRIxPTR " is mapped, the run is not wholly offloaded", r->addr, r->size, x);
-                break;
-            }
-        for (; st == GP_OK && b && b->addr < r->addr + r->size; b = b->next) {
-            if (b->state != GP_BLOCK_OFFLOADED && b->state != GP_BLOCK_FREE_OFFLOADED) {
-                st = gp_error_set(GP_ERR_INVALID, "gpupool: restore of 0x%" PRIxPTR "+%" PRIu64 ": the block at "
-                                  "0x%" PRIxPTR " is not offloaded", r->addr, r->size, b->addr);
-                break;
-            }
+        for (; st == GP_OK && b && b->addr < r->addr + r->size; b = b->next)
             if (b->state == GP_BLOCK_OFFLOADED) {
                 st = gp_add_range(&pb, b, r->addr, r->addr + r->size);
                 pl->offloaded += b->size;
             }
-        }
         if (st == GP_OK) st = gp_add_run(&pb, a, r->addr, r->addr + r->size);
     }
     /* What comes back takes the place of cache beyond the slack where it
@@ -443,11 +486,10 @@ gp_status gp_pool_plan_end(gp_pool *p, gp_offload_plan *pl, int resident)
     for (size_t i = 0; i < pl->n_runs && st == GP_OK; i++) {
         const gp_offload_run *r = &pl->runs[i];
         gp_arena *a = gp_arena_of(p, r->addr);
-        for (uintptr_t x = r->addr; x < r->addr + r->size; x += a->chunk)
-            if (!a->handles[gp_chunk_index(a, x)] == !!resident) {
-                st = gp_error_set(GP_ERR_INVALID, "gpupool: %s plan ended %s, but the chunk at 0x%" PRIxPTR " is %s",
-                                  pl->restore ? "restore" : "offload", resident ? "resident" : "offloaded", x,
-                                  resident ? "not mapped" : "still mapped");
+        for (uintptr_t x = r->addr; resident && x < r->addr + r->size; x += a->chunk)
+            if (!a->handles[gp_chunk_index(a, x)]) {
+                st = gp_error_set(GP_ERR_INVALID, "gpupool: %s plan ended resident, but the chunk at 0x%" PRIxPTR
+                                  " is not mapped", pl->restore ? "restore" : "offload", x);
                 break;
             }
     }

@@ -179,12 +179,16 @@ PyObject *gp_py_restore(gp_pool_object *self, PyObject *args)
     gp_tag tags[16];
     size_t n;
     gp_offloader *o;
-    if (gp_tags_arg(self, args, tags, &n, &o) < 0) return NULL;
+    PyObject *tags_o;
+    int accept_loss = 0;
+    if (!PyArg_ParseTuple(args, "O|p", &tags_o, &accept_loss) || gp_tags_from(tags_o, tags, 16, &n) < 0)
+        return NULL;
+    o = gp_pool_offloader(self->pool, 0);
     gp_offload_result r = {0};
     if (!o) return gp_result(&r); /* nothing was ever offloaded */
     gp_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = gp_restore_tags(o, tags, n, 0, &r);
+    st = gp_restore_tags(o, tags, n, accept_loss, &r);
     Py_END_ALLOW_THREADS
     if (st != GP_OK) return gp_raise(st);
     gp_tenant_publish(self->pool);

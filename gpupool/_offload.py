@@ -115,16 +115,23 @@ def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype:
     return None if info is None else dict(info)
 
 
-def restore(tag: Tags, *, device: Optional[int] = None, pool: Optional["PoolView"] = None) -> Dict[str, Any]:
+def restore(tag: Tags, *, accept_loss: bool = False, device: Optional[int] = None,
+            pool: Optional["PoolView"] = None) -> Dict[str, Any]:
     """Bring the memory of `tag` back at the same addresses (waits).  An
-    offload of several tags at once comes back whole.  MemoryError when the
-    device has no room even after lower-priority idle offloadable memory
-    made way; RuntimeError when the host copy is corrupt; in both cases the
-    memory stays offloaded and its bytes safe on the host.  Returns what
-    :func:`offload` returns, and ``"lost"``: bytes that came back
-    uninitialised because an offload of them failed and the device refused
-    to undo it (a RuntimeWarning says so)."""
-    info = dict(_pool(device, pool)._pool.restore(_tag_ids(tag)))
+    offload of several tags at once comes back whole; when it returns, no
+    memory of `tag` is offloaded.  MemoryError when the device has no room
+    even after lower-priority idle offloadable memory made way (tags asked
+    for together that cannot fit together fail so, instead of displacing
+    each other); RuntimeError when the host copy is corrupt; in both cases
+    the memory stays offloaded and its bytes safe on the host.
+
+    An offload that failed and that the device refused to undo leaves some
+    bytes lost (its error says how many): restoring that memory raises
+    RuntimeError naming the tag and the bytes, and it stays offloaded,
+    unless `accept_loss` is true: then it comes back with those bytes
+    uninitialised, counted in ``"lost"`` (and a RuntimeWarning says so).
+    Returns what :func:`offload` returns, and ``"lost"``."""
+    info = dict(_pool(device, pool)._pool.restore(_tag_ids(tag), bool(accept_loss)))
     if info.get("lost"):
         warnings.warn(f"gpupool: {info['lost']} bytes of tag {tag!r} came back uninitialised: an offload of "
                       "them failed and the device refused to undo it", RuntimeWarning, stacklevel=2)

@@ -506,6 +506,24 @@ static gp_status offload(run_state *r, int tag)
     return st;
 }
 
+/* gp_restore_tags without accept_loss, then, where it refused because an
+ * offload lost bytes, with it; res->refused says whether it refused. */
+typedef struct restored {
+    gp_offload_result r;
+    int refused;
+} restored;
+
+static gp_status restore_accepting(gp_offloader *o, int tag, restored *res)
+{
+    res->refused = 0;
+    gp_status st = gp_restore_tags(o, &tags[tag], 1, 0, &res->r);
+    if (st == GP_ERR_BACKEND && strstr(gp_last_error(), "were lost when an offload")) {
+        res->refused = 1;
+        st = gp_restore_tags(o, &tags[tag], 1, 1, &res->r);
+    }
+    return st;
+}
+
 /* Restore a tag: all of it comes back with its bytes, or (a failure) what
  * was offloaded stays so -- but for its offloads restored before the one
  * that failed, which are back whole.  Bytes a failed offload lost come
@@ -516,13 +534,18 @@ static gp_status restore(run_state *r, int tag)
     describe(r, what, sizeof what);
     int was[SLOTS];
     for (int i = 0; i < SLOTS; i++) was[i] = r->s[i].ptr && r->s[i].tag == tag ? state_of(r, i) : -1;
-    gp_offload_result res;
-    gp_status st = gp_restore_tags(r->o, &tags[tag], 1, 0, &res);
+    restored res;
+    /* Bytes known lost come back only when the caller accepts it. */
+    int known_lost = 0;
+    for (int i = 0; i < SLOTS; i++) known_lost |= was[i] == GP_BLOCK_OFFLOADED && r->s[i].lost;
+    gp_status st = restore_accepting(r->o, tag, &res);
+    if (known_lost && !res.refused)
+        report("%s: a restore of tag %d, whose bytes an offload lost, went ahead without accept_loss", what, tag);
     for (int i = 0; i < SLOTS; i++) {
         if (was[i] < 0) continue;
         int now = state_of(r, i);
         if (st == GP_OK && r->s[i].lost) {
-            if (!res.lost) report("%s: a restore brought back a block whose bytes were lost and said nothing", what);
+            if (!res.r.lost) report("%s: a restore brought back a block whose bytes were lost and said nothing", what);
             stamp_put(r->s[i].ptr, r->s[i].size, r->s[i].stamp);
             r->s[i].lost = 0;
         }
@@ -651,6 +674,8 @@ static int consistent(run_state *r, const char *what, const char *when)
     gp_host_counters_get(r->be, &c);
     int bad = 0;
     if (v) bad = 1, report("%s: %s: gp_pool_check: %zu violations, the first: %s", what, when, v, msg);
+    if (r->o && (v = gp_offload_check(r->o, msg, sizeof msg)) != 0)
+        bad = 1, report("%s: %s: gp_offload_check: %zu violations, the first: %s", what, when, v, msg);
     if (c.mapped != s.reserved)
         bad = 1, report("%s: %s: the backend maps %llu bytes, reserved is %llu", what, when,
                         (unsigned long long)c.mapped, (unsigned long long)s.reserved);
@@ -711,15 +736,15 @@ static void recover(run_state *r, const char *what)
         /* Everything offloaded comes back, bytes and all (once there is
          * room: the resident blocks go first if need be). */
         for (int t = 0; t < NTAGS; t++) {
-            gp_offload_result res;
-            gp_status st = gp_restore_tags(r->o, &tags[t], 1, 0, &res);
-            uint64_t lost = res.lost;
+            restored res;
+            gp_status st = restore_accepting(r->o, t, &res);
+            uint64_t lost = res.r.lost;
             if (st == GP_ERR_OOM || st == GP_ERR_LIMIT) {
                 for (int i = 0; i < SLOTS; i++)
                     if (r->s[i].ptr && state_of(r, i) == GP_BLOCK_USED && !free_slot(r, i))
                         report("%s: recovery: a free failed: %s", what, gp_last_error());
-                st = gp_restore_tags(r->o, &tags[t], 1, 0, &res);
-                lost += res.lost;
+                st = restore_accepting(r->o, t, &res);
+                lost += res.r.lost;
             }
             if (st != GP_OK) report("%s: recovery: restore of tag %d: %s", what, t, gp_last_error());
             /* An offload by the pressure callback that failed and could not

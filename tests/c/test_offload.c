@@ -55,6 +55,15 @@ static gp_pool *pool_with(uint64_t capacity, gp_backend **be)
     return pool_over(*be);
 }
 
+/* The offloader's integrity check, its first finding printed. */
+static int offload_ok(gp_offloader *o)
+{
+    char msg[512];
+    size_t v = gp_offload_check(o, msg, sizeof msg);
+    if (v) fprintf(stderr, "gp_offload_check: %zu problems, the first: %s\n", v, msg);
+    return v == 0;
+}
+
 static int state_of(gp_pool *p, void *ptr)
 {
     gp_block_info b;
@@ -135,6 +144,7 @@ static void test_round_trip(void)
     }
     gp_free(p, other);
     CHECK(pool_consistent(p, be) == 0);
+    CHECK(offload_ok(o));
     gp_offloader_destroy(o);
     done(p);
 }
@@ -192,6 +202,7 @@ static void test_drop_limit_corrupt(void)
     CHECK(gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_OK && same(x, 20 * MiB, 4));
     gp_free(p, x);
     CHECK(pool_consistent(p, be) == 0);
+    CHECK(offload_ok(o));
     gp_offloader_destroy(o);
     done(p);
 }
@@ -230,6 +241,7 @@ static void test_prefetch_multi(void)
     CHECK(gp_offload_register(o, T_W, 300, 0) == GP_ERR_INVALID);
     gp_free(p, a);
     gp_free(p, b);
+    CHECK(offload_ok(o));
     gp_offloader_destroy(o);
     done(p);
 }
@@ -276,6 +288,7 @@ static void test_pressure(void)
     CHECK(gp_restore_tags(o, &T_O, 1, 0, &rr) == GP_OK && same(mid, 20 * MiB, 2));
     gp_free(p, lo);
     gp_free(p, mid);
+    CHECK(offload_ok(o));
     gp_offloader_destroy(o);
     done(p);
 }
@@ -293,6 +306,7 @@ static void test_destroy_while_offloaded(void)
     gp_offload_result r;
     CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK);
     CHECK(gp_prefetch_tags(o, &T_W, 1) == GP_OK);
+    CHECK(offload_ok(o));
     gp_offloader_destroy(o);
     done(p);
 }
@@ -361,6 +375,7 @@ static void test_compressed(void)
     }
     gp_free(p, rnd);
     free(rcopy);
+    CHECK(offload_ok(o));
     gp_offloader_destroy(o);
     done(p);
 }
@@ -407,6 +422,7 @@ static void test_fills_slabs(int codec)
     }
     free(copy);
     CHECK(pool_consistent(p, be) == 0);
+    CHECK(offload_ok(o));
     gp_offloader_destroy(o);
     done(p);
 }
@@ -465,6 +481,7 @@ static void test_maps_in_order(void)
     }
     for (int i = 0; i < M; i++) CHECK(same(w[i], 1 * MiB, (unsigned)i) && gp_free(p, w[i]) == GP_OK);
     CHECK(pool_consistent(p, inner) == 0);
+    CHECK(offload_ok(o));
     gp_offloader_destroy(o);
     pthread_mutex_destroy(&s->lock);
     done(p);

@@ -252,10 +252,27 @@ static void test_free_retag_abort(void)
     /* A failed offload undone: unmapped half, mapped again, ended resident. */
     CHECK(gp_pool_offload_begin(p, tags, 1, &pl) == GP_OK && pl->n_runs >= 1 && pl->runs[0].size > pl->runs[0].chunk);
     CHECK(gp_pool_plan_unmap(p, pl, pl->runs[0].addr, pl->runs[0].chunk) == GP_OK);
-    CHECK(gp_pool_plan_end(p, pl, 0) == GP_ERR_INVALID); /* half mapped: neither */
+    CHECK(gp_pool_plan_end(p, pl, 1) == GP_ERR_INVALID); /* (half mapped: not resident) */
     CHECK(gp_pool_plan_map(p, pl, pl->runs[0].addr, pl->runs[0].size, GP_PRIO_NORMAL) == GP_OK);
     CHECK(gp_pool_plan_end(p, pl, 1) == GP_OK);
     CHECK(state_of(p, y) == GP_BLOCK_USED);
+    CHECK(pool_consistent(p, be) == 0);
+
+    /* A give-back that failed half way ends offloaded with chunks still
+     * mapped (reserved until the restore); the restore maps the others. */
+    CHECK(gp_pool_offload_begin(p, tags, 1, &pl) == GP_OK && pl->n_runs >= 1 && pl->runs[0].size > pl->runs[0].chunk);
+    gp_offload_run half[8];
+    size_t n_half = pl->n_runs < 8 ? pl->n_runs : 8;
+    memcpy(half, pl->runs, n_half * sizeof *half);
+    CHECK(gp_pool_plan_unmap(p, pl, half[0].addr, half[0].chunk) == GP_OK);
+    CHECK(gp_pool_plan_end(p, pl, 0) == GP_OK && state_of(p, y) == GP_BLOCK_OFFLOADED);
+    CHECK(pool_consistent(p, be) == 0);
+    CHECK(gp_pool_run_check(p, &half[0]) == GP_OK);
+    CHECK(gp_pool_restore_begin(p, half, n_half, &rp) == GP_OK);
+    for (size_t i = 0; i < n_half; i++)
+        CHECK(gp_pool_plan_map(p, rp, half[i].addr, half[i].size, GP_PRIO_NORMAL) == GP_OK);
+    CHECK(gp_pool_plan_end(p, rp, 1) == GP_OK && state_of(p, y) == GP_BLOCK_USED);
+    CHECK(gp_pool_run_check(p, &half[0]) == GP_ERR_INVALID);
     CHECK(pool_consistent(p, be) == 0);
 
     /* Bad input. */

@@ -1,0 +1,358 @@
+/*
+ * offload_record.c -- a record's life (offload_impl.h): made by an offload,
+ * published, held by one restore or prefetch at a time, retired when
+ * restored; which records a restore or prefetch wants; and the offloader's
+ * integrity check over all of it (gp_offload_check).
+ *
+ * Only the holder of a record restores or frees it: a record is never
+ * freed while another thread or a queued job can still reach it, and a
+ * restore that finds a record of its tags held by someone else waits for
+ * it instead of skipping it.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "offload_impl.h"
+
+/* ----------------------------------------------------------- making one */
+
+/* Pieces of the plan's ranges, cut at piece_max: a piece may lie across
+ * chunks (cut at chunk boundaries, a block that straddles two 64 MiB chunks
+ * made 1 MiB pieces, each a host round trip when compressing). */
+static gp_status gp_pieces_of(const gp_offload_plan *pl, gp_record *r, uint64_t piece_max)
+{
+    size_t n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        n = 0;
+        for (size_t i = 0; i < pl->n_ranges; i++) {
+            const gp_offload_range *g = &pl->ranges[i];
+            for (uintptr_t x = g->addr; x < g->addr + g->size;) {
+                uintptr_t e = g->addr + g->size - x > piece_max ? x + piece_max : g->addr + g->size;
+                if (pass) r->pieces[n] = (gp_piece){.addr = x, .size = e - x, .tag = g->tag};
+                n++;
+                x = e;
+            }
+        }
+        if (!pass && n && !(r->pieces = calloc(n, sizeof *r->pieces)))
+            return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for an offload record");
+    }
+    r->n_pieces = n;
+    return GP_OK;
+}
+
+gp_record *gp_record_new(const gp_tag *tags, size_t n_tags, const gp_offload_plan *pl, uint64_t piece_max)
+{
+    gp_record *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    memcpy(r->tags, tags, n_tags * sizeof *tags);
+    r->n_tags = (unsigned)n_tags;
+    r->offloaded = pl->offloaded;
+    r->released = pl->released;
+    r->state = GP_REC_NEW;
+    for (size_t i = 0; i < pl->n_ranges; i++)
+        if (pl->ranges[i].priority > r->priority) r->priority = pl->ranges[i].priority;
+    if (!(r->runs = malloc(pl->n_runs * sizeof *r->runs)) || gp_pieces_of(pl, r, piece_max) != GP_OK) {
+        free(r->runs);
+        free(r->pieces);
+        free(r);
+        return NULL;
+    }
+    memcpy(r->runs, pl->runs, pl->n_runs * sizeof *r->runs);
+    r->n_runs = pl->n_runs;
+    return r;
+}
+
+void gp_record_free(gp_offloader *o, gp_record *r)
+{
+    if (!r) return;
+    for (size_t i = 0; i < r->n_pieces; i++) {
+        gp_piece_host_free(o, &r->pieces[i]);
+        free(r->pieces[i].chunks);
+    }
+    free(r->runs);
+    free(r->pieces);
+    free(r);
+}
+
+/* ------------------------------------------------------------- its life */
+
+static const char *const gp_state_names[GP_REC_STATES + 1] = {"new", "offloaded", "prefetching", "restoring",
+                                                              "freed"};
+
+/* A transition the life does not have: memory about to be lost, restored
+ * twice or freed under someone; nothing can be trusted after it. */
+static void gp_record_refuse(const gp_record *r, gp_record_state to)
+{
+    fprintf(stderr, "gpupool: internal error: offload record %p moved from %s to %s\n", (const void *)r,
+            r->state < GP_REC_STATES ? gp_state_names[r->state] : "?", gp_state_names[to]);
+    abort();
+}
+
+void gp_record_move(gp_offloader *o, gp_record *r, gp_record_state from, gp_record_state to)
+{
+    /* The life: NEW -> OFFLOADED <-> {PREFETCHING, RESTORING}. */
+    int legal = from == GP_REC_NEW ? to == GP_REC_OFFLOADED
+                : from == GP_REC_OFFLOADED ? to == GP_REC_PREFETCHING || to == GP_REC_RESTORING
+                                           : to == GP_REC_OFFLOADED;
+    if (r->state != from || !legal) gp_record_refuse(r, to);
+    r->state = to;
+    pthread_cond_broadcast(&o->cond);
+}
+
+/* Add (sign 1) or take out (-1) r's figures (o->lock is held). */
+static void gp_record_count(gp_offloader *o, const gp_record *r, int sign)
+{
+    uint64_t s = (uint64_t)(int64_t)sign;
+    o->st.host_bytes += s * r->host_bytes;
+    for (size_t i = 0; i < r->n_pieces; i++)
+        o->st.tag_host_bytes[r->pieces[i].tag] += s * gp_piece_host_bytes(&r->pieces[i]);
+}
+
+void gp_record_publish(gp_offloader *o, gp_record *r)
+{
+    r->copied = r->host_bytes = 0;
+    for (size_t i = 0; i < r->n_pieces; i++) {
+        r->copied += r->pieces[i].host.ptr ? r->pieces[i].size : 0;
+        r->host_bytes += gp_piece_host_bytes(&r->pieces[i]);
+    }
+    pthread_mutex_lock(&o->lock);
+    gp_record_move(o, r, GP_REC_NEW, GP_REC_OFFLOADED);
+    r->next = o->records;
+    o->records = r;
+    o->st.n_offload++;
+    o->st.bytes_out += r->copied;
+    gp_record_count(o, r, 1);
+    pthread_mutex_unlock(&o->lock);
+}
+
+void gp_record_retire(gp_offloader *o, gp_record *r)
+{
+    pthread_mutex_lock(&o->lock);
+    if (r->state != GP_REC_RESTORING && r->state != GP_REC_PREFETCHING) gp_record_refuse(r, GP_REC_STATES);
+    for (gp_record **pp = &o->records; *pp; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            break;
+        }
+    o->st.n_restore++;
+    o->st.bytes_in += r->copied;
+    gp_record_count(o, r, -1);
+    pthread_cond_broadcast(&o->cond);
+    pthread_mutex_unlock(&o->lock);
+    gp_record_free(o, r);
+}
+
+/* ---------------------------------------------------------- what is wanted */
+
+gp_status gp_want_of(gp_offloader *o, const gp_tag *tags, size_t n, gp_want *w)
+{
+    memset(w, 0, sizeof *w);
+    int any = 0;
+    for (size_t i = 0; i < n; i++) {
+        gp_tagset_add(&w->tags, tags[i]);
+        gp_tag_stats ts;
+        gp_pool_tag_stats(o->pool, tags[i], &ts);
+        any |= ts.offloaded != 0;
+    }
+    /* (Only when the pool has offloaded bytes of them: the walk is over
+     * every block, and the hooks ask for a restore before each use.) */
+    return any ? gp_pool_offloaded_blocks(o->pool, tags, n, &w->blocks, &w->n_blocks) : GP_OK;
+}
+
+void gp_want_free(gp_want *w)
+{
+    free(w->blocks);
+    w->blocks = NULL;
+}
+
+int gp_record_wanted(const gp_record *r, const gp_want *w)
+{
+    for (unsigned i = 0; i < r->n_tags; i++)
+        if (gp_tagset_has(&w->tags, r->tags[i])) return 1;
+    for (size_t i = 0; i < r->n_runs; i++) {
+        /* The first block ending after the run's start. */
+        size_t lo = 0, hi = w->n_blocks;
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (w->blocks[mid].addr + w->blocks[mid].size <= r->runs[i].addr) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo < w->n_blocks && w->blocks[lo].addr < r->runs[i].addr + r->runs[i].size) return 1;
+    }
+    return 0;
+}
+
+void gp_keep_of(const gp_record *r, const gp_want *w, gp_tagset *keep)
+{
+    *keep = w ? w->tags : (gp_tagset){{0}};
+    for (unsigned i = 0; i < r->n_tags; i++) gp_tagset_add(keep, r->tags[i]);
+    for (size_t i = 0; i < r->n_pieces; i++) gp_tagset_add(keep, r->pieces[i].tag);
+}
+
+const char *gp_tags_text(const gp_record *r, char *buf, size_t len)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (unsigned i = 0; i < r->n_tags && at < len; i++) {
+        const char *name = gp_tag_name(r->tags[i]);
+        int k = snprintf(buf + at, len - at, "%s'%s'", i ? ", " : "", name ? name : "?");
+        if (k > 0) at += (size_t)k;
+    }
+    return buf;
+}
+
+/* ------------------------------------------------------- integrity check */
+
+typedef struct gp_ocheck {
+    char *msg;
+    size_t n, found;
+} gp_ocheck;
+
+static void gp_bad(gp_ocheck *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void gp_bad(gp_ocheck *c, const char *fmt, ...)
+{
+    if (!c->found++ && c->n) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->msg, c->n, fmt, ap);
+        va_end(ap);
+    }
+}
+
+static int gp_extent_cmp(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t)((const gp_extent *)a)->ptr, y = (uintptr_t)((const gp_extent *)b)->ptr;
+    return (x > y) - (x < y);
+}
+
+/* One record against itself and the pool; its extents go to ext[*n_ext..]. */
+static void gp_check_record(gp_offloader *o, const gp_record *r, gp_ocheck *c, gp_extent *ext, size_t *n_ext,
+                            uint64_t *tag_bytes)
+{
+    if (r->state != GP_REC_OFFLOADED && r->state != GP_REC_PREFETCHING && r->state != GP_REC_RESTORING)
+        gp_bad(c, "record %p is listed in state %d", (const void *)r, (int)r->state);
+    if (!r->n_tags || r->n_tags > GP_RECORD_TAGS) gp_bad(c, "record %p has %u tags", (const void *)r, r->n_tags);
+    uint64_t released = 0, host = 0, copied = 0, lost = 0;
+    for (size_t i = 0; i < r->n_runs; i++) {
+        const gp_offload_run *run = &r->runs[i];
+        released += run->size;
+        if (i && run->addr < r->runs[i - 1].addr + r->runs[i - 1].size)
+            gp_bad(c, "record %p: run %zu at 0x%" PRIxPTR " overlaps or precedes the one before", (const void *)r, i,
+                   run->addr);
+        if (gp_pool_run_check(o->pool, run) != GP_OK) {
+            gp_bad(c, "record %p: %s", (const void *)r, gp_last_error());
+            gp_error_clear();
+        }
+    }
+    if (released != r->released)
+        gp_bad(c, "record %p: its runs hold %" PRIu64 " bytes, it says %" PRIu64, (const void *)r, released,
+               r->released);
+    size_t run = 0;
+    for (size_t i = 0; i < r->n_pieces; i++) {
+        const gp_piece *p = &r->pieces[i];
+        while (run < r->n_runs && r->runs[run].addr + r->runs[run].size <= p->addr) run++;
+        if (!p->size || run == r->n_runs || p->addr < r->runs[run].addr ||
+            p->addr + p->size > r->runs[run].addr + r->runs[run].size)
+            gp_bad(c, "record %p: piece %zu (0x%" PRIxPTR "+%" PRIu64 ") lies in none of its runs", (const void *)r, i,
+                   p->addr, p->size);
+        if (i && p->addr < r->pieces[i - 1].addr + r->pieces[i - 1].size)
+            gp_bad(c, "record %p: piece %zu overlaps the one before", (const void *)r, i);
+        if (p->tag >= gp_tag_count()) gp_bad(c, "record %p: piece %zu has tag %u", (const void *)r, i, p->tag);
+        else tag_bytes[p->tag] += gp_piece_host_bytes(p);
+        if (r->dropped && (p->host.ptr || p->host2.ptr))
+            gp_bad(c, "record %p dropped its contents, but piece %zu has host bytes", (const void *)r, i);
+        if (!p->host.ptr && p->host2.ptr) gp_bad(c, "record %p: piece %zu has a second extent only", (const void *)r, i);
+        if (p->host.ptr) {
+            copied += p->size;
+            if (!p->summed) gp_bad(c, "record %p: stored piece %zu has no checksum", (const void *)r, i);
+            if (gp_piece_host_bytes(p) < p->stored || (!p->chunks && p->stored != p->size))
+                gp_bad(c, "record %p: piece %zu stores %" PRIu64 " bytes of %" PRIu64 " in %" PRIu64,
+                       (const void *)r, i, p->stored, p->size, gp_piece_host_bytes(p));
+            if (!p->chunks != !r->codec || (p->chunks && p->n_chunks != gp_codec_chunks(r->codec, p->size)))
+                gp_bad(c, "record %p: piece %zu's chunk table does not match the record's codec", (const void *)r, i);
+        }
+        if (!r->dropped && !p->host.ptr) lost += p->size;
+        for (int k = 0; k < 2; k++) {
+            const gp_extent *e = k ? &p->host2 : &p->host;
+            if (e->ptr) ext[(*n_ext)++] = *e;
+        }
+        host += gp_piece_host_bytes(p);
+    }
+    if (lost != r->lost)
+        gp_bad(c, "record %p: its pieces without a host copy hold %" PRIu64 " bytes, it lost %" PRIu64,
+               (const void *)r, lost, r->lost);
+    if (host != r->host_bytes || copied != r->copied)
+        gp_bad(c, "record %p: its pieces hold %" PRIu64 " host bytes and copied %" PRIu64 ", it says %" PRIu64
+               " and %" PRIu64, (const void *)r, host, copied, r->host_bytes, r->copied);
+}
+
+size_t gp_offload_check(gp_offloader *o, char *msg, size_t n)
+{
+    gp_ocheck c = {.msg = msg, .n = n};
+    if (n) msg[0] = '\0';
+    char saved[512];
+    snprintf(saved, sizeof saved, "%s", gp_last_error());
+    uint64_t *tag_bytes = calloc(GP_MAX_TAGS, sizeof *tag_bytes);
+    pthread_mutex_lock(&o->op); /* (between operations: nothing reserved, no record half made) */
+    pthread_mutex_lock(&o->lock);
+    size_t n_ext = 0;
+    for (const gp_record *r = o->records; r; r = r->next)
+        for (size_t i = 0; i < r->n_pieces; i++) n_ext += 2;
+    gp_extent *ext = malloc((n_ext ? n_ext : 1) * sizeof *ext);
+    if (!tag_bytes || !ext) {
+        gp_bad(&c, "out of host memory for the offloader's check");
+        goto out;
+    }
+    n_ext = 0;
+    uint64_t host = 0;
+    for (const gp_record *r = o->records; r; r = r->next) {
+        gp_check_record(o, r, &c, ext, &n_ext, tag_bytes);
+        host += r->host_bytes;
+        for (const gp_record *q = o->records; q != r; q = q->next)
+            for (size_t i = 0; i < r->n_runs && q->n_runs; i++)
+                for (size_t j = 0; j < q->n_runs; j++)
+                    if (r->runs[i].addr < q->runs[j].addr + q->runs[j].size &&
+                        q->runs[j].addr < r->runs[i].addr + r->runs[i].size)
+                        gp_bad(&c, "records %p and %p share memory at 0x%" PRIxPTR, (const void *)r, (const void *)q,
+                               r->runs[i].addr);
+    }
+    if (host != o->st.host_bytes)
+        gp_bad(&c, "the records hold %" PRIu64 " host bytes, the figures say %" PRIu64, host, o->st.host_bytes);
+    for (unsigned t = 0; t < GP_MAX_TAGS; t++)
+        if (tag_bytes[t] != o->st.tag_host_bytes[t])
+            gp_bad(&c, "tag %u: the records hold %" PRIu64 " host bytes, the figures say %" PRIu64, t, tag_bytes[t],
+                   o->st.tag_host_bytes[t]);
+    /* Every offloaded block lies in a record's run: one outside any is
+     * memory nobody can bring back. */
+    gp_offload_range *blocks = NULL;
+    size_t n_blocks = 0;
+    if (gp_pool_offloaded_blocks(o->pool, NULL, 0, &blocks, &n_blocks) != GP_OK) {
+        gp_bad(&c, "%s", gp_last_error());
+    } else {
+        for (size_t i = 0; i < n_blocks; i++) {
+            int in = 0;
+            for (const gp_record *r = o->records; r && !in; r = r->next)
+                for (size_t k = 0; k < r->n_runs && !in; k++)
+                    in = blocks[i].addr < r->runs[k].addr + r->runs[k].size &&
+                         r->runs[k].addr < blocks[i].addr + blocks[i].size;
+            if (!in)
+                gp_bad(&c, "the offloaded block at 0x%" PRIxPTR " of %" PRIu64 " bytes is in no record", blocks[i].addr,
+                       blocks[i].size);
+        }
+        free(blocks);
+    }
+    qsort(ext, n_ext, sizeof *ext, gp_extent_cmp);
+    char sm[256];
+    if (gp_host_store_check(o->hs, ext, n_ext, sm, sizeof sm)) gp_bad(&c, "host store: %s", sm);
+out:
+    pthread_mutex_unlock(&o->lock);
+    pthread_mutex_unlock(&o->op);
+    free(ext);
+    free(tag_bytes);
+    gp_error_set(GP_OK, "%s", saved); /* (the caller's message survives) */
+    return c.found;
+}
