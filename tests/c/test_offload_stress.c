@@ -178,12 +178,14 @@ static int take(owner *w, int final)
     if (gp_offload_is_offloaded(off, tags[t]))
         bad("owner %d: the restore returned OK, the tag is still offloaded", t);
     uint64_t differ = 0;
+    int offloaded = 0;
     for (int i = 0; i < BLOCKS; i++) {
         oblock *b = &w->b[i];
         if (!b->ptr) continue;
         int s = state_of(b->ptr);
         if (s != GP_BLOCK_USED) {
             bad("owner %d: after a restore that returned OK the block %p is in state %d", t, (void *)b->ptr, s);
+            offloaded = 1;
             continue;
         }
         if (dropped[t]) {
@@ -201,6 +203,11 @@ static int take(owner *w, int final)
     if (differ > res.lost)
         bad("owner %d: %llu bytes differ, the restore reported %llu lost", t, (unsigned long long)differ,
             (unsigned long long)res.lost);
+    if (offloaded) { /* (not writable: found wrong, let go) */
+        gp_offload_use(off, tags[t], 0);
+        pthread_mutex_unlock(&hold[t]);
+        return 0;
+    }
     dropped[t] = 0;
     return 1;
 }
