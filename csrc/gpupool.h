@@ -233,9 +233,14 @@ typedef struct gp_backend gp_backend;
  * default stream). */
 typedef void *gp_stream;
 
+/* The largest device a pool takes: its arenas span twice the device, and
+ * the bins' classes must hold any block of them. */
+#define GP_DEVICE_MAX (1ull << 50)
+
 /* Create a pool over `backend`, which it then owns (destroyed with the pool,
  * also when creation fails).  In reserve mode the whole reserve is mapped
- * here, so a failure to map it is reported now, not at the first alloc. */
+ * here, so a failure to map it is reported now, not at the first alloc.
+ * GP_ERR_INVALID for a device of more than GP_DEVICE_MAX bytes. */
 gp_status gp_pool_create(gp_backend *backend, const gp_config *cfg,
                          gp_pool **out);
 

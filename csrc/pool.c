@@ -933,6 +933,12 @@ static gp_status gp_map_reserve(gp_pool *p, uint64_t bytes)
 gp_status gp_pool_create(gp_backend *be, const gp_config *cfg, gp_pool **out)
 {
     *out = NULL;
+    if (be->total == 0 || be->total > GP_DEVICE_MAX) {
+        uint64_t total = be->total;
+        be->destroy(be);
+        return gp_error_set(GP_ERR_INVALID, "gpupool: a device of %" PRIu64 " bytes: the pool takes devices of 1 "
+                            "byte to %" PRIu64 " bytes (1 PiB)", total, (uint64_t)GP_DEVICE_MAX);
+    }
     gp_pool *p = calloc(1, sizeof *p);
     if (!p) {
         be->destroy(be);

@@ -12,63 +12,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend_forward.h"
 #include "checksum.h"
 #include "codec.h"
-#include "offload.h"
-#include "pool_check.h"
+#include "offload_test.h"
 #include "testdata.h"
 
 static gp_tag T_W, T_O, T_H;
-
-static void fill(void *ptr, size_t n, unsigned seed)
-{
-    unsigned char *c = ptr;
-    for (size_t i = 0; i < n; i++) c[i] = (unsigned char)(seed * 131u + i * 7u + (i >> 9));
-}
-
-static int same(const void *ptr, size_t n, unsigned seed)
-{
-    const unsigned char *c = ptr;
-    for (size_t i = 0; i < n; i++)
-        if (c[i] != (unsigned char)(seed * 131u + i * 7u + (i >> 9))) return 0;
-    return 1;
-}
-
-/* The tests' pool over backend `be`: small chunks, so that a few MiB span many. */
-static gp_pool *pool_over(gp_backend *be)
-{
-    gp_config cfg;
-    gp_config_default(&cfg);
-    cfg.chunk = 256 * KiB;
-    cfg.small_size = 64 * KiB;
-    cfg.large_chunk = 1 * MiB;
-    cfg.cache_slack = -1;
-    gp_pool *p;
-    CHECK(gp_pool_create(be, &cfg, &p) == GP_OK);
-    return p;
-}
-
-static gp_pool *pool_with(uint64_t capacity, gp_backend **be)
-{
-    CHECK(gp_backend_host_create(capacity, be) == GP_OK);
-    return pool_over(*be);
-}
-
-/* The offloader's integrity check, its first finding printed. */
-static int offload_ok(gp_offloader *o)
-{
-    char msg[512];
-    size_t v = gp_offload_check(o, msg, sizeof msg);
-    if (v) fprintf(stderr, "gp_offload_check: %zu problems, the first: %s\n", v, msg);
-    return v == 0;
-}
-
-static int state_of(gp_pool *p, void *ptr)
-{
-    gp_block_info b;
-    return gp_pool_lookup(p, ptr, &b) == GP_OK ? b.state : -1;
-}
 
 enum { N = 24 };
 
@@ -427,25 +376,6 @@ static void test_fills_slabs(int codec)
     done(p);
 }
 
-/* A host backend whose maps take a while, as the driver's do, and are
- * recorded in the order they were made. */
-typedef struct slow_maps {
-    gp_backend_wrap w;
-    pthread_mutex_t lock;
-    uintptr_t addr[256];
-    unsigned n;
-} slow_maps;
-
-static gp_status slow_map(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t *handle)
-{
-    slow_maps *s = (slow_maps *)(void *)be;
-    nanosleep(&(struct timespec){0, 100 * 1000}, NULL);
-    pthread_mutex_lock(&s->lock);
-    if (s->n < sizeof s->addr / sizeof s->addr[0]) s->addr[s->n++] = addr;
-    pthread_mutex_unlock(&s->lock);
-    return GP_INNER(be)->map(GP_INNER(be), addr, size, handle);
-}
-
 /* The copies of a restore go in address order, each as soon as its chunk
  * is mapped: the maps must come in that order too, whatever the number of
  * offload threads (with one job per chunk on eight threads, the chunks the
@@ -453,13 +383,8 @@ static gp_status slow_map(gp_backend *be, uintptr_t addr, uint64_t size, uint64_
 static void test_maps_in_order(void)
 {
     gp_backend *inner;
-    CHECK(gp_backend_host_create(256 * MiB, &inner) == GP_OK);
-    slow_maps *s = calloc(1, sizeof *s);
-    CHECK(s != NULL);
-    gp_backend_forward(&s->w, inner);
-    pthread_mutex_init(&s->lock, NULL);
-    s->w.be.map = slow_map;
-    gp_pool *p = pool_over(&s->w.be);
+    slow_maps *s;
+    gp_pool *p = slow_pool(256 * MiB, 100, &s, &inner);
     gp_offloader *o;
     CHECK(gp_offloader_create(p, 0, 8, NULL, &o) == GP_OK);
     enum { M = 48 };

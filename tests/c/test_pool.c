@@ -777,8 +777,37 @@ static void test_lean_growth(void)
     CHECK(roomy.reserved == 22 * MiB && roomy.n_sync == 1 && roomy.n_unmap == 8);
 }
 
+/* A device larger than the bins can hold (a HostPool asked for 2^63 bytes
+ * and more): refused with its size named, in both modes, nothing written
+ * out of bounds; a large one (1 TiB) is a pool that works. */
+static void test_device_too_large(void)
+{
+    const uint64_t sizes[] = {(1ull << 63) + 5, UINT64_MAX, GP_DEVICE_MAX + 1};
+    for (int mode = 0; mode < 2; mode++)
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+            gp_config cfg;
+            gp_config_default(&cfg);
+            cfg.mode = mode ? GP_MODE_RESERVE : GP_MODE_EXPANDABLE;
+            cfg.reserve = (gp_size_spec){.bytes = 4 * MiB};
+            gp_backend *be;
+            gp_pool *p = NULL;
+            CHECK(gp_backend_host_create(sizes[i], &be) == GP_OK);
+            CHECK(gp_pool_create(be, &cfg, &p) == GP_ERR_INVALID && p == NULL);
+            CHECK(strstr(gp_last_error(), "1 PiB") != NULL);
+        }
+    gp_config cfg;
+    gp_config_default(&cfg);
+    gp_backend *be;
+    gp_pool *p = NULL;
+    CHECK(gp_backend_host_create(1ull << 40, &be) == GP_OK && gp_pool_create(be, &cfg, &p) == GP_OK);
+    void *x = p ? gp_alloc(p, 3 * MiB, NULL, 0, GP_PRIO_NORMAL, NULL) : NULL;
+    CHECK(x != NULL && gp_free(p, x) == GP_OK);
+    if (p) done(p);
+}
+
 int main(void)
 {
+    test_device_too_large();
     test_basic();
     test_reuse_and_merge();
     test_bins_many_sizes();

@@ -1,0 +1,100 @@
+/*
+ * offload_test.h -- what the offload tests share: patterned bytes, a host
+ * pool with small chunks (a few MiB span many), the offloader's integrity
+ * check, a block's state, and a host backend whose maps are slow (as the
+ * driver's are) and recorded in order.
+ */
+#ifndef GP_OFFLOAD_TEST_H
+#define GP_OFFLOAD_TEST_H
+
+#include <pthread.h>
+#include <time.h>
+
+#include "backend_forward.h"
+#include "offload.h"
+#include "pool_check.h"
+
+static inline void fill(void *ptr, size_t n, unsigned seed)
+{
+    unsigned char *c = ptr;
+    for (size_t i = 0; i < n; i++) c[i] = (unsigned char)(seed * 131u + i * 7u + (i >> 9));
+}
+
+static inline int same(const void *ptr, size_t n, unsigned seed)
+{
+    const unsigned char *c = ptr;
+    for (size_t i = 0; i < n; i++)
+        if (c[i] != (unsigned char)(seed * 131u + i * 7u + (i >> 9))) return 0;
+    return 1;
+}
+
+/* The tests' pool over backend `be`: small chunks, so that a few MiB span many. */
+static inline gp_pool *pool_over(gp_backend *be)
+{
+    gp_config cfg;
+    gp_config_default(&cfg);
+    cfg.chunk = 256 * KiB;
+    cfg.small_size = 64 * KiB;
+    cfg.large_chunk = 1 * MiB;
+    cfg.cache_slack = -1;
+    gp_pool *p;
+    CHECK(gp_pool_create(be, &cfg, &p) == GP_OK);
+    return p;
+}
+
+static inline gp_pool *pool_with(uint64_t capacity, gp_backend **be)
+{
+    CHECK(gp_backend_host_create(capacity, be) == GP_OK);
+    return pool_over(*be);
+}
+
+/* The offloader's integrity check, its first finding printed. */
+static inline int offload_ok(gp_offloader *o)
+{
+    char msg[512];
+    size_t v = gp_offload_check(o, msg, sizeof msg);
+    if (v) fprintf(stderr, "gp_offload_check: %zu problems, the first: %s\n", v, msg);
+    return v == 0;
+}
+
+static inline int state_of(gp_pool *p, void *ptr)
+{
+    gp_block_info b;
+    return gp_pool_lookup(p, ptr, &b) == GP_OK ? b.state : -1;
+}
+
+/* A host backend whose maps take a while, as the driver's do, and are
+ * recorded in the order they were made. */
+typedef struct slow_maps {
+    gp_backend_wrap w;
+    pthread_mutex_t lock;
+    uintptr_t addr[256];
+    unsigned n;
+    long delay_us;
+} slow_maps;
+
+static inline gp_status slow_map(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t *handle)
+{
+    slow_maps *s = (slow_maps *)(void *)be;
+    nanosleep(&(struct timespec){0, s->delay_us * 1000}, NULL);
+    pthread_mutex_lock(&s->lock);
+    if (s->n < sizeof s->addr / sizeof s->addr[0]) s->addr[s->n++] = addr;
+    pthread_mutex_unlock(&s->lock);
+    return GP_INNER(be)->map(GP_INNER(be), addr, size, handle);
+}
+
+/* A pool over a slow-map wrapper of a host backend of `capacity` bytes. */
+static inline gp_pool *slow_pool(uint64_t capacity, long delay_us, slow_maps **out, gp_backend **inner)
+{
+    CHECK(gp_backend_host_create(capacity, inner) == GP_OK);
+    slow_maps *s = calloc(1, sizeof *s);
+    CHECK(s != NULL);
+    gp_backend_forward(&s->w, *inner);
+    pthread_mutex_init(&s->lock, NULL);
+    s->w.be.map = slow_map;
+    s->delay_us = delay_us;
+    *out = s;
+    return pool_over(&s->w.be);
+}
+
+#endif

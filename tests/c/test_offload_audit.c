@@ -1,0 +1,503 @@
+/*
+ * test_offload_audit.c -- offload never lies: each test here is a way the
+ * offload path once returned wrong bytes as success, touched freed memory,
+ * hung, or said "restored" while memory was still away, on the host
+ * backend.  Every test fails on the code before its fix.
+ *
+ *   fault walk        one failure at every call of every function an offload
+ *                     makes (once, and from then on), raw and compressed,
+ *                     kept and dropped: a failed offload is undone with the
+ *                     bytes as before, or says how many it lost; a restore
+ *                     of lost bytes needs the caller's consent, and then no
+ *                     more bytes differ than it said
+ *   prefetch during   a prefetch issued while a restore runs: the restore
+ *   a restore         returns only once every record of its tags is back,
+ *                     and nobody restores a record another thread frees
+ *   together or fail  tags that cannot be on the device together: restoring
+ *                     them fails instead of displacing each other for ever
+ *   failed give-back  a restore that fails and cannot give its chunks back
+ *                     leaves memory a later restore brings back whole
+ *   nested offload    a restore that makes room by offloading mid-way keeps
+ *                     its own checksums (no false "corrupt")
+ *   room made         a restore whose map-ahead jobs all failed while the
+ *                     device was full maps them once room is made
+ *   first error       a restore that fails says why, not an earlier map
+ *                     failure it recovered from
+ *   retag             a block retagged while offloaded comes back by its
+ *                     new tag
+ *   codec             a codec that cannot run is refused alike whether the
+ *                     contents are kept or dropped
+ */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "offload_test.h"
+#include "testdata.h"
+
+static gp_tag T_A, T_B, T_F;
+
+/* Bytes of [a, a+n) that differ from [b, b+n). */
+static uint64_t differing(const unsigned char *a, const unsigned char *b, uint64_t n)
+{
+    uint64_t d = 0;
+    for (uint64_t i = 0; i < n; i++) d += a[i] != b[i];
+    return d;
+}
+
+/* The bytes the error of a failed offload says it lost (0: none said). */
+static uint64_t said_lost(void)
+{
+    const char *k = strstr(gp_last_error(), "it stays offloaded and ");
+    return k ? strtoull(k + strlen("it stays offloaded and "), NULL, 10) : 0;
+}
+
+static int all_offloaded(gp_pool *p, void *const *b, int n)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) k += state_of(p, b[i]) == GP_BLOCK_OFFLOADED;
+    return k;
+}
+
+/* ------------------------------------------------------------ fault walk */
+
+enum { WB = 5 };
+static const uint64_t walk_sizes[WB] = {3 * MiB + 5, 1 * MiB, 5 * MiB + 4096, 700 * KiB, 2 * MiB + 333};
+
+typedef struct walk_case {
+    int codec, keep;
+} walk_case;
+
+/* One offload with `fn` failing at its nth call (mode), then everything
+ * brought back and checked; returns the calls `fn` got (for the walk). */
+static uint64_t walk_one(walk_case wc, gp_host_fn fn, uint64_t nth, int mode, int *gave_up)
+{
+    gp_backend *be;
+    gp_pool *p = pool_with(64 * MiB, &be);
+    gp_offloader *o;
+    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    void *b[WB];
+    unsigned char *want[WB];
+    for (int i = 0; i < WB; i++) {
+        b[i] = gp_alloc(p, walk_sizes[i], NULL, T_A, GP_PRIO_NORMAL, NULL);
+        want[i] = malloc(walk_sizes[i]);
+        data_rng = 77 + (uint64_t)i;
+        data_fill(want[i], walk_sizes[i], wc.codec == GP_CODEC_RAW ? DATA_RANDOM : DATA_BF16);
+        memcpy(b[i], want[i], walk_sizes[i]);
+    }
+    gp_host_counters c0, c1;
+    gp_host_counters_get(be, &c0);
+    if (nth) gp_host_fail(be, fn, nth, GP_ERR_BACKEND, mode);
+    gp_offload_opts opts = {.keep = wc.keep, .codec = wc.codec, .elem_size = 2};
+    gp_offload_result r;
+    gp_status st = gp_offload_tags(o, &T_A, 1, &opts, &r);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", gp_last_error());
+    gp_host_counters_get(be, &c1);
+    gp_host_fail_none(be);
+    uint64_t lost = st == GP_OK ? 0 : said_lost();
+    *gave_up = st != GP_OK && strstr(msg, "it stays offloaded") != NULL;
+    CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
+    if (st != GP_OK && !*gave_up) {
+        /* Undone: resident, and the bytes as before unless dropped (then
+         * the message says how many lost their contents). */
+        uint64_t diff = 0;
+        for (int i = 0; i < WB; i++) {
+            CHECK(state_of(p, b[i]) == GP_BLOCK_USED);
+            diff += differing(b[i], want[i], walk_sizes[i]);
+        }
+        if (diff) {
+            CHECK(!wc.keep && strstr(msg, "as before") == NULL && r.lost >= diff);
+            if (wc.keep || strstr(msg, "as before") || r.lost < diff)
+                fprintf(stderr, "  %s call %llu (%s): %llu bytes changed: %s\n", gp_host_fn_name(fn),
+                        (unsigned long long)nth, mode ? "from" : "once", (unsigned long long)diff, msg);
+        }
+    } else {
+        /* Offloaded (or given up with what was lost counted): a restore
+         * without consent refuses lost bytes; with it, no more bytes differ
+         * than were said lost. */
+        gp_offload_result rr;
+        gp_status rs = gp_restore_tags(o, &T_A, 1, 0, &rr);
+        if (lost) {
+            CHECK(rs == GP_ERR_BACKEND && strstr(gp_last_error(), "were lost") && all_offloaded(p, b, WB) > 0);
+            rs = gp_restore_tags(o, &T_A, 1, 1, &rr);
+            CHECK(rr.lost == lost);
+        }
+        CHECK(rs == GP_OK && all_offloaded(p, b, WB) == 0);
+        uint64_t diff = 0;
+        for (int i = 0; i < WB; i++) diff += differing(b[i], want[i], walk_sizes[i]);
+        if (wc.keep) CHECK(diff <= lost);
+        if (wc.keep && diff > lost)
+            fprintf(stderr, "  %s call %llu (%s): %llu bytes wrong, %llu said lost: %s\n", gp_host_fn_name(fn),
+                    (unsigned long long)nth, mode ? "from" : "once", (unsigned long long)diff,
+                    (unsigned long long)lost, msg);
+    }
+    CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
+    for (int i = 0; i < WB; i++) {
+        CHECK(gp_free(p, b[i]) == GP_OK);
+        free(want[i]);
+    }
+    gp_offloader_destroy(o);
+    done(p);
+    return c1.calls[fn] - c0.calls[fn];
+}
+
+static void test_fault_walk(void)
+{
+    const gp_host_fn fns[] = {GP_HOST_COPY,  GP_HOST_UNMAP,     GP_HOST_MAP,        GP_HOST_EVENT_RECORD,
+                              GP_HOST_EVENT_WAIT, GP_HOST_CHECKSUM, GP_HOST_SYNCHRONIZE, GP_HOST_HOST_ALLOC,
+                              GP_HOST_GATHER};
+    walk_case cases[] = {{GP_CODEC_RAW, 1}, {GP_CODEC_RAW, 0},
+#ifdef GP_HAVE_ZSTD
+                         {GP_CODEC_AUTO, 1},
+#endif
+    };
+    unsigned points = 0, gave_up = 0;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (size_t f = 0; f < sizeof fns / sizeof fns[0]; f++) {
+            int g;
+            uint64_t calls = walk_one(cases[k], fns[f], 0, 0, &g);
+            for (uint64_t nth = 1; nth <= calls; nth++)
+                for (int mode = 0; mode < 2; mode++) {
+                    walk_one(cases[k], fns[f], nth, mode, &g);
+                    points++;
+                    gave_up += (unsigned)g;
+                }
+        }
+    printf("offload fault walk: %u points, %u gave up\n", points, gave_up);
+    CHECK(points > 100 && gave_up > 0);
+}
+
+/* ------------------------------------------------ prefetch during restore */
+
+typedef struct late_prefetch {
+    gp_offloader *o;
+    gp_tag tag;
+    long after_us;
+    gp_status st;
+} late_prefetch;
+
+static void *prefetch_later(void *arg)
+{
+    late_prefetch *lp = arg;
+    nanosleep(&(struct timespec){0, lp->after_us * 1000}, NULL);
+    lp->st = gp_prefetch_tags(lp->o, &lp->tag, 1);
+    return NULL;
+}
+
+static void test_prefetch_during_restore(void)
+{
+    for (int round = 0; round < 3; round++) {
+        gp_backend *inner;
+        slow_maps *s;
+        gp_pool *p = slow_pool(256 * MiB, 2000, &s, &inner); /* (a restore of 8 MiB maps for 16 ms) */
+        gp_offloader *o;
+        CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+        void *a = gp_alloc(p, 8 * MiB, NULL, T_A, GP_PRIO_NORMAL, NULL);
+        void *b = gp_alloc(p, 4 * MiB, NULL, T_B, GP_PRIO_NORMAL, NULL);
+        fill(a, 8 * MiB, 1);
+        fill(b, 4 * MiB, 2);
+        gp_tag ab[2] = {T_A, T_B};
+        gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
+        gp_offload_result r;
+        CHECK(gp_offload_tags(o, ab, 2, &opts, &r) == GP_OK);
+        void *a2 = gp_alloc(p, 8 * MiB, NULL, T_A, GP_PRIO_NORMAL, NULL);
+        fill(a2, 8 * MiB, 3);
+        CHECK(gp_offload_tags(o, &T_A, 1, &opts, &r) == GP_OK);
+        /* Restoring T_A takes the newer record first; meanwhile another
+         * thread prefetches the older one (it holds T_B too): the restore
+         * returns once that is back as well. */
+        late_prefetch lp = {.o = o, .tag = T_B, .after_us = 4000};
+        pthread_t th;
+        pthread_create(&th, NULL, prefetch_later, &lp);
+        CHECK(gp_restore_tags(o, &T_A, 1, 0, &r) == GP_OK);
+        CHECK(state_of(p, a) == GP_BLOCK_USED && state_of(p, a2) == GP_BLOCK_USED && !gp_offload_is_offloaded(o, T_A));
+        pthread_join(th, NULL);
+        CHECK(lp.st == GP_OK);
+        CHECK(gp_restore_tags(o, &T_B, 1, 0, &r) == GP_OK && gp_restore_tags(o, &T_A, 1, 0, &r) == GP_OK);
+        CHECK(same(a, 8 * MiB, 1) && same(b, 4 * MiB, 2) && same(a2, 8 * MiB, 3));
+        /* A prefetch of the very record a restore is bringing back: the
+         * prefetch finds it taken (its job would restore freed memory). */
+        CHECK(gp_offload_tags(o, &T_A, 1, &opts, &r) == GP_OK);
+        lp = (late_prefetch){.o = o, .tag = T_A, .after_us = 4000};
+        pthread_create(&th, NULL, prefetch_later, &lp);
+        CHECK(gp_restore_tags(o, &T_A, 1, 0, &r) == GP_OK && !gp_offload_is_offloaded(o, T_A));
+        pthread_join(th, NULL);
+        CHECK(gp_restore_tags(o, &T_A, 1, 0, &r) == GP_OK); /* (waits for the prefetch, if one was queued) */
+        CHECK(same(a, 8 * MiB, 1) && same(a2, 8 * MiB, 3));
+        CHECK(offload_ok(o) && pool_consistent(p, inner) == 0);
+        gp_free(p, a);
+        gp_free(p, b);
+        gp_free(p, a2);
+        gp_offloader_destroy(o);
+        pthread_mutex_destroy(&s->lock);
+        done(p);
+    }
+}
+
+/* ------------------------------------------------------- together or fail */
+
+static void hang(int sig)
+{
+    (void)sig;
+    static const char m[] = "test_offload_audit: hung (a restore displacing its own tags for ever?)\n";
+    (void)!write(2, m, sizeof m - 1);
+    _exit(3);
+}
+
+/* A device of 64 MiB whose free room holds one of A and B (each 24 MiB,
+ * registered offloadable, idle) but not both. */
+static void test_together_or_fail(void)
+{
+    gp_backend *be;
+    gp_pool *p = pool_with(64 * MiB, &be);
+    gp_offloader *o;
+    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    void *a = gp_alloc(p, 24 * MiB, NULL, T_A, GP_PRIO_NORMAL, NULL);
+    void *b = gp_alloc(p, 24 * MiB, NULL, T_B, GP_PRIO_NORMAL, NULL);
+    fill(a, 24 * MiB, 4);
+    fill(b, 24 * MiB, 5);
+    gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
+    gp_offload_result r;
+    CHECK(gp_offload_tags(o, &T_A, 1, &opts, &r) == GP_OK && gp_offload_tags(o, &T_B, 1, &opts, &r) == GP_OK);
+    CHECK(gp_offload_register(o, T_A, GP_PRIO_LOW, 2) == GP_OK && gp_offload_register(o, T_B, GP_PRIO_LOW, 2) == GP_OK);
+    void *f = gp_alloc(p, 20 * MiB, NULL, T_F, GP_PRIO_NORMAL, NULL);
+    CHECK(f != NULL);
+    gp_tag ab[2] = {T_A, T_B};
+    signal(SIGALRM, hang);
+    alarm(60);
+    gp_status st = gp_restore_tags(o, ab, 2, 0, &r);
+    alarm(0);
+    CHECK(st == GP_ERR_OOM);
+    /* One came back, the other stayed offloaded, its bytes safe. */
+    CHECK((state_of(p, a) == GP_BLOCK_USED) + (state_of(p, b) == GP_BLOCK_USED) == 1);
+    CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
+    gp_free(p, f);
+    CHECK(gp_restore_tags(o, ab, 2, 0, &r) == GP_OK && state_of(p, a) == GP_BLOCK_USED &&
+          state_of(p, b) == GP_BLOCK_USED && same(a, 24 * MiB, 4) && same(b, 24 * MiB, 5));
+    CHECK(offload_ok(o));
+    gp_free(p, a);
+    gp_free(p, b);
+    gp_offloader_destroy(o);
+    done(p);
+}
+
+/* ----------------------------------------------------- failed give-back */
+
+static void test_failed_giveback(void)
+{
+    gp_backend *be;
+    gp_pool *p = pool_with(64 * MiB, &be);
+    gp_offloader *o;
+    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    void *a = gp_alloc(p, 12 * MiB, NULL, T_A, GP_PRIO_NORMAL, NULL);
+    fill(a, 12 * MiB, 6);
+    gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
+    gp_offload_result r;
+    CHECK(gp_offload_tags(o, &T_A, 1, &opts, &r) == GP_OK);
+    /* The restore's second copy fails, and every unmap from then on. */
+    gp_host_fail(be, GP_HOST_COPY, 2, GP_ERR_BACKEND, GP_HOST_FAIL_ONCE);
+    gp_host_fail(be, GP_HOST_UNMAP, 1, GP_ERR_BACKEND, GP_HOST_FAIL_FROM);
+    CHECK(gp_restore_tags(o, &T_A, 1, 0, &r) == GP_ERR_BACKEND && state_of(p, a) == GP_BLOCK_OFFLOADED);
+    CHECK(strstr(gp_last_error(), "injected") != NULL);
+    gp_host_fail_none(be);
+    CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
+    gp_status st = gp_restore_tags(o, &T_A, 1, 0, &r);
+    if (st != GP_OK) fprintf(stderr, "  restore after a failed give-back: %s\n", gp_last_error());
+    CHECK(st == GP_OK && state_of(p, a) == GP_BLOCK_USED && same(a, 12 * MiB, 6));
+    CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
+    gp_free(p, a);
+    gp_offloader_destroy(o);
+    done(p);
+}
+
+/* ------------------------------------- restores that make room mid-way */
+
+/* A pool of 64 MiB with B (20 MiB, one block: pieces of 16 and 4 MiB)
+ * offloaded, A (30 MiB) registered offloadable at low priority and idle,
+ * and low-priority filler (which the callback may not offload for) until
+ * `room` bytes are left. */
+typedef struct crowd {
+    gp_backend *be;
+    gp_pool *p;
+    gp_offloader *o;
+    void *a, *b, *f[64];
+    int nf;
+} crowd;
+
+static void crowd_make(crowd *c, uint64_t room, gp_backend *be)
+{
+    memset(c, 0, sizeof *c);
+    c->be = be;
+    c->p = pool_over(be);
+    CHECK(gp_offloader_create(c->p, 0, 2, NULL, &c->o) == GP_OK);
+    c->b = gp_alloc(c->p, 20 * MiB, NULL, T_B, GP_PRIO_NORMAL, NULL);
+    fill(c->b, 20 * MiB, 7);
+    gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
+    gp_offload_result r;
+    CHECK(gp_offload_tags(c->o, &T_B, 1, &opts, &r) == GP_OK);
+    c->a = gp_alloc(c->p, 30 * MiB, NULL, T_A, GP_PRIO_LOW, NULL);
+    fill(c->a, 30 * MiB, 8);
+    CHECK(gp_offload_register(c->o, T_A, GP_PRIO_LOW, 2) == GP_OK);
+    gp_stats s;
+    gp_pool_stats(c->p, &s, 0);
+    while (s.reserved + room + 1 * MiB <= 64 * MiB && c->nf < 64) {
+        c->f[c->nf++] = gp_alloc(c->p, 1 * MiB, NULL, T_F, GP_PRIO_LOW, NULL);
+        gp_pool_stats(c->p, &s, 0);
+    }
+    CHECK(64 * MiB - s.reserved == room);
+}
+
+static void crowd_done(crowd *c)
+{
+    CHECK(state_of(c->p, c->b) == GP_BLOCK_USED && same(c->b, 20 * MiB, 7));
+    gp_offload_result r;
+    CHECK(gp_restore_tags(c->o, &T_A, 1, 0, &r) == GP_ERR_OOM); /* (room for A only once the filler goes) */
+    for (int i = 0; i < c->nf; i++) gp_free(c->p, c->f[i]);
+    CHECK(gp_restore_tags(c->o, &T_A, 1, 0, &r) == GP_OK && state_of(c->p, c->a) == GP_BLOCK_USED &&
+          same(c->a, 30 * MiB, 8));
+    CHECK(offload_ok(c->o) && pool_consistent(c->p, c->be) == 0);
+    gp_free(c->p, c->a);
+    gp_free(c->p, c->b);
+    gp_offloader_destroy(c->o);
+    done(c->p);
+}
+
+/* B's first piece fits, its last chunk not: A is offloaded mid-restore,
+ * after B's first checksum was taken, into the same device array. */
+static void test_nested_offload(void)
+{
+    gp_backend *be;
+    CHECK(gp_backend_host_create(64 * MiB, &be) == GP_OK);
+    crowd c;
+    crowd_make(&c, 19 * MiB, be);
+    gp_offload_result r;
+    gp_status st = gp_restore_tags(c.o, &T_B, 1, 0, &r);
+    if (st != GP_OK) fprintf(stderr, "  nested: %s\n", gp_last_error());
+    CHECK(st == GP_OK && state_of(c.p, c.b) == GP_BLOCK_USED && state_of(c.p, c.a) == GP_BLOCK_OFFLOADED);
+    crowd_done(&c);
+}
+
+/* Nothing of B fits: every map-ahead job fails; the first chunk's wait
+ * makes room for all of them. */
+static void test_room_made(void)
+{
+    gp_backend *be;
+    CHECK(gp_backend_host_create(64 * MiB, &be) == GP_OK);
+    crowd c;
+    crowd_make(&c, 0, be);
+    gp_offload_result r;
+    gp_status st = gp_restore_tags(c.o, &T_B, 1, 0, &r);
+    if (st != GP_OK) fprintf(stderr, "  room made: %s\n", gp_last_error());
+    CHECK(st == GP_OK && state_of(c.p, c.b) == GP_BLOCK_USED);
+    crowd_done(&c);
+}
+
+/* A host backend whose copies to the device fail while armed. */
+typedef struct h2d_fails {
+    gp_backend_wrap w;
+    int armed;
+} h2d_fails;
+
+static gp_status h2d_copy(gp_backend *be, void *dst, const void *src, uint64_t n, int kind, gp_stream s)
+{
+    h2d_fails *h = (h2d_fails *)(void *)be;
+    if (h->armed && kind == GP_COPY_H2D) return gp_error_set(GP_ERR_BACKEND, "h2d copy: the bus said no");
+    return GP_INNER(be)->copy(GP_INNER(be), dst, src, n, kind, s);
+}
+
+/* The restore of test_room_made, whose copies back fail: the error names
+ * the copy, not the map failures the restore recovered from. */
+static void test_first_error(void)
+{
+    gp_backend *inner;
+    CHECK(gp_backend_host_create(64 * MiB, &inner) == GP_OK);
+    h2d_fails *h = calloc(1, sizeof *h);
+    CHECK(h != NULL);
+    gp_backend_forward(&h->w, inner);
+    h->w.be.copy = h2d_copy;
+    crowd c;
+    crowd_make(&c, 0, &h->w.be);
+    c.be = inner;
+    h->armed = 1;
+    gp_offload_result r;
+    CHECK(gp_restore_tags(c.o, &T_B, 1, 0, &r) == GP_ERR_BACKEND);
+    CHECK(strstr(gp_last_error(), "the bus said no") != NULL && strstr(gp_last_error(), "out of memory") == NULL);
+    if (!strstr(gp_last_error(), "the bus said no")) fprintf(stderr, "  first error: %s\n", gp_last_error());
+    h->armed = 0;
+    CHECK(state_of(c.p, c.b) == GP_BLOCK_OFFLOADED && gp_restore_tags(c.o, &T_B, 1, 0, &r) == GP_OK);
+    crowd_done(&c);
+}
+
+/* ----------------------------------------------------- retag, codec */
+
+static void test_retag_while_offloaded(void)
+{
+    gp_backend *be;
+    gp_pool *p = pool_with(64 * MiB, &be);
+    gp_offloader *o;
+    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    void *x = gp_alloc(p, 6 * MiB, NULL, T_A, GP_PRIO_NORMAL, NULL);
+    fill(x, 6 * MiB, 9);
+    gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
+    gp_offload_result r;
+    CHECK(gp_offload_tags(o, &T_A, 1, &opts, &r) == GP_OK);
+    CHECK(gp_pool_retag(p, &x, 1, T_B, GP_PRIO_NORMAL, NULL) == GP_OK);
+    CHECK(gp_offload_is_offloaded(o, T_B) && !gp_offload_is_offloaded(o, T_A));
+    CHECK(gp_restore_tags(o, &T_B, 1, 0, &r) == GP_OK && r.bytes == 6 * MiB);
+    CHECK(state_of(p, x) == GP_BLOCK_USED && !gp_offload_is_offloaded(o, T_B));
+    if (state_of(p, x) != GP_BLOCK_USED) return; /* (the rest would touch offloaded memory) */
+    CHECK(same(x, 6 * MiB, 9));
+    /* And by prefetch. */
+    CHECK(gp_offload_tags(o, &T_B, 1, &opts, &r) == GP_OK);
+    CHECK(gp_pool_retag(p, &x, 1, T_F, GP_PRIO_NORMAL, NULL) == GP_OK);
+    CHECK(gp_prefetch_tags(o, &T_F, 1) == GP_OK && gp_restore_tags(o, &T_F, 1, 0, &r) == GP_OK);
+    CHECK(state_of(p, x) == GP_BLOCK_USED && same(x, 6 * MiB, 9));
+    CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
+    gp_free(p, x);
+    gp_offloader_destroy(o);
+    done(p);
+}
+
+static void test_codec_refused_alike(void)
+{
+    gp_backend *be;
+    gp_pool *p = pool_with(64 * MiB, &be);
+    gp_offloader *o;
+    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    void *x = gp_alloc(p, 2 * MiB, NULL, T_A, GP_PRIO_NORMAL, NULL);
+    gp_offload_result r;
+    gp_offload_opts kept = {.keep = 1, .codec = GP_CODEC_ANS, .elem_size = 2};
+    gp_offload_opts dropped = {.keep = 0, .codec = GP_CODEC_ANS, .elem_size = 2};
+    gp_status s1 = gp_offload_tags(o, &T_A, 1, &kept, &r);
+    char m1[512];
+    snprintf(m1, sizeof m1, "%s", gp_last_error());
+    gp_status s0 = gp_offload_tags(o, &T_A, 1, &dropped, &r);
+    CHECK(s1 != GP_OK && s0 == s1 && strcmp(m1, gp_last_error()) == 0 && state_of(p, x) == GP_BLOCK_USED);
+    gp_free(p, x);
+    gp_offloader_destroy(o);
+    done(p);
+}
+
+/* Each test alone when named (a crash in one then hides no other). */
+int main(int argc, char **argv)
+{
+    CHECK(gp_tag_intern("audit_a", &T_A) == GP_OK);
+    CHECK(gp_tag_intern("audit_b", &T_B) == GP_OK);
+    CHECK(gp_tag_intern("audit_filler", &T_F) == GP_OK);
+    static const struct {
+        const char *name;
+        void (*fn)(void);
+    } tests[] = {
+        {"codec", test_codec_refused_alike}, {"retag", test_retag_while_offloaded},
+        {"giveback", test_failed_giveback},   {"together", test_together_or_fail},
+        {"nested", test_nested_offload},      {"room", test_room_made},
+        {"first_error", test_first_error},    {"prefetch", test_prefetch_during_restore},
+        {"walk", test_fault_walk},
+    };
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
+        if (argc < 2 || strstr(argv[1], tests[i].name)) tests[i].fn();
+    return check_done();
+}
