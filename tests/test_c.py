@@ -49,7 +49,7 @@ def run(exe: Path, args: List[str], env_extra: dict) -> str:
 
 # The tests that offload compress (zstd on the host backend) when libzstd
 # is there, as the extension does: the compressed path under the sanitizers.
-COMPRESSING = {"test_offload.c", "test_offload_audit.c", "test_faults.c", "test_arbiter.c"}
+COMPRESSING = {"test_offload.c", "test_offload_audit.c", "test_faults.c", "test_arbiter.c", "test_offload_stress.c"}
 
 
 def zstd_flags(test: str) -> List[str]:
@@ -76,6 +76,9 @@ ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0", "UBSAN_OPTIONS": 
     ("test_model.c", [os.environ.get("GP_TEST_MODEL_OPS", "2000000")]),
     ("test_stress.c", ["100000"]),
     ("test_faults.c", []),
+    # seconds (600 by hand); "faults": injected backend failures
+    ("test_offload_stress.c", [os.environ.get("GP_TEST_OFFLOAD_STRESS_SECONDS", "3")]),
+    ("test_offload_stress.c", [os.environ.get("GP_TEST_OFFLOAD_STRESS_SECONDS", "3"), "faults"]),
 ])
 def test_c_asan_ubsan(tmp_path: Path, test: str, args: List[str]) -> None:
     out = run(build(tmp_path, test, ASAN, zstd_flags(test)), args, ASAN_ENV)
@@ -84,7 +87,8 @@ def test_c_asan_ubsan(tmp_path: Path, test: str, args: List[str]) -> None:
 
 
 @pytest.mark.parametrize("test,args", [("test_stress.c", ["20000"]), ("test_offload.c", []),
-                                       ("test_offload_audit.c", ["prefetch,together,nested"])])
+                                       ("test_offload_audit.c", ["prefetch,together,nested"]),
+                                       ("test_offload_stress.c", ["2"]), ("test_offload_stress.c", ["2", "faults"])])
 def test_c_tsan(tmp_path: Path, test: str, args: List[str]) -> None:
     # The threaded parts: the pool under concurrent callers, offload's workers.
     exe = build(tmp_path, test, ["-fsanitize=thread"], zstd_flags(test))

@@ -25,6 +25,16 @@ FLAGS = ["-std=c11", "-D_GNU_SOURCE", "-g", "-O1", "-Wall", "-Wextra", "-Werror"
 # dominate the coverage feedback and the time, and say nothing about which
 # inputs reach new states of the pool: it is built without coverage.
 UNGUIDED = ["check.c"]
+# Targets whose codecs compress (zstd on the host backend) when the
+# extension was built with libzstd, as tests/test_c.py builds its offload
+# tests: the compressed paths are fuzzed too.
+COMPRESSING = {"fuzz_offload"}
+
+
+def zstd_flags(target: str) -> List[str]:
+    import gpupool
+
+    return ["-DGP_HAVE_ZSTD"] if target in COMPRESSING and gpupool.build_info()["zstd"] else []
 
 
 def corpus(target: str) -> Path:
@@ -54,6 +64,7 @@ def clang_fuzzer(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def build(tmp: Path, target: str) -> Path:
     exe = tmp / target
+    zstd = zstd_flags(target)
     objs: List[str] = []
     for c in UNGUIDED:
         obj = tmp / (Path(c).stem + ".o")
@@ -62,8 +73,8 @@ def build(tmp: Path, target: str) -> Path:
         assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
         objs.append(str(obj))
     guided = [str(ROOT / "csrc" / c) for c in CORE if c not in UNGUIDED]
-    cmd = [CLANG, *FLAGS, "-fsanitize=fuzzer,address,undefined", str(FUZZ / f"{target}.c"), *guided, *objs,
-           "-lpthread", "-ldl", "-lm", "-o", str(exe)]
+    cmd = [CLANG, *FLAGS, *zstd, "-fsanitize=fuzzer,address,undefined", str(FUZZ / f"{target}.c"), *guided, *objs,
+           *(["-lzstd"] if zstd else []), "-lpthread", "-ldl", "-lm", "-o", str(exe)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"build of {target} failed:\n{' '.join(cmd)}\n{r.stderr}"
     return exe
