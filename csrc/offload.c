@@ -86,26 +86,33 @@ gp_status gp_reclaim_locked(gp_offloader *o, uint64_t needed, int below, const g
                 (g->prio == o->reg[best].prio && g->last_use < o->reg[best].last_use))
                 best = (int)t;
         }
+        unsigned elem = 0;
+        if (best >= 0) {
+            o->reclaiming = best;
+            elem = o->reg[best].elem_size;
+        }
         pthread_mutex_unlock(&o->lock);
         if (best < 0) break;
         tried[best] = 1;
         gp_tag_stats ts;
         gp_pool_tag_stats(o->pool, (gp_tag)best, &ts);
-        if (!ts.allocated) continue;
         /* Compressed when it pays and the staging exists (it is taken from
          * the pool, which is short of memory now: else raw; and raw inside
          * a restore, whose lanes hold the staging). */
-        gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_AUTO, .elem_size = o->reg[best].elem_size};
+        gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_AUTO, .elem_size = elem};
         gp_offload_result res;
         gp_tag t = (gp_tag)best;
-        if (gp_offload_locked(o, &t, 1, &opts, &res) != GP_OK) {
+        gp_status st = ts.allocated ? gp_offload_locked(o, &t, 1, &opts, &res) : GP_ERR_INVALID;
+        pthread_mutex_lock(&o->lock);
+        o->reclaiming = -1;
+        pthread_cond_broadcast(&o->cond);
+        if (st == GP_OK) o->st.n_pressure++;
+        pthread_mutex_unlock(&o->lock);
+        if (st != GP_OK) {
             gp_error_clear(); /* (this one could not go: try the next) */
             continue;
         }
         *released += res.released;
-        pthread_mutex_lock(&o->lock);
-        o->st.n_pressure++;
-        pthread_mutex_unlock(&o->lock);
     }
     return GP_OK;
 }
@@ -164,6 +171,7 @@ gp_status gp_offloader_create(gp_pool *pool, uint64_t host_limit, unsigned threa
     pthread_mutex_init(&o->lock, NULL);
     pthread_cond_init(&o->cond, NULL);
     for (unsigned t = 0; t < GP_MAX_TAGS; t++) o->reg[t].prio = -1;
+    o->reclaiming = -1;
     if (nvcomp) snprintf(o->nvcomp, sizeof o->nvcomp, "%s", nvcomp);
     gp_batch_init(&o->prefetches);
     gp_status st = gp_host_store_create(o->be, host_limit, GP_HOST_SLAB, &o->hs);
@@ -429,6 +437,9 @@ gp_status gp_offload_use(gp_offloader *o, gp_tag tag, int busy)
     pthread_mutex_lock(&o->lock);
     o->reg[tag].busy = busy != 0;
     o->reg[tag].last_use = ++o->clock;
+    /* A reclaim that chose it before it became busy finishes first (the
+     * caller's restore then finds it offloaded, and brings it back). */
+    while (busy && o->reclaiming == (int)tag) pthread_cond_wait(&o->cond, &o->lock);
     pthread_mutex_unlock(&o->lock);
     return GP_OK;
 }

@@ -125,8 +125,10 @@ gp_status gp_prefetch_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags);
  * lower goes first); 0 <= priority <= GP_PRIO_MAX, or -1 to unregister.
  * `elem_size` is the dtype hint its offloads under pressure compress with. */
 gp_status gp_offload_register(gp_offloader *o, gp_tag tag, int priority, unsigned elem_size);
-/* Mark `tag` in use (busy != 0: never offloaded under pressure) or idle
- * (its last use is now). */
+/* Mark `tag` in use (busy != 0: never offloaded under pressure from its
+ * return on; a pressure offload of it under way is waited for, so that a
+ * restore after it leaves the tag on the device) or idle (its last use is
+ * now). */
 gp_status gp_offload_use(gp_offloader *o, gp_tag tag, int busy);
 
 /* Offload idle registered tags of priority below `below`, the lowest

@@ -140,6 +140,10 @@ struct gp_offloader {
     gp_batch prefetches;   /* (waited for through the records' flags and
                               n_background)                              */
     unsigned n_background; /* background offloads queued or running      */
+    int reclaiming;        /* the tag a reclaim is offloading now (-1:
+                              none): marking it busy waits for that offload,
+                              so that a tag marked busy is on the device
+                              once restored, and stays                     */
     /* Checksums: GP_SUMS_MAX words on the device and where they are read
      * back.  An operation uses those from `sums_at`; an offload that a
      * restore makes room with runs inside it and takes those after the
