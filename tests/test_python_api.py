@@ -29,6 +29,32 @@ def test_build_info() -> None:
     assert isinstance(info["zstd"], bool) and isinstance(info["lz4"], bool)
 
 
+@pytest.mark.parametrize("env,words", [
+    ({"GPUPOOL_CHUNK": "4MiB", "GPUPOOL_LARGE_CHUNK": "2MiB"},
+     ["GPUPOOL_LARGE_CHUNK=2MiB is less than GPUPOOL_CHUNK=4MiB", "at least 4MiB"]),
+    ({"GPUPOOL_DEVICE_LIMIT": "24GiB"}, ["GPUPOOL_DEVICE_LIMIT=24GiB is set without GPUPOOL_TENANT"]),
+    ({"GPUPOOL_TENANT": "lab", "GPUPOOL_DEVICE_LIMIT": "2"}, ["GPUPOOL_DEVICE_LIMIT=2 is 2 bytes", "at least 2MiB"]),
+    ({"GPUPOOL_HOST_LIMIT": "2"}, ["GPUPOOL_HOST_LIMIT='2' is not valid", "at least 32MiB"]),
+    ({"GPUPOOL_RECLAIM_TIMEOUT": "1.5ms"}, ["GPUPOOL_RECLAIM_TIMEOUT='1.5ms'", "whole number of milliseconds"]),
+    ({"GPUPOOL_RECLAIM_TIMEOUT": "0.000000001"}, ["whole number of milliseconds"]),
+    ({"GPUPOOL_TENANT_TURN": "0.0001s"}, ["GPUPOOL_TENANT_TURN='0.0001s'", "whole number of milliseconds"]),
+    ({"GPUPOOL_NVCOMP": "/etc/passwd"}, ["GPUPOOL_NVCOMP='/etc/passwd'", "not a shared library"]),
+    ({"GPUPOOL_NVCOMP": "."}, ["GPUPOOL_NVCOMP='.'", "holds no libnvcomp.so.6"]),
+])
+def test_options_that_were_accepted_silently_are_refused(env: Dict[str, str], words: List[str]) -> None:
+    # As variables (what `python -m gpupool config` and enable() read) ...
+    r = subprocess.run([sys.executable, "-m", "gpupool", "config"], capture_output=True, text=True,
+                       env=child_env(env))
+    assert r.returncode == 2 and all(w in r.stderr for w in words), r.stderr
+    assert "Traceback" not in r.stderr
+    # ... and as keywords.
+    opts = {k[len("GPUPOOL_"):].lower(): v for k, v in env.items()}
+    with pytest.raises(ValueError) as e:
+        _C.configure(opts)
+    _C.configure(None)
+    assert all(w in str(e.value) for w in words[1:]), str(e.value)
+
+
 def test_alloc_free_stats() -> None:
     p = HostPool(64 * MiB, chunk="256KiB")
     a = p.alloc(1000)
@@ -381,7 +407,7 @@ OPTION_SAMPLES = {
     "limit": ["3GiB", "0.5", "0.000000001", "37.5%", "none", "123456789"],
     "priority": ["low", "critical", "200"],
     "codec": ["raw", "auto", "zstd", "ans", "bitcomp"],
-    "nvcomp": ["none", "/"],
+    "nvcomp": ["none"],
     "offload_threads": ["1", "64"],
     "tenant": ["none", "team-a.b_1"],
     "log": ["off", "oom", "all"],
@@ -390,7 +416,7 @@ OPTION_SAMPLES = {
     "small_size": ["4KiB", "5000"],
     "torch_patch": ["0", "on"],
     "placement": ["none", "lifetime"],
-    "large_chunk": ["64KiB", "128MiB"],
+    "large_chunk": ["2MiB", "128MiB"],
     "cache_slack": ["0", "0%", "none", "0.000000001", "5%", "33.3333333%"],
     "host_limit": ["50%", "0.000000001", "64GiB", "none"],
     "debug": ["0", "yes"],
@@ -411,7 +437,8 @@ def test_every_option_prints_what_it_parses_back() -> None:
         defaults = _C.config()
         for key in keys:
             for value in [defaults[key]] + OPTION_SAMPLES[key]:
-                opts = {"chunk": "64KiB"} if key == "limit" else {}  # small limits are refused below a chunk
+                # small limits are refused below a chunk; a device limit needs a tenant group
+                opts = {"chunk": "64KiB"} if key == "limit" else {"tenant": "t"} if key == "device_limit" else {}
                 _C.configure({**opts, key: value})
                 printed = _C.config()
                 _C.configure({**opts, key: printed[key]})
