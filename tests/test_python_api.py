@@ -29,6 +29,30 @@ def test_build_info() -> None:
     assert isinstance(info["zstd"], bool) and "lz4" not in info  # lz4 was linked, and used by nothing
 
 
+def test_public_names_are_all_and_only_all() -> None:
+    # `Any`, `Dict`, `Optional` and `annotations` were exported by accident.
+    public = {n for n in dir(gpupool) if not n.startswith("_")}
+    assert public == set(gpupool.__all__) - {"__version__"}, sorted(public ^ set(gpupool.__all__))
+
+
+@pytest.mark.parametrize("capacity", [1.5, 64.0 * MiB, "64MiB", True, None])
+def test_host_pool_capacity_must_be_an_integer(capacity: object) -> None:
+    # HostPool(1.5) once made a 1-byte pool (int() cut it).
+    with pytest.raises(TypeError, match=r"HostPool capacity must be an integer number of bytes.*got " +
+                       repr(capacity).replace(".", r"\.").replace("(", r"\(")):
+        HostPool(capacity)  # type: ignore[arg-type]
+
+
+def test_host_pool_capacity_takes_integer_types() -> None:
+    class Bytes:
+        def __index__(self) -> int:
+            return 16 * MiB
+
+    assert HostPool(Bytes()).stats()["reserved"] == 0
+    with pytest.raises(ValueError, match="must be > 0 bytes, got 0"):
+        HostPool(0)
+
+
 @pytest.mark.parametrize("env,words", [
     ({"GPUPOOL_CHUNK": "4MiB", "GPUPOOL_LARGE_CHUNK": "2MiB"},
      ["GPUPOOL_LARGE_CHUNK=2MiB is less than GPUPOOL_CHUNK=4MiB", "at least 4MiB"]),
@@ -53,6 +77,18 @@ def test_options_that_were_accepted_silently_are_refused(env: Dict[str, str], wo
         _C.configure(opts)
     _C.configure(None)
     assert all(w in str(e.value) for w in words[1:]), str(e.value)
+
+
+def test_cli_version_is_a_readable_report() -> None:
+    r = subprocess.run([sys.executable, "-m", "gpupool", "version"], capture_output=True, text=True,
+                       env=child_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = dict(line.split(None, 1) if not line.startswith(("built with", "host codec", "NVIDIA driver"))
+                 else (line[:15].strip(), line[15:].strip()) for line in r.stdout.splitlines())
+    assert "{" not in r.stdout, r.stdout  # it printed a raw dict
+    assert lines["gpupool"].startswith(gpupool.__version__), r.stdout
+    for label in ("torch", "NVIDIA driver", "nvCOMP", "Python"):
+        assert any(line.startswith(label) for line in r.stdout.splitlines()), (label, r.stdout)
 
 
 def test_alloc_free_stats() -> None:
