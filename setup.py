@@ -1,5 +1,5 @@
-"""Build gpupool._C: every csrc/*.c, linked with nothing but libc, pthread and
-libdl, plus libzstd / liblz4 when this machine can build against them.
+"""Build gpupool._C: every csrc/*.c, linked with nothing but libc, pthread,
+libdl and librt; libzstd (optional) is loaded at run time with dlopen.
 
 CUDA is loaded at run time with dlopen; the build needs only cuda.h for types,
 found by build_backend/gpupool_build.py (the PEP 517 backend, which gets it
@@ -7,10 +7,7 @@ from PyPI when this machine has none).
 """
 import glob
 import os
-import subprocess
 import sys
-import sysconfig
-import tempfile
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -32,26 +29,12 @@ def cuda_include() -> str:
     return inc
 
 
-def can_link(header: str, lib: str, call: str) -> bool:
-    """True when a program using `header` and -l`lib` compiles and links here."""
-    cc = os.environ.get("CC", sysconfig.get_config_var("CC") or "cc").split()
-    with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "t.c")
-        with open(src, "w") as f:
-            f.write(f"#include <{header}>\nint main(void) {{ return (int)({call}); }}\n")
-        r = subprocess.run(cc + [src, "-o", os.path.join(tmp, "t"), f"-l{lib}"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return r.returncode == 0
-
-
-macros = []
+# libzstd is loaded with dlopen at run time (csrc/codec_host.c declares the
+# part of its API it uses), never linked: the extension needs nothing beyond
+# libc, libpthread, libdl and librt, as the manylinux policy asks, and builds
+# without zstd's headers.  GP_BUILD_NO_ZSTD=1 leaves zstd support out.
+macros = [] if os.environ.get("GP_BUILD_NO_ZSTD") == "1" else [("GP_HAVE_ZSTD", "1")]
 libraries = ["pthread", "dl", "rt"]  # rt: shm_open (in libc itself from glibc 2.34)
-if os.environ.get("GP_BUILD_NO_ZSTD") != "1" and can_link("zstd.h", "zstd", "ZSTD_versionNumber()"):
-    macros.append(("GP_HAVE_ZSTD", "1"))
-    libraries.append("zstd")
-if os.environ.get("GP_BUILD_NO_LZ4") != "1" and can_link("lz4.h", "lz4", "LZ4_versionNumber()"):
-    macros.append(("GP_HAVE_LZ4", "1"))
-    libraries.append("lz4")
 
 class BuildExt(build_ext):
     """cuda.h is looked for when the extension is built, not when setup.py
@@ -68,6 +51,9 @@ class BuildExt(build_ext):
 ext = Extension(
     "gpupool._C",
     sources=sorted(glob.glob("csrc/*.c")),
+    # Every header, so that editing one rebuilds the extension (setuptools
+    # otherwise compares the .c files alone with a built .so and keeps it).
+    depends=sorted(glob.glob("csrc/*.h")),
     include_dirs=["csrc"],
     define_macros=macros + [("_GNU_SOURCE", "1")],
     libraries=libraries,

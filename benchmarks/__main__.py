@@ -39,8 +39,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--fresh", action="store_true",
                    help="start each worker as a fresh interpreter instead of forking it from a zygote "
                         "that has imported torch (slower; the same figures)")
-    p.add_argument("--json", metavar="PATH", default="benchmark-results.json",
-                   help="write every run and the summary here (default: benchmark-results.json)")
+    p.add_argument("--json", metavar="PATH", default=None,
+                   help="also write every run and the summary to PATH as JSON (default: nothing is written)")
     args = p.parse_args(argv)
     args.only = [w for w in args.only.split(",") if w]
     args.modes = [m for m in args.modes.split(",") if m]
@@ -286,14 +286,24 @@ def offload_goals(runs: List[Dict[str, Any]]) -> List[str]:
 def machine() -> Dict[str, Any]:
     """Where the figures come from: GPU, driver, torch (asked of a throwaway process, so that
     this one never creates a CUDA context)."""
-    probe = ("import json, torch; p = torch.cuda.get_device_properties(0); "
+    probe = ("import json, sys\n"
+             "try:\n    import torch\nexcept ImportError:\n"
+             "    sys.exit(print(json.dumps({'error': 'PyTorch is not installed (pip install torch)'})))\n"
+             "if not torch.cuda.is_available():\n"
+             "    sys.exit(print(json.dumps({'error': 'no CUDA device visible to torch ' + repr(torch.__version__)})))\n"
+             "p = torch.cuda.get_device_properties(0)\n"
              "print(json.dumps({'gpu': p.name, 'gpu_memory_gib': round(p.total_memory / 2**30, 1), "
-             "'torch': torch.__version__, 'cuda': torch.version.cuda}))")
+             "'torch': torch.__version__, 'cuda': torch.version.cuda}))\n")
     try:
-        info = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                                         timeout=120, check=True).stdout.strip().splitlines()[-1])
-    except (subprocess.SubprocessError, ValueError, IndexError) as e:
-        info = {"probe_error": str(e)}
+        r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    except subprocess.SubprocessError as e:
+        return {"error": f"the probe of the GPU failed: {e}"}
+    try:
+        info = json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": "the probe of the GPU failed: " + (r.stderr.strip().splitlines() or ["no output"])[-1]}
+    if "error" in info:
+        return info
     info.update({"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                  "python": platform.python_version(), "host": platform.machine()})
     return info
@@ -305,6 +315,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     env = child_env(os.environ, [str(ROOT)])
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # NVML's order: so that both name the same device
     info = machine()
+    if "error" in info:  # one line, before any worker starts and before any file is written
+        print(f"error: python -m benchmarks needs PyTorch and a CUDA GPU: {info['error']}", file=sys.stderr)
+        return 2
     print(f"machine: {json.dumps(info)}", flush=True)
     nvml = nvml_for_workers() if args.nvml_interval > 0 else None
     if nvml and nvml.note:
@@ -349,10 +362,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for r in failed:
         print(f"FAILED {r['workload']} {r['mode']} rep {r['rep'] + 1}: {r['result']['error']}")
     print(f"total {time.perf_counter() - t_start:.0f} s")
-    with open(args.json, "w") as f:
-        json.dump({"machine": info, "args": {k: v for k, v in vars(args).items()}, "runs": runs,
-                   "summary": summaries, "goals": verdicts}, f, indent=2)
-    print(f"wrote {args.json}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": info, "args": {k: v for k, v in vars(args).items()}, "runs": runs,
+                       "summary": summaries, "goals": verdicts}, f, indent=2)
+        print(f"wrote {args.json}")
     return 1 if failed else 0
 
 

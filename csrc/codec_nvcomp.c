@@ -2,7 +2,7 @@
  * codec_nvcomp.c -- the codecs of a CUDA device (codec.h): NVIDIA's nvCOMP 6,
  * batched low-level API, ANS and Bitcomp (lossless), loaded with dlopen.
  *
- * nvCOMP is optional (`pip install "gpupool[nvcomp]"` brings the
+ * nvCOMP is optional (`pip install nvidia-libnvcomp-cu13`, the nvcomp extra, brings the
  * nvidia-libnvcomp-cu13 wheel): nothing links against it, and its license
  * does not let us copy its headers, so the few types and functions used
  * are declared below, from the documentation in those headers (nvCOMP 6.0:
@@ -258,8 +258,8 @@ gp_status gp_nvcomp_load(const char *path)
     if (!ok) {
         snprintf(gp_nv.why, sizeof gp_nv.why,
                  "nvCOMP 6 could not be loaded (GPUPOOL_NVCOMP %s)%s. Install it with pip install "
-                 "\"gpupool[nvcomp]\" (the nvidia-libnvcomp-cu13 wheel) or set GPUPOOL_NVCOMP to the path of "
-                 "libnvcomp.so.6", *key ? "set" : "unset", why);
+                 "nvidia-libnvcomp-cu13 (what gpupool's nvcomp extra installs) or set GPUPOOL_NVCOMP to the "
+                 "path of libnvcomp.so.6", *key ? "set" : "unset", why);
         free(gp_nv.failed_for);
         gp_nv.failed_for = strdup(key);
         st = gp_error_set(GP_ERR_BACKEND, "%s", gp_nv.why);

@@ -355,8 +355,20 @@ static int gp_print_codec(const gp_config *c, char *buf, size_t len)
     return snprintf(buf, len, "%s", c->codec);
 }
 
-/* A path that must exist: a typo is caught at start-up, not at the first
- * offload (codec_nvcomp.c loads it). */
+/* A path that must be nvCOMP: a typo is caught at start-up, not at the
+ * first offload (codec_nvcomp.c loads it).  A file must be a shared library
+ * (an ELF object); a folder must hold libnvcomp.so.6 (what codec_nvcomp.c
+ * loads from a folder). */
+static int gp_is_elf(const char *path)
+{
+    unsigned char magic[4] = {0};
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    size_t k = fread(magic, 1, sizeof magic, f);
+    fclose(f);
+    return k == 4 && magic[0] == 0x7f && magic[1] == 'E' && magic[2] == 'L' && magic[3] == 'F';
+}
+
 static int gp_parse_nvcomp(gp_config *c, const char *v, char *why, size_t n)
 {
     size_t k = strlen(v);
@@ -364,6 +376,16 @@ static int gp_parse_nvcomp(gp_config *c, const char *v, char *why, size_t n)
     if (gp_ieq(v, "none")) return c->nvcomp[0] = '\0', 0;
     if (k >= sizeof c->nvcomp) return snprintf(why, n, "it has %zu characters, at most %zu", k, sizeof c->nvcomp - 1), -1;
     if (stat(v, &sb) != 0) return snprintf(why, n, "%s", strerror(errno)), -1;
+    if (S_ISDIR(sb.st_mode)) {
+        char lib[GP_PATH_MAX + 32];
+        snprintf(lib, sizeof lib, "%s/libnvcomp.so.6", v);
+        if (stat(lib, &sb) != 0 || !S_ISREG(sb.st_mode))
+            return snprintf(why, n, "the folder holds no libnvcomp.so.6"), -1;
+    } else if (!S_ISREG(sb.st_mode)) {
+        return snprintf(why, n, "it is neither a file nor a folder"), -1;
+    } else if (!gp_is_elf(v)) {
+        return snprintf(why, n, "it is not a shared library (no ELF header)"), -1;
+    }
     memcpy(c->nvcomp, v, k + 1);
     return 0;
 }
@@ -473,9 +495,13 @@ static int gp_print_small(const gp_config *c, char *buf, size_t len)
     return gp_size_print(c->small_size, buf, len);
 }
 
+/* Given, it must be at least GPUPOOL_CHUNK (gp_config_validate); the
+ * default is raised to the chunk silently. */
 static int gp_parse_large_chunk(gp_config *c, const char *v, char *why, size_t n)
 {
-    return gp_abs_parse(&c->large_chunk, v, 64 * KiB, GiB, 1, why, n);
+    if (gp_abs_parse(&c->large_chunk, v, 64 * KiB, GiB, 1, why, n) != 0) return -1;
+    c->large_chunk_given = 1;
+    return 0;
 }
 
 static int gp_print_large_chunk(const gp_config *c, char *buf, size_t len)
@@ -530,9 +556,19 @@ static int gp_print_placement(const gp_config *c, char *buf, size_t len)
     return snprintf(buf, len, "%s", gp_placement_names[c->placement == GP_PLACE_LIFETIME]);
 }
 
+/* The smallest host limit: one pinned slab (offload_impl.h's GP_HOST_SLAB,
+ * 32 MiB), below which nothing could ever be offloaded. */
+#define GP_HOST_LIMIT_MIN (32 * MiB)
+
 static int gp_parse_host_limit(gp_config *c, const char *v, char *why, size_t n)
 {
-    return gp_spec_parse(&c->host_limit, v, why, n);
+    gp_size_spec s;
+    if (gp_spec_parse(&s, v, why, n) != 0) return -1;
+    if (s.bytes && s.bytes < GP_HOST_LIMIT_MIN)
+        return snprintf(why, n, "it is less than 32MiB, the pinned slab offload allocates: nothing could be "
+                                "offloaded; give at least 32MiB, or none"), -1;
+    c->host_limit = s;
+    return 0;
 }
 
 static int gp_print_host_limit(const gp_config *c, char *buf, size_t len)
@@ -551,12 +587,15 @@ static int gp_print_device_limit(const gp_config *c, char *buf, size_t len)
 }
 
 /* A duration: digits with an optional fraction, then ms, s (the default
- * unit) or min; at most a day, in milliseconds. */
+ * unit) or min; at most a day, in milliseconds.  The value must be a whole
+ * number of milliseconds: 1.5ms or 0.0001s are refused rather than rounded
+ * (a non-zero duration once rounded to 0, which means "do not wait"). */
 static int gp_duration_scan(const char *v, uint64_t *out, char *why, size_t n)
 {
     static const struct { const char *name; uint64_t ms; } units[] = {{"", 1000}, {"s", 1000},
                                                                       {"ms", 1}, {"min", 60000}};
     uint64_t whole = 0, num = 0, den = 1;
+    int fine = 0; /* a non-zero digit past the 6th after the point */
     const char *s = v;
     if (!gp_digit(*s)) return snprintf(why, n, "it must start with a digit"), -1;
     for (; gp_digit(*s); s++) {
@@ -565,11 +604,16 @@ static int gp_duration_scan(const char *v, uint64_t *out, char *why, size_t n)
     }
     if (*s == '.') {
         if (!gp_digit(*++s)) return snprintf(why, n, "a digit must follow the point"), -1;
-        for (int k = 0; gp_digit(*s); s++, k++)
+        for (int k = 0; gp_digit(*s); s++, k++) {
             if (k < 6) num = num * 10 + (uint64_t)(*s - '0'), den *= 10;
+            else fine |= *s != '0';
+        }
     }
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
         if (!gp_ieq(s, units[i].name)) continue;
+        /* 6 digits of a fraction of a minute at most: whole ms need fewer. */
+        if (fine || num * units[i].ms % den)
+            return snprintf(why, n, "it is not a whole number of milliseconds (the precision is 1ms)"), -1;
         uint64_t ms = whole * units[i].ms + num * units[i].ms / den;
         if (ms > 86400000) return snprintf(why, n, "it is longer than a day"), -1;
         *out = ms;
@@ -642,7 +686,7 @@ static int gp_print_share(const gp_config *c, char *buf, size_t len)
       "without nvCOMP) and zstd on byte planes on the host backend",                      \
       gp_parse_codec, gp_print_codec)                                                     \
     X("GPUPOOL_NVCOMP", "nvcomp", "none",                                                 \
-      "the path of an existing libnvcomp.so.6 or of its folder; none to search",          \
+      "the path of libnvcomp.so.6 (a shared library) or of a folder holding it; none to search",          \
       "where to load nvCOMP 6 from; unset: the nvidia-libnvcomp-cu13 wheel, then the "    \
       "system's libnvcomp.so.6", gp_parse_nvcomp, gp_print_nvcomp)                        \
     X("GPUPOOL_OFFLOAD_THREADS", "offload_threads", "8", "an integer 1..64",              \
@@ -674,7 +718,7 @@ static int gp_print_share(const gp_config *c, char *buf, size_t len)
       "a region of their own, apart from short-lived churn (expandable mode); none: one " \
       "region for all", gp_parse_placement, gp_print_placement)                          \
     X("GPUPOOL_LARGE_CHUNK", "large_chunk", "64MiB",                                      \
-      "a power of two between 64KiB and 1GiB",                                            \
+      "a power of two between 64KiB and 1GiB, at least GPUPOOL_CHUNK",                    \
       "mapping unit of the large-block arena (at least GPUPOOL_CHUNK, at most 1/32 of "   \
       "the device): a large unit makes growing cheap, a driver call per unit",            \
       gp_parse_large_chunk, gp_print_large_chunk)                                         \
@@ -684,7 +728,8 @@ static int gp_print_share(const gp_config *c, char *buf, size_t len)
       "grow: beyond it, cached chunks are given back (one device sync) before new ones "  \
       "are mapped; none keeps every cached chunk",                                        \
       gp_parse_slack, gp_print_slack)                                                     \
-    X("GPUPOOL_HOST_LIMIT", "host_limit", "50%", GP_SIZE_TEXT "; none or 0 for no limit", \
+    X("GPUPOOL_HOST_LIMIT", "host_limit", "50%",                                          \
+      GP_SIZE_TEXT ", at least 32MiB; none or 0 for no limit",                             \
       "cap on the pinned host memory that offloaded memory may take; a percentage or "    \
       "fraction is of the host's physical memory", gp_parse_host_limit,                  \
       gp_print_host_limit)                                                                \
@@ -692,16 +737,17 @@ static int gp_print_share(const gp_config *c, char *buf, size_t len)
       "check the pool's integrity every " GP_XSTR(GP_DEBUG_EVERY) " allocations and frees " \
       "(slow); abort with the violation on stderr if it is corrupt",                      \
       gp_parse_debug, gp_print_debug)                                                     \
-    X("GPUPOOL_DEVICE_LIMIT", "device_limit", "none", GP_SIZE_TEXT "; none or 0 for the device", \
+    X("GPUPOOL_DEVICE_LIMIT", "device_limit", "none",                                     \
+      GP_SIZE_TEXT ", at least GPUPOOL_CHUNK; none or 0 for the device",                   \
       "with GPUPOOL_TENANT: the memory the whole group may map on the device, enforced "  \
       "across its processes (e.g. 24GiB: the group sees a 24 GB card)",                   \
       gp_parse_device_limit, gp_print_device_limit)                                       \
     X("GPUPOOL_RECLAIM_TIMEOUT", "reclaim_timeout", "30s",                                \
-      "a duration such as 30, 2.5s, 500ms or 2min (at most a day); 0: do not wait",       \
+      "a duration such as 30, 2.5s, 500ms or 2min, in whole milliseconds, at most a day; 0: do not wait",       \
       "with GPUPOOL_TENANT: how long an allocation waits for other tenants to give "      \
       "memory back before it fails", gp_parse_timeout, gp_print_timeout)                  \
     X("GPUPOOL_TENANT_TURN", "tenant_turn", "1s",                                        \
-      "a duration such as 1s, 250ms or 2min (at most a day); 0: a turn of one step",     \
+      "a duration such as 1s, 250ms or 2min, in whole milliseconds, at most a day; 0: a turn of one step",     \
       "with GPUPOOL_TENANT and yield points: how long a tenant keeps its memory across "  \
       "its steps while one of its own priority waits (each handover unmaps and maps the " \
       "step's memory); a higher priority never waits for it", gp_parse_turn, gp_print_turn) \
@@ -833,6 +879,29 @@ gp_status gp_config_from_env(gp_config *cfg)
 gp_status gp_config_validate(const gp_config *cfg, uint64_t device_total)
 {
     if (!cfg) return gp_error_set(GP_ERR_INVALID, "gp_config_validate: cfg is NULL");
+    char given[64], chunk[32];
+    gp_size_print(cfg->chunk, chunk, sizeof chunk);
+    if (cfg->large_chunk_given && cfg->large_chunk < cfg->chunk) {
+        gp_size_print(cfg->large_chunk, given, sizeof given);
+        return gp_error_set(GP_ERR_INVALID,
+                            "GPUPOOL_LARGE_CHUNK=%s is less than GPUPOOL_CHUNK=%s: the large-block arena maps "
+                            "whole chunks; give at least %s, or unset GPUPOOL_LARGE_CHUNK", given, chunk, chunk);
+    }
+    gp_size_spec d = cfg->device_limit;
+    if (d.bytes || d.fraction > 0) {
+        gp_spec_print(d, given, sizeof given);
+        if (!cfg->tenant[0])
+            return gp_error_set(GP_ERR_INVALID,
+                                "GPUPOOL_DEVICE_LIMIT=%s is set without GPUPOOL_TENANT: it is the memory a tenant "
+                                "group shares, and there is no group; set GPUPOOL_TENANT to the group's name, or "
+                                "use GPUPOOL_LIMIT to cap this process alone", given);
+        uint64_t bytes = d.bytes || device_total ? gp_size_resolve(d, device_total) : cfg->chunk;
+        if (bytes < cfg->chunk)
+            return gp_error_set(GP_ERR_INVALID,
+                                "GPUPOOL_DEVICE_LIMIT=%s is %llu bytes, less than one chunk (GPUPOOL_CHUNK=%s): "
+                                "the group could map nothing; give at least %s, or none for the device", given,
+                                (unsigned long long)bytes, chunk, chunk);
+    }
     gp_size_spec l = cfg->limit;
     if (!l.bytes && !(l.fraction > 0)) return GP_OK; /* no limit */
     if (!l.bytes && !device_total) return GP_OK;     /* a fraction of a device not known yet */
@@ -840,9 +909,8 @@ gp_status gp_config_validate(const gp_config *cfg, uint64_t device_total)
     if (bytes >= cfg->chunk) return GP_OK;
     /* Below one chunk nothing can be mapped, so every allocation would fail
      * (and a fraction that resolves to 0 would mean no limit at all). */
-    char given[64], chunk[32], dev[40] = "";
+    char dev[40] = "";
     gp_spec_print(l, given, sizeof given);
-    gp_size_print(cfg->chunk, chunk, sizeof chunk);
     if (!l.bytes) {
         char total[32];
         gp_size_print(device_total, total, sizeof total);

@@ -135,6 +135,8 @@ typedef struct gp_config {
                                 memory across steps before an equal priority */
     double tenant_share;     /* GPUPOOL_TENANT_SHARE the compute share of the
                                 tenants below a busy higher priority (0, 1] */
+    int large_chunk_given;   /* GPUPOOL_LARGE_CHUNK was set: it must be at
+                                least the chunk (the default is raised to it) */
 } gp_config;
 
 /* Lifetime-aware placement: with GP_PLACE_LIFETIME, blocks of long-lived
@@ -158,8 +160,10 @@ gp_status gp_config_from_env(gp_config *cfg);
  * (GPUPOOL_CHUNK), absolute or a fraction that resolves to less on a device
  * of `device_total` bytes (0: not known yet, fractions are not checked), is
  * refused -- nothing could be mapped under it (and a fraction that resolved
- * to 0 would mean no limit).  GP_ERR_INVALID with a message naming the
- * options and the smallest value accepted. */
+ * to 0 would mean no limit); the same for GPUPOOL_DEVICE_LIMIT, which
+ * needs GPUPOOL_TENANT too; and a GPUPOOL_LARGE_CHUNK given below the
+ * chunk.  GP_ERR_INVALID with a message naming the options and what is
+ * accepted. */
 gp_status gp_config_validate(const gp_config *cfg, uint64_t device_total);
 
 /* The option table, for `python -m gpupool config` and documentation. */

@@ -211,22 +211,16 @@ static PyObject *m_free_errors(PyObject *self, PyObject *noargs)
     return PyLong_FromUnsignedLongLong(gp_registry_free_errors());
 }
 
+/* zstd: the host codec's libzstd, built in and loadable here (it is
+ * loaded with dlopen, not linked: codec_host.c). */
+int gp_codec_host_available(void);
+
 static PyObject *m_build_info(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-#ifdef GP_HAVE_ZSTD
-    int zstd = 1;
-#else
-    int zstd = 0;
-#endif
-#ifdef GP_HAVE_LZ4
-    int lz4 = 1;
-#else
-    int lz4 = 0;
-#endif
-    return Py_BuildValue("{s:s,s:O,s:O,s:s}", "version", GP_VERSION, "zstd", zstd ? Py_True : Py_False,
-                         "lz4", lz4 ? Py_True : Py_False, "compiler", __VERSION__);
+    return Py_BuildValue("{s:s,s:O,s:s}", "version", GP_VERSION, "zstd", gp_codec_host_available() ? Py_True : Py_False,
+                         "compiler", __VERSION__);
 }
 
 static PyObject *m_torch_throw_missing(PyObject *self, PyObject *noargs)

@@ -289,10 +289,28 @@ def run_jobs(args: argparse.Namespace, jobs: List[Dict[str, str]], group: str, t
     return {"t0": t0, "wall": wall, "jobs": results, "log": log, "timeline": timeline}
 
 
+def gpu_or_exit() -> None:
+    """The jobs need PyTorch and a CUDA GPU: say so in one line before any
+    starts (without a GPU, eight children failed and the table was nan)."""
+    why = None
+    try:
+        import torch
+    except ImportError:
+        why = "it needs PyTorch and a CUDA GPU (pip install torch)"
+    else:
+        if not torch.cuda.is_available():
+            why = "no CUDA device visible to torch"
+    if why:
+        print(f"error: multi_tenant.py: {why}; it has no CPU mode (its jobs share one GPU's memory through "
+              "gpupool): run it on a machine with an NVIDIA GPU", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker(args)
+    gpu_or_exit()
     jobs = []
     for i, spec in enumerate(args.jobs):
         kind, _, prio = spec.partition(":")

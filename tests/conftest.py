@@ -14,10 +14,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def child_env(extra: dict | None = None) -> dict:
-    """The environment for a child Python: this checkout first on its path, so
-    the gpupool under test is the one imported, installed or not."""
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    """The environment for a child Python: the gpupool under test is the one
+    this interpreter imports (installed, editable or not: the package lives
+    in src/, so no folder of the checkout can shadow it); the checkout comes
+    last on the path, for `benchmarks` and `examples` alone."""
+    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), str(ROOT)) if p)
     return dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1", **(extra or {}))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    try:
+        import gpupool
+    except ImportError as e:
+        return f"gpupool: not importable ({e}); install it first: pip install -e . (or pip install .)"
+    return f"gpupool under test: {os.path.dirname(gpupool.__file__)}"
 
 
 def _has_cuda() -> bool:

@@ -98,7 +98,7 @@ except RuntimeError as e:
     r = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert f"ERR nvCOMP 6 could not be loaded (GPUPOOL_NVCOMP set); {tmp_path}: no libnvcomp.so.6" in r.stdout
-    assert 'pip install "gpupool[nvcomp]"' in r.stdout
+    assert "pip install nvidia-libnvcomp-cu13" in r.stdout
 
 
 @pycodec

@@ -26,7 +26,69 @@ def test_import_needs_no_torch() -> None:
 def test_build_info() -> None:
     info = gpupool.build_info()
     assert info["version"] == gpupool.__version__
-    assert isinstance(info["zstd"], bool) and isinstance(info["lz4"], bool)
+    assert isinstance(info["zstd"], bool) and "lz4" not in info  # lz4 was linked, and used by nothing
+
+
+def test_public_names_are_all_and_only_all() -> None:
+    # `Any`, `Dict`, `Optional` and `annotations` were exported by accident.
+    public = {n for n in dir(gpupool) if not n.startswith("_")}
+    assert public == set(gpupool.__all__) - {"__version__"}, sorted(public ^ set(gpupool.__all__))
+
+
+@pytest.mark.parametrize("capacity", [1.5, 64.0 * MiB, "64MiB", True, None])
+def test_host_pool_capacity_must_be_an_integer(capacity: object) -> None:
+    # HostPool(1.5) once made a 1-byte pool (int() cut it).
+    with pytest.raises(TypeError, match=r"HostPool capacity must be an integer number of bytes.*got " +
+                       repr(capacity).replace(".", r"\.").replace("(", r"\(")):
+        HostPool(capacity)  # type: ignore[arg-type]
+
+
+def test_host_pool_capacity_takes_integer_types() -> None:
+    class Bytes:
+        def __index__(self) -> int:
+            return 16 * MiB
+
+    assert HostPool(Bytes()).stats()["reserved"] == 0
+    with pytest.raises(ValueError, match="must be > 0 bytes, got 0"):
+        HostPool(0)
+
+
+@pytest.mark.parametrize("env,words", [
+    ({"GPUPOOL_CHUNK": "4MiB", "GPUPOOL_LARGE_CHUNK": "2MiB"},
+     ["GPUPOOL_LARGE_CHUNK=2MiB is less than GPUPOOL_CHUNK=4MiB", "at least 4MiB"]),
+    ({"GPUPOOL_DEVICE_LIMIT": "24GiB"}, ["GPUPOOL_DEVICE_LIMIT=24GiB is set without GPUPOOL_TENANT"]),
+    ({"GPUPOOL_TENANT": "lab", "GPUPOOL_DEVICE_LIMIT": "2"}, ["GPUPOOL_DEVICE_LIMIT=2 is 2 bytes", "at least 2MiB"]),
+    ({"GPUPOOL_HOST_LIMIT": "2"}, ["GPUPOOL_HOST_LIMIT='2' is not valid", "at least 32MiB"]),
+    ({"GPUPOOL_RECLAIM_TIMEOUT": "1.5ms"}, ["GPUPOOL_RECLAIM_TIMEOUT='1.5ms'", "whole number of milliseconds"]),
+    ({"GPUPOOL_RECLAIM_TIMEOUT": "0.000000001"}, ["whole number of milliseconds"]),
+    ({"GPUPOOL_TENANT_TURN": "0.0001s"}, ["GPUPOOL_TENANT_TURN='0.0001s'", "whole number of milliseconds"]),
+    ({"GPUPOOL_NVCOMP": "/etc/passwd"}, ["GPUPOOL_NVCOMP='/etc/passwd'", "not a shared library"]),
+    ({"GPUPOOL_NVCOMP": "."}, ["GPUPOOL_NVCOMP='.'", "holds no libnvcomp.so.6"]),
+])
+def test_options_that_were_accepted_silently_are_refused(env: Dict[str, str], words: List[str]) -> None:
+    # As variables (what `python -m gpupool config` and enable() read) ...
+    r = subprocess.run([sys.executable, "-m", "gpupool", "config"], capture_output=True, text=True,
+                       env=child_env(env))
+    assert r.returncode == 2 and all(w in r.stderr for w in words), r.stderr
+    assert "Traceback" not in r.stderr
+    # ... and as keywords.
+    opts = {k[len("GPUPOOL_"):].lower(): v for k, v in env.items()}
+    with pytest.raises(ValueError) as e:
+        _C.configure(opts)
+    _C.configure(None)
+    assert all(w in str(e.value) for w in words[1:]), str(e.value)
+
+
+def test_cli_version_is_a_readable_report() -> None:
+    r = subprocess.run([sys.executable, "-m", "gpupool", "version"], capture_output=True, text=True,
+                       env=child_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = dict(line.split(None, 1) if not line.startswith(("built with", "host codec", "NVIDIA driver"))
+                 else (line[:15].strip(), line[15:].strip()) for line in r.stdout.splitlines())
+    assert "{" not in r.stdout, r.stdout  # it printed a raw dict
+    assert lines["gpupool"].startswith(gpupool.__version__), r.stdout
+    for label in ("torch", "NVIDIA driver", "nvCOMP", "Python"):
+        assert any(line.startswith(label) for line in r.stdout.splitlines()), (label, r.stdout)
 
 
 def test_alloc_free_stats() -> None:
@@ -381,7 +443,7 @@ OPTION_SAMPLES = {
     "limit": ["3GiB", "0.5", "0.000000001", "37.5%", "none", "123456789"],
     "priority": ["low", "critical", "200"],
     "codec": ["raw", "auto", "zstd", "ans", "bitcomp"],
-    "nvcomp": ["none", "/"],
+    "nvcomp": ["none"],
     "offload_threads": ["1", "64"],
     "tenant": ["none", "team-a.b_1"],
     "log": ["off", "oom", "all"],
@@ -390,7 +452,7 @@ OPTION_SAMPLES = {
     "small_size": ["4KiB", "5000"],
     "torch_patch": ["0", "on"],
     "placement": ["none", "lifetime"],
-    "large_chunk": ["64KiB", "128MiB"],
+    "large_chunk": ["2MiB", "128MiB"],
     "cache_slack": ["0", "0%", "none", "0.000000001", "5%", "33.3333333%"],
     "host_limit": ["50%", "0.000000001", "64GiB", "none"],
     "debug": ["0", "yes"],
@@ -411,7 +473,8 @@ def test_every_option_prints_what_it_parses_back() -> None:
         defaults = _C.config()
         for key in keys:
             for value in [defaults[key]] + OPTION_SAMPLES[key]:
-                opts = {"chunk": "64KiB"} if key == "limit" else {}  # small limits are refused below a chunk
+                # small limits are refused below a chunk; a device limit needs a tenant group
+                opts = {"chunk": "64KiB"} if key == "limit" else {"tenant": "t"} if key == "device_limit" else {}
                 _C.configure({**opts, key: value})
                 printed = _C.config()
                 _C.configure({**opts, key: printed[key]})

@@ -398,7 +398,7 @@ def test_plot_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
-    with pytest.raises(ImportError, match=r"gpupool\[plot\]"):
+    with pytest.raises(ImportError, match=r"needs matplotlib: pip install matplotlib"):
         gpupool.plot(str(tmp_path / "x.png"), source=_plotted_pool())
 
 

@@ -467,7 +467,7 @@ static void test_nvcomp_absent(void)
 {
     CHECK(gp_nvcomp_load("/nonexistent/libnvcomp.so.6") == GP_ERR_BACKEND);
     const char *e = gp_last_error();
-    CHECK(strstr(e, "/nonexistent/libnvcomp.so.6") && strstr(e, "pip install \"gpupool[nvcomp]\"") &&
+    CHECK(strstr(e, "/nonexistent/libnvcomp.so.6") && strstr(e, "pip install nvidia-libnvcomp-cu13") &&
           strstr(e, "GPUPOOL_NVCOMP set"));
     /* Remembered: the same answer at once. */
     CHECK(gp_nvcomp_load("/nonexistent/libnvcomp.so.6") == GP_ERR_BACKEND && strstr(gp_last_error(), "/nonexistent"));

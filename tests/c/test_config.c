@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "codec.h"
 #include "error.h"
@@ -37,6 +38,36 @@ static int cfg_eq(const gp_config *a, const gp_config *b)
 }
 
 static int has(const char *needle) { return strstr(gp_last_error(), needle) != NULL; }
+
+/* A folder holding a stand-in libnvcomp.so.6 (an ELF header, nothing more),
+ * and a file that is not a library: what GPUPOOL_NVCOMP is checked against. */
+static char nv_dir[64], nv_lib[96], nv_text[96];
+
+static void write_file(const char *path, const char *bytes, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    if (!f) return;
+    CHECK(fwrite(bytes, 1, n, f) == n);
+    fclose(f);
+}
+
+static void make_nvcomp(void)
+{
+    snprintf(nv_dir, sizeof nv_dir, "/tmp/gp_test_config_XXXXXX");
+    CHECK(mkdtemp(nv_dir) != NULL);
+    snprintf(nv_lib, sizeof nv_lib, "%s/libnvcomp.so.6", nv_dir);
+    snprintf(nv_text, sizeof nv_text, "%s/notes.txt", nv_dir);
+    write_file(nv_lib, "\x7f" "ELF\2\1\1", 7);
+    write_file(nv_text, "root:x:0:0\n", 11);
+}
+
+static void remove_nvcomp(void)
+{
+    unlink(nv_lib);
+    unlink(nv_text);
+    rmdir(nv_dir);
+}
 
 /* Set `name` to `value` on a default config; 1 when accepted. */
 static int set_ok(gp_config *cfg, const char *name, const char *value)
@@ -352,10 +383,16 @@ static void test_options(void)
     CHECK(strstr(gp_last_error(), "is not known") == NULL); /* the codec's own words do not leak in */
     CHECK(set_bad("codec", "none"));
     CHECK(set_bad("codec", "ans "));
-    /* nvcomp: a path that exists and fits */
-    CHECK(set_ok(&c, "nvcomp", "/tmp") && strcmp(c.nvcomp, "/tmp") == 0);
+    /* nvcomp: a shared library, or a folder holding libnvcomp.so.6; it fits */
+    CHECK(set_ok(&c, "nvcomp", nv_dir) && strcmp(c.nvcomp, nv_dir) == 0);
+    CHECK(set_ok(&c, "nvcomp", nv_lib) && strcmp(c.nvcomp, nv_lib) == 0);
     CHECK(set_ok(&c, "nvcomp", "none") && c.nvcomp[0] == '\0');
     CHECK(set_bad("nvcomp", "/nonexistent/libnvcomp.so.6") && has("No such file"));
+    /* Any existing path was accepted: /etc/passwd, ".", a folder without it. */
+    CHECK(set_bad("nvcomp", nv_text) && has("not a shared library") && has("libnvcomp.so.6 (a shared library)"));
+    CHECK(set_bad("nvcomp", ".") && has("the folder holds no libnvcomp.so.6"));
+    CHECK(set_bad("nvcomp", "/") && has("the folder holds no libnvcomp.so.6"));
+    CHECK(set_bad("nvcomp", "/dev/null") && has("neither a file nor a folder"));
     char long_path[GP_PATH_MAX + 1];
     memset(long_path, 'x', GP_PATH_MAX);
     long_path[GP_PATH_MAX] = '\0';
@@ -440,6 +477,9 @@ static void test_options(void)
     CHECK(set_bad("large_chunk", "48MiB") && has("power of two"));
     CHECK(set_bad("large_chunk", "2GiB"));
     CHECK(set_bad("large_chunk", "5%"));
+    CHECK(set_ok(&c, "large_chunk", "64MiB") && c.large_chunk_given);
+    gp_config_default(&c);
+    CHECK(!c.large_chunk_given);
     /* cache_slack: a fraction of allocated bytes, 0 or none; never bytes */
     CHECK(set_ok(&c, "cache_slack", "10%") && c.cache_slack == 0.1);
     CHECK(set_ok(&c, "cache_slack", "0.25") && c.cache_slack == 0.25);
@@ -455,6 +495,13 @@ static void test_options(void)
     CHECK(set_ok(&c, "device_limit", "none") && c.device_limit.bytes == 0 && c.device_limit.fraction == 0);
     CHECK(set_bad("device_limit", "lots"));
     CHECK(set_bad("device_limit", "-1GiB"));
+    /* host_limit: a size, at least one 32 MiB pinned slab (2 bytes was taken) */
+    CHECK(set_ok(&c, "host_limit", "32MiB") && c.host_limit.bytes == 32 * MiB);
+    CHECK(set_ok(&c, "host_limit", "25%") && c.host_limit.fraction == 0.25);
+    CHECK(set_ok(&c, "host_limit", "0") && c.host_limit.bytes == 0 && c.host_limit.fraction == 0);
+    CHECK(set_bad("host_limit", "2") && has("less than 32MiB") && has("at least 32MiB"));
+    CHECK(set_bad("host_limit", "32MiB1"));
+    CHECK(set_bad("host_limit", "33554431") && has("at least 32MiB"));
     /* reclaim_timeout: a duration in ms, s (the default) or min, up to a day */
     CHECK(set_ok(&c, "reclaim_timeout", "30") && c.reclaim_timeout_ms == 30000);
     CHECK(set_ok(&c, "reclaim_timeout", "2.5s") && c.reclaim_timeout_ms == 2500);
@@ -469,6 +516,20 @@ static void test_options(void)
     CHECK(set_bad("reclaim_timeout", "1."));
     CHECK(set_bad("reclaim_timeout", "1 s"));
     CHECK(set_bad("reclaim_timeout", "forever"));
+    /* Finer than a millisecond is refused, never rounded: 1.5ms was 1 ms and
+     * 0.000000001 was 0, "do not wait". */
+    CHECK(set_bad("reclaim_timeout", "1.5ms") && has("whole number of milliseconds"));
+    CHECK(set_bad("reclaim_timeout", "0.000000001") && has("whole number of milliseconds"));
+    CHECK(set_bad("reclaim_timeout", "0.0005s") && has("whole number of milliseconds"));
+    CHECK(set_bad("reclaim_timeout", "0.00001min") && has("whole number of milliseconds"));
+    CHECK(set_bad("reclaim_timeout", "1.0000001") && has("whole number of milliseconds"));
+    CHECK(set_bad("tenant_turn", "0.5ms") && has("whole number of milliseconds"));
+    CHECK(set_bad("tenant_turn", "0.0000000001s") && has("whole number of milliseconds"));
+    CHECK(set_ok(&c, "reclaim_timeout", "0.001") && c.reclaim_timeout_ms == 1);
+    CHECK(set_ok(&c, "reclaim_timeout", "1.000000000s") && c.reclaim_timeout_ms == 1000);
+    CHECK(set_ok(&c, "reclaim_timeout", "0.0001min") && c.reclaim_timeout_ms == 6);
+    CHECK(set_ok(&c, "reclaim_timeout", "0.0ms") && c.reclaim_timeout_ms == 0);
+    CHECK(set_ok(&c, "tenant_turn", "1.5s") && c.tenant_turn_ms == 1500);
     gp_config_default(&c);
     char buf[32];
     CHECK(gp_config_set(&c, "reclaim_timeout", "1.5s") == GP_OK && gp_config_get(&c, "reclaim_timeout", buf,
@@ -545,7 +606,7 @@ static void test_get(void)
     gp_config a, b;
     gp_config_default(&a);
     const char *set[][2] = {{"mode", "reserve"},     {"reserve", "0.9"},     {"limit", "20GB"},
-                            {"priority", "42"},      {"codec", "BITCOMP"}, {"nvcomp", "/"}, {"offload_threads", "9"},
+                            {"priority", "42"},      {"codec", "BITCOMP"}, {"nvcomp", nv_dir}, {"offload_threads", "9"},
                             {"tenant", "x.y-z"},     {"log", "all"},         {"trace", "on"},
                             {"chunk", "128KiB"},     {"small_size", "12345"}, {"torch_patch", "off"},
                             {"debug", "yes"}, {"device_limit", "24GiB"}, {"reclaim_timeout", "250ms"},
@@ -575,7 +636,7 @@ static void test_env(void)
     setenv("GPUPOOL_LIMIT", "30GiB", 1);
     setenv("GPUPOOL_PRIORITY", "high", 1);
     setenv("GPUPOOL_CODEC", "zstd", 1);
-    setenv("GPUPOOL_NVCOMP", "/tmp", 1);
+    setenv("GPUPOOL_NVCOMP", nv_dir, 1);
     setenv("GPUPOOL_OFFLOAD_THREADS", "2", 1);
     setenv("GPUPOOL_TENANT", "jobs", 1);
     setenv("GPUPOOL_LOG", "off", 1);
@@ -588,7 +649,7 @@ static void test_env(void)
     CHECK(gp_config_from_env(&c) == GP_OK);
     CHECK(c.mode == GP_MODE_RESERVE && c.reserve.fraction == 0.7 && c.limit.bytes == 30 * GiB);
     CHECK(c.priority == GP_PRIO_HIGH && strcmp(c.codec, "zstd") == 0 && c.offload_threads == 2);
-    CHECK(strcmp(c.nvcomp, "/tmp") == 0);
+    CHECK(strcmp(c.nvcomp, nv_dir) == 0);
     CHECK(strcmp(c.tenant, "jobs") == 0 && c.log == GP_LOG_OFF && c.trace == 1);
     CHECK(c.chunk == 4 * MiB && c.small_size == 512 * KiB && c.torch_patch == 0);
     unsetenv("GPUPOOLX");
@@ -624,9 +685,52 @@ static void test_env(void)
     CHECK(gp_config_from_env(NULL) == GP_ERR_INVALID);
 }
 
+/* What single options cannot check: gp_config_validate. */
+static int valid(const char *const (*set)[2], size_t n, uint64_t device_total)
+{
+    gp_config c;
+    gp_config_default(&c);
+    for (size_t i = 0; i < n; i++) CHECK(gp_config_set(&c, set[i][0], set[i][1]) == GP_OK);
+    gp_error_clear();
+    return gp_config_validate(&c, device_total) == GP_OK;
+}
+
+#define VALID(total, ...) valid((const char *const[][2]){__VA_ARGS__}, \
+                                sizeof((const char *const[][2]){__VA_ARGS__}) / sizeof(const char *const[2]), total)
+
+static void test_validate(void)
+{
+    CHECK(VALID(0, {"trace", "0"}));
+    /* A limit below a chunk (as before). */
+    CHECK(!VALID(0, {"limit", "1MiB"}) && has("GPUPOOL_LIMIT=1MiB") && has("at least 2MiB"));
+    CHECK(VALID(0, {"limit", "2MiB"}));
+    /* The large chunk, given, is at least the chunk; the default is raised
+     * to a larger chunk silently, as before. */
+    CHECK(!VALID(0, {"chunk", "4MiB"}, {"large_chunk", "2MiB"}) && has("GPUPOOL_LARGE_CHUNK=2MiB") &&
+          has("less than GPUPOOL_CHUNK=4MiB") && has("at least 4MiB"));
+    CHECK(!VALID(0, {"large_chunk", "1MiB"}) && has("GPUPOOL_LARGE_CHUNK=1MiB"));
+    CHECK(VALID(0, {"chunk", "4MiB"}, {"large_chunk", "4MiB"}));
+    CHECK(VALID(0, {"chunk", "128MiB"}));
+    /* The device limit needs a tenant group, and at least a chunk. */
+    CHECK(!VALID(0, {"device_limit", "24GiB"}) && has("GPUPOOL_DEVICE_LIMIT=24GiB") &&
+          has("without GPUPOOL_TENANT") && has("GPUPOOL_LIMIT"));
+    CHECK(!VALID(0, {"device_limit", "50%"}) && has("without GPUPOOL_TENANT"));
+    CHECK(VALID(0, {"tenant", "lab"}, {"device_limit", "24GiB"}));
+    CHECK(VALID(0, {"tenant", "lab"}, {"device_limit", "none"}));
+    CHECK(VALID(0, {"device_limit", "none"}));
+    CHECK(!VALID(0, {"tenant", "lab"}, {"device_limit", "2"}) && has("GPUPOOL_DEVICE_LIMIT=2 is 2 bytes") &&
+          has("at least 2MiB"));
+    CHECK(!VALID(0, {"tenant", "lab"}, {"chunk", "4MiB"}, {"device_limit", "3MiB"}) && has("at least 4MiB"));
+    CHECK(VALID(0, {"tenant", "lab"}, {"device_limit", "0.000001"})); /* device not known yet */
+    CHECK(!VALID(GiB, {"tenant", "lab"}, {"device_limit", "0.000001"}) && has("less than one chunk"));
+    CHECK(VALID(GiB, {"tenant", "lab"}, {"device_limit", "1%"}));
+}
+
 int main(void)
 {
     clear_env();
+    make_nvcomp();
+    test_validate();
     test_table();
     test_defaults();
     test_sizes();
@@ -636,5 +740,6 @@ int main(void)
     test_names();
     test_get();
     test_env();
+    remove_nvcomp();
     return check_done();
 }

@@ -113,8 +113,8 @@ def plot(path: str, device: Optional[int] = None,
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as e:
-        raise ImportError("gpupool.plot() needs matplotlib: pip install 'gpupool[plot]' "
-                          "(or pip install matplotlib)") from e
+        raise ImportError("gpupool.plot() needs matplotlib: pip install matplotlib "
+                          "(what gpupool's plot extra installs)") from e
     if not isinstance(top, int) or top < 1:
         raise ValueError(f"gpupool.plot: top must be an int >= 1, got {top!r}")
     if source is None:

@@ -2,6 +2,7 @@
 gpupool._C.Pool, statistics as dicts and the readable report."""
 from __future__ import annotations
 
+import operator
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional
 
 from . import _C
@@ -137,10 +138,15 @@ class HostPool(PoolView):
     options are those of enable() (chunk, limit, mode, reserve, ...)."""
 
     def __init__(self, capacity: int, **options: Any) -> None:
-        if capacity <= 0:
-            raise ValueError(f"HostPool capacity must be > 0 bytes, got {capacity}")
+        # An integer number of bytes: int(1.5) once made a 1-byte pool.
+        if isinstance(capacity, bool) or not hasattr(capacity, "__index__"):
+            raise TypeError(f"HostPool capacity must be an integer number of bytes (e.g. 1 << 30), "
+                            f"got {capacity!r} ({type(capacity).__name__})")
+        nbytes = operator.index(capacity)
+        if nbytes <= 0:
+            raise ValueError(f"HostPool capacity must be > 0 bytes, got {nbytes}")
         opts = {k: v for k, v in options.items() if v is not None}
-        super().__init__(_C.Pool(int(capacity), opts), "host", {k: str(v) for k, v in opts.items()})
+        super().__init__(_C.Pool(nbytes, opts), "host", {k: str(v) for k, v in opts.items()})
 
     def alloc(self, size: int, stream: int = 0, tag: Optional[str] = None,
               priority: Optional[object] = None) -> int:

@@ -21,7 +21,8 @@ def _torch() -> Any:
     try:
         import torch
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise RuntimeError("gpupool.enable() needs PyTorch: pip install 'gpupool[torch]'") from e
+        raise RuntimeError("gpupool.enable() needs PyTorch: pip install torch (the README's "
+                           "Requirements give the versions tested)") from e
     return torch
 
 

@@ -1,5 +1,5 @@
 """Where pip put nvCOMP: the folder of libnvcomp.so.6 in the
-nvidia-libnvcomp-cu13 wheel (`pip install "gpupool[nvcomp]"`), which the C
+nvidia-libnvcomp-cu13 wheel (the nvcomp extra), which the C
 loader (csrc/codec_nvcomp.c) searches after GPUPOOL_NVCOMP and before the
 system's library.  Found without importing the wheel's package."""
 from __future__ import annotations

@@ -7,9 +7,9 @@
 
 Importing gpupool needs neither torch nor a GPU; HostPool runs the same
 allocator over host memory."""
-from __future__ import annotations
-
-from typing import Any, Dict, Optional
+# (No `from __future__ import annotations` and no bare typing names here:
+# every public name of the package is in __all__, tests/test_python_api.py.)
+from typing import Any as _Any, Dict as _Dict, List as _List, Optional as _Optional, TextIO as _TextIO, Tuple as _Tuple
 
 from . import _C
 from ._arbiter import install_yield_point, registries, tenants, yield_point
@@ -31,32 +31,33 @@ __all__ = [
     "tagged", "tag_lifetime",
     "disable_torch_patches", "snapshot", "dump_snapshot", "record_history", "plot",
     "offload", "restore", "prefetch", "offloaded", "offloadable", "OffloadHandle",
-    "yield_point", "install_yield_point", "tenants", "registries",
+    "yield_point", "install_yield_point", "tenants", "registries", "device_pool",
 ]
 
 
-def build_info() -> Dict[str, Any]:
-    """Version and optional codecs (zstd, lz4) the extension was built with."""
+def build_info() -> _Dict[str, _Any]:
+    """Version, compiler, and whether the optional zstd codec of the host
+    backend can be used here (libzstd.so.1 is loaded at run time)."""
     return dict(_C.build_info())
 
 
-def config() -> Dict[str, str]:
+def config() -> _Dict[str, str]:
     """The configuration in force (defaults until enable() is called)."""
     return dict(_C.config())
 
 
-def config_options() -> list:
+def config_options() -> _List[_Tuple[str, str, str, str, str]]:
     """Every GPUPOOL_* option: (variable, keyword, default, accepted, meaning)."""
     return list(_C.config_options())
 
 
-def stats(device: Optional[int] = None) -> Dict[str, Any]:
+def stats(device: _Optional[int] = None) -> _Dict[str, _Any]:
     """Figures of a device's pool: allocated, reserved, peaks, counts, driver
     calls, fragmentation, per tag ('tags') and per priority ('priorities')."""
     return device_pool(device).stats()
 
 
-def report(device: Optional[int] = None, file: Any = None) -> str:
+def report(device: _Optional[int] = None, file: _Optional[_TextIO] = None) -> str:
     """A readable table of the device's memory; also written to `file` if given."""
     text = device_pool(device).report()
     if file is not None:
@@ -64,27 +65,27 @@ def report(device: Optional[int] = None, file: Any = None) -> str:
     return text
 
 
-def reset_peak_stats(device: Optional[int] = None) -> None:
+def reset_peak_stats(device: _Optional[int] = None) -> None:
     """Reset every peak figure of the device's pool to its current value."""
     device_pool(device).reset_peak_stats()
 
 
-def empty_cache(device: Optional[int] = None) -> int:
+def empty_cache(device: _Optional[int] = None) -> int:
     """Give cached (free) physical memory back to the device; returns bytes released."""
     return device_pool(device).empty_cache()
 
 
-def set_limit(nbytes: Optional[int], tag: Optional[str] = None, device: Optional[int] = None) -> None:
+def set_limit(nbytes: _Optional[int], tag: _Optional[str] = None, device: _Optional[int] = None) -> None:
     """Cap the pool's reserved bytes, or a tag's allocated bytes; None removes the cap."""
     device_pool(device).set_limit(nbytes, tag)
 
 
-def last_oom_report(device: Optional[int] = None) -> str:
+def last_oom_report(device: _Optional[int] = None) -> str:
     """The report of the last allocation that ran out of memory ('' if none)."""
     return device_pool(device).last_oom_report()
 
 
-def budget(device: Optional[int] = None) -> Dict[str, int]:
+def budget(device: _Optional[int] = None) -> _Dict[str, int]:
     """Device total, free (as the driver sees it), the pool limit and what gpupool holds."""
     import torch
 

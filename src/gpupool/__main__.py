@@ -150,6 +150,74 @@ def _watch(devices: Optional[List[int]], group: Optional[str], interval: Optiona
             nvml.nvmlShutdown()
 
 
+def _driver() -> str:
+    """The NVIDIA driver as this process would load it (libcuda.so.1, as
+    gpupool does), without creating a context: 'none (why)' when absent."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "none (libcuda.so.1 not found: no NVIDIA driver here)"
+    v = ctypes.c_int(0)
+    if cuda.cuDriverGetVersion(ctypes.byref(v)) != 0:
+        return "libcuda.so.1 found, but cuDriverGetVersion failed"
+    text = f"supports CUDA {v.value // 1000}.{v.value % 1000 // 10}"
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            words = f.readline().split()
+        release = next(w for w in words if w[:1].isdigit() and "." in w)
+        text = f"{release}, {text}"
+    except (OSError, StopIteration):
+        pass
+    return text
+
+
+def _torch() -> str:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return "not installed (pip install torch)"
+    try:
+        import torch
+    except Exception as e:  # a broken install: say so, the report goes on
+        return f"installed, but import failed: {e}"
+    cuda = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU only"
+    return f"{torch.__version__} ({cuda})"
+
+
+def _nvcomp() -> str:
+    from gpupool._nvcomp import register
+
+    register()
+    try:
+        path, version = _C.nvcomp_load()[:2]
+    except (RuntimeError, AttributeError) as e:
+        return f"not loaded: {str(e).splitlines()[0]}"
+    return f"version code {version}, {path}"
+
+
+def version_report() -> str:
+    """`python -m gpupool version`: the package, the build and what it
+    finds here (torch, the NVIDIA driver, nvCOMP), one per line."""
+    import platform
+
+    info = gpupool.build_info()
+    zstd = "yes (libzstd.so.1, loaded at run time)" if info["zstd"] else "no (libzstd.so.1 not found)"
+    rows = [
+        ("gpupool", f"{gpupool.__version__} ({os.path.dirname(gpupool.__file__)})"),
+        ("built with", f"gcc {info['compiler']}" if info["compiler"][:1].isdigit() else info["compiler"]),
+        ("host codec zstd", zstd),
+        ("Python", f"{platform.python_version()} ({platform.python_implementation()}, {platform.system()} "
+                   f"{platform.machine()})"),
+        ("torch", _torch()),
+        ("NVIDIA driver", _driver()),
+        ("nvCOMP", _nvcomp()),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
 def _run(script: str, args: List[str]) -> int:
     try:
         gpupool.enable()
@@ -204,7 +272,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _watch(a.device, a.group, a.interval, a.count, sys.stdout)
     if a.cmd == "config":
         return _config(a.markdown)
-    print(f"gpupool {gpupool.__version__} {gpupool.build_info()}")
+    print(version_report())
     return 0
 
 
