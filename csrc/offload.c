@@ -334,7 +334,7 @@ static gp_status gp_job_prefetch_record(void *arg)
     gp_offloader *o = pf->o;
     gp_record *r = pf->r;
     gp_offload_result res = {0};
-    gp_status st = r->lost ? gp_loss_refused(r) : gp_restore_held(o, r, &pf->w, &res);
+    gp_status st = gp_restore_held(o, r, &pf->w, &res);
     free(pf);
     pthread_mutex_lock(&o->lock);
     /* A failed one stays offloaded, and the next restore reports why: a
@@ -355,7 +355,8 @@ gp_status gp_prefetch_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags)
     /* What a background offload takes has no record before it has run. */
     while (o->n_background) pthread_cond_wait(&o->cond, &o->lock);
     for (gp_record *r = o->records; r && st == GP_OK; r = r->next) {
-        if (r->state != GP_REC_OFFLOADED || !gp_record_wanted(r, &w)) continue;
+        /* (One that lost bytes waits for a restore that may consent.) */
+        if (r->state != GP_REC_OFFLOADED || r->lost || !gp_record_wanted(r, &w)) continue;
         gp_prefetch *pf = malloc(sizeof *pf);
         if (!pf) {
             st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a prefetch");

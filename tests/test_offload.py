@@ -383,6 +383,7 @@ def test_lost_bytes_come_back_only_with_consent() -> None:
     with pytest.raises(RuntimeError, match="were lost.*accept_loss"):
         gpupool.restore("lost_t", pool=p)
     assert any(p.lookup(a).state == "offloaded" for a in addrs)
+    gpupool.prefetch("lost_t", pool=p)  # (cannot consent: leaves it to the restore)
     with pytest.warns(RuntimeWarning, match="uninitialised"):
         info = gpupool.restore("lost_t", accept_loss=True, pool=p)
     assert info["lost"] == lost and all(p.lookup(a).state == "used" for a in addrs)
