@@ -43,6 +43,14 @@ def test_host_pool_capacity_must_be_an_integer(capacity: object) -> None:
         HostPool(capacity)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("capacity", [2**63 + 5, 2**64 - 1, 2**50 + 1])
+def test_host_pool_beyond_what_the_bins_hold_is_refused(capacity: int) -> None:
+    # 2^63 < c < 2^64 once overflowed the arenas' size and wrote past the
+    # bins (an abort, from Python too).
+    with pytest.raises(ValueError, match=f"a device of {capacity} bytes.*1 PiB"):
+        HostPool(capacity)
+
+
 def test_host_pool_capacity_takes_integer_types() -> None:
     class Bytes:
         def __index__(self) -> int:
