@@ -355,7 +355,10 @@ gp_status gp_prefetch_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags)
     /* What a background offload takes has no record before it has run. */
     while (o->n_background) pthread_cond_wait(&o->cond, &o->lock);
     for (gp_record *r = o->records; r && st == GP_OK; r = r->next) {
-        /* (One that lost bytes waits for a restore that may consent.) */
+        /* (Not one whose offload lost bytes: a prefetch cannot accept the
+         * loss, and its refusal, reported by whatever restore came next,
+         * failed a restore that does accept it; the restore of its tags
+         * refuses it or takes it back.) */
         if (r->state != GP_REC_OFFLOADED || r->lost || !gp_record_wanted(r, &w)) continue;
         gp_prefetch *pf = malloc(sizeof *pf);
         if (!pf) {

@@ -135,6 +135,12 @@ static gp_status gp_job_map(void *arg)
     return st;
 }
 
+/* The first failure's message, before later steps overwrite it. */
+static void gp_note(gp_status st, char *why, size_t n)
+{
+    if (st != GP_OK && !why[0]) snprintf(why, n, "%s", gp_last_error()[0] ? gp_last_error() : gp_status_str(st));
+}
+
 /* ----------------------------------------------------------- the streams */
 
 static gp_status gp_streams(gp_offloader *o)
@@ -579,9 +585,14 @@ static gp_status gp_offload_steps(gp_offloader *o, const gp_tag *tags, size_t n_
     int first = lane[1].piece >= 0 && (lane[0].piece < 0 || lane[1].piece < lane[0].piece);
     for (int i = 0; i < 2 && st == GP_OK; i++) st = gp_lane_finish(o, r, c, lane, &lane[i ^ first], &unmaps);
     for (; closed < n && st == GP_OK; closed++) st = gp_chunk_close(o, r, &c[closed], lane, &unmaps);
+    /* Noted before the unmap jobs are waited for: a failed one puts its
+     * own words in the slot. */
+    char why[1024] = "";
+    gp_note(st, why, sizeof why);
     gp_status jst = gp_batch_wait(&unmaps);
     gp_batch_destroy(&unmaps);
     if (st == GP_OK) st = jst;
+    gp_note(st, why, sizeof why);
     if (reserved) gp_host_store_settle(o->hs, UINT64_MAX);
     /* The sums ran before the copies, which have run: read them. */
     if (st == GP_OK && opts->keep) st = gp_sums_read(o, r->n_pieces);
@@ -600,16 +611,17 @@ static gp_status gp_offload_steps(gp_offloader *o, const gp_tag *tags, size_t n_
         return GP_OK;
     }
     /* Failed half way: what was given up is on the host; bring it back. */
-    char why[1024];
-    snprintf(why, sizeof why, "%s", gp_last_error());
+    gp_note(st, why, sizeof why);
     for (size_t k = 0; k < n; k++)
         for (int i = 0; i < 2; i++)
             if (c[k].event[i]) o->be->event_release(o->be, c[k].event[i]);
     gp_error_clear();
     gp_status dst = gp_streams_drain(o);
     uint64_t lost = 0;
-    if (dst == GP_OK && gp_undo_offload(o, pl, r, c, n, lane, &lost) == GP_OK &&
-        gp_pool_plan_end(o->pool, pl, 1) == GP_OK) {
+    gp_status ust = dst;
+    if (ust == GP_OK) ust = gp_undo_offload(o, pl, r, c, n, lane, &lost);
+    if (ust == GP_OK) ust = gp_pool_plan_end(o->pool, pl, 1);
+    if (ust == GP_OK) {
         gp_lanes_close(lane);
         gp_record_free(o, r);
         free(c);
@@ -626,10 +638,13 @@ static gp_status gp_offload_steps(gp_offloader *o, const gp_tag *tags, size_t n_
      * whole is lost (and counted: a restore of it needs the caller's
      * consent); those whose sums come back are checked on restore.  A
      * chunk that will not go stays mapped inside the run. */
+    char undo_why[512] = ""; /* (why the undo failed: before the steps below overwrite it) */
+    gp_note(ust, undo_why, sizeof undo_why);
     gp_lanes_close(lane);
     for (size_t k = 0; k < n; k++)
         if (gp_pool_plan_unmap(o->pool, pl, c[k].addr, c[k].size) != GP_OK) gp_error_clear();
     int summed = dst == GP_OK && gp_sums_read(o, r->n_pieces) == GP_OK;
+    lost = 0; /* (what the undo counted of a dropped record is not lost: it was dropped) */
     for (size_t i = 0; i < r->n_pieces; i++) {
         gp_piece *p = &r->pieces[i];
         if (r->dropped) continue;
@@ -646,9 +661,8 @@ static gp_status gp_offload_steps(gp_offloader *o, const gp_tag *tags, size_t n_
     }
     r->lost = lost;
     res->lost = lost;
-    char tags_txt[256], undo_why[512];
+    char tags_txt[256];
     gp_tags_text(r, tags_txt, sizeof tags_txt);
-    snprintf(undo_why, sizeof undo_why, "%s", gp_last_error());
     gp_pool_plan_end(o->pool, pl, 0); /* (ending offloaded cannot fail) */
     free(c);
     gp_record_publish(o, r);
@@ -707,12 +721,6 @@ static gp_status gp_chunk_ready(gp_offloader *o, const gp_record *r, const gp_ta
     return gp_error_set(st, "%s", why);
 }
 
-/* The first failure's message, before later steps overwrite it. */
-static void gp_note(gp_status st, char *why, size_t n)
-{
-    if (st != GP_OK && !why[0]) snprintf(why, n, "%s", gp_last_error());
-}
-
 static gp_status gp_restore_steps(gp_offloader *o, gp_record *r, const gp_tagset *keep, gp_offload_result *res)
 {
     gp_status st = gp_streams(o);
@@ -769,15 +777,20 @@ static gp_status gp_restore_steps(gp_offloader *o, gp_record *r, const gp_tagset
         if (st == GP_OK) st = o->be->checksum(o->be, (const void *)p->addr, p->size, p->addr, &gp_sums_dev(o)[j], l->s);
     }
     while (st == GP_OK && ready < queued) st = gp_chunk_ready(o, r, keep, c, ready++, queued);
+    /* Noted at once: the steps after it (a lane's wait that falls back on
+     * a device wait, which clears the slot; the map jobs' batches, which
+     * put back a map failure recovered from) leave other words there. */
+    char why[1024] = "";
+    gp_note(st, why, sizeof why);
     for (int i = 0; i < 2; i++) {
         gp_status cst = gp_lane_check(o, &lane[i]);
         if (st == GP_OK) st = cst;
+        gp_note(st, why, sizeof why);
     }
     /* The blocks stay OFFLOADED (untouchable) until every piece came back
      * whole; a mismatch gives the chunks back below. */
-    char why[1024] = "";
-    gp_note(st, why, sizeof why);
     for (size_t k = 0; k < queued; k++) gp_batch_wait(&c[k].done);
+    if (st == GP_OK) gp_error_clear(); /* (those were recovered from) */
     if (st == GP_OK) st = gp_streams_drain(o);
     if (st == GP_OK) st = gp_sums_read(o, r->n_pieces);
     for (size_t i = 0; st == GP_OK && i < r->n_pieces; i++) {

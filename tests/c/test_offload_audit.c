@@ -27,6 +27,14 @@
  *                     new tag
  *   codec             a codec that cannot run is refused alike whether the
  *                     contents are kept or dropped
+ *   status and words  a failed offload or restore says the words of the
+ *                     failure whose status it returns: not those of a
+ *                     later step (an unmap job, a recovered event, whose
+ *                     device wait cleared them) nor of a map failure
+ *                     recovered from
+ *   lost, prefetched  a prefetch of a record that lost bytes leaves it to
+ *                     the restore: one that accepts the loss brings it back
+ *                     (the prefetch's refusal failed it)
  */
 #include <signal.h>
 #include <stdlib.h>
@@ -481,6 +489,156 @@ static void test_codec_refused_alike(void)
     done(p);
 }
 
+/* ------------------------------------------------ status and words agree */
+
+/* The status text of the first injected failure the message names ("host
+ * copy: injected failure (out of memory)"), or "" when it names none. */
+static const char *named_status(const char *msg, char *buf, size_t n)
+{
+    const char *k = strstr(msg, "injected failure (");
+    buf[0] = '\0';
+    if (!k) return buf;
+    k += strlen("injected failure (");
+    size_t len = strcspn(k, ")");
+    snprintf(buf, n, "%.*s", (int)(len < n ? len : n - 1), k);
+    return buf;
+}
+
+/* One offload (restore_side 0) or restore (1) of T_A with `fn` failing at
+ * its nth call (status fst) while `bg` fails from its first call on (status
+ * bgst: unmaps that an offload's jobs report after its own failure, event
+ * records whose failure a restore recovers from with a device wait, which
+ * clears the message).  A failure must carry its own words: the message
+ * names the injected failure whose status is returned.  Returns the calls
+ * `fn` got; *bad counts mismatches. */
+static uint64_t words_one(int codec, int restore_side, gp_host_fn fn, uint64_t nth, gp_host_fn bg, unsigned *bad)
+{
+    gp_backend *be;
+    gp_pool *p = pool_with(64 * MiB, &be);
+    gp_offloader *o;
+    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    void *b[WB];
+    unsigned char *want[WB];
+    for (int i = 0; i < WB; i++) {
+        b[i] = gp_alloc(p, walk_sizes[i], NULL, T_A, GP_PRIO_NORMAL, NULL);
+        want[i] = malloc(walk_sizes[i]);
+        data_rng = 91 + (uint64_t)i;
+        data_fill(want[i], walk_sizes[i], codec == GP_CODEC_RAW ? DATA_RANDOM : DATA_BF16);
+        memcpy(b[i], want[i], walk_sizes[i]);
+    }
+    gp_offload_opts opts = {.keep = 1, .codec = codec, .elem_size = 2};
+    gp_offload_result r;
+    if (restore_side) CHECK(gp_offload_tags(o, &T_A, 1, &opts, &r) == GP_OK);
+    gp_status fst = restore_side ? GP_ERR_BACKEND : GP_ERR_OOM, bgst = restore_side ? GP_ERR_OOM : GP_ERR_BACKEND;
+    gp_host_counters c0, c1;
+    gp_host_counters_get(be, &c0);
+    if (nth) {
+        gp_host_fail(be, fn, nth, fst, GP_HOST_FAIL_ONCE);
+        gp_host_fail(be, bg, 1, bgst, GP_HOST_FAIL_FROM);
+    }
+    gp_status st = restore_side ? gp_restore_tags(o, &T_A, 1, 0, &r) : gp_offload_tags(o, &T_A, 1, &opts, &r);
+    char msg[2048], named[64];
+    snprintf(msg, sizeof msg, "%s", gp_last_error());
+    gp_host_counters_get(be, &c1);
+    gp_host_fail_none(be);
+    if (st != GP_OK && strcmp(named_status(msg, named, sizeof named), gp_status_str(st)) != 0) {
+        (*bad)++;
+        fprintf(stderr, "  %s, %s call %llu failing (%s, %s failing from its first): returned %s with \"%s\"\n",
+                restore_side ? "restore" : "offload", gp_host_fn_name(fn), (unsigned long long)nth,
+                codec == GP_CODEC_RAW ? "raw" : "compressed", gp_host_fn_name(bg), gp_status_str(st), msg);
+    }
+    /* And the bytes: all of them back (a loss only with consent, and
+     * counted). */
+    CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
+    gp_offload_result rr;
+    gp_status rs = gp_restore_tags(o, &T_A, 1, 0, &rr);
+    uint64_t lost = 0;
+    if (rs != GP_OK && strstr(gp_last_error(), "were lost")) {
+        rs = gp_restore_tags(o, &T_A, 1, 1, &rr);
+        lost = rr.lost;
+    }
+    CHECK(rs == GP_OK && all_offloaded(p, b, WB) == 0);
+    uint64_t diff = 0;
+    for (int i = 0; i < WB; i++) diff += differing(b[i], want[i], walk_sizes[i]);
+    CHECK(diff <= lost);
+    CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
+    for (int i = 0; i < WB; i++) {
+        CHECK(gp_free(p, b[i]) == GP_OK);
+        free(want[i]);
+    }
+    gp_offloader_destroy(o);
+    done(p);
+    return c1.calls[fn] - c0.calls[fn];
+}
+
+static void test_status_and_words(void)
+{
+    static const struct {
+        int restore_side;
+        gp_host_fn fn, bg;
+    } cases[] = {
+        {0, GP_HOST_COPY, GP_HOST_UNMAP},     {0, GP_HOST_CHECKSUM, GP_HOST_UNMAP},
+        {1, GP_HOST_COPY, GP_HOST_EVENT_RECORD}, {1, GP_HOST_CHECKSUM, GP_HOST_EVENT_RECORD},
+        {1, GP_HOST_MAP, GP_HOST_EVENT_RECORD},
+    };
+    static const int codecs[] = {GP_CODEC_RAW,
+#ifdef GP_HAVE_ZSTD
+                                 GP_CODEC_AUTO,
+#endif
+    };
+    unsigned points = 0, bad = 0;
+    for (size_t k = 0; k < sizeof codecs / sizeof codecs[0]; k++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            uint64_t calls = words_one(codecs[k], cases[i].restore_side, cases[i].fn, 0, cases[i].bg, &bad);
+            for (uint64_t nth = 1; nth <= calls; nth++, points++)
+                words_one(codecs[k], cases[i].restore_side, cases[i].fn, nth, cases[i].bg, &bad);
+        }
+    printf("status and words: %u points, %u with another failure's words\n", points, bad);
+    CHECK(points > 20 && bad == 0);
+}
+
+/* ------------------------------------------------------ lost, prefetched */
+
+/* The offload of test_lost_bytes_come_back_only_with_consent (test_offload.py):
+ * the second block's copy out fails and the undo cannot map back. */
+static void test_lost_then_prefetched(void)
+{
+    gp_backend *be;
+    gp_pool *p = pool_with(64 * MiB, &be);
+    gp_offloader *o;
+    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    void *b[3];
+    for (int i = 0; i < 3; i++) {
+        b[i] = gp_alloc(p, 4 * MiB, NULL, T_A, GP_PRIO_NORMAL, NULL);
+        fill(b[i], 4 * MiB, 10 + (unsigned)i);
+    }
+    gp_host_fail(be, GP_HOST_COPY, 2, GP_ERR_BACKEND, GP_HOST_FAIL_ONCE);
+    gp_host_fail(be, GP_HOST_MAP, 1, GP_ERR_BACKEND, GP_HOST_FAIL_FROM);
+    gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
+    gp_offload_result r;
+    CHECK(gp_offload_tags(o, &T_A, 1, &opts, &r) == GP_ERR_BACKEND);
+    gp_host_fail_none(be);
+    uint64_t lost = said_lost();
+    CHECK(lost > 0 && r.lost == lost && all_offloaded(p, b, 3) == 3);
+    /* A prefetch cannot accept the loss: it leaves the record alone, and
+     * the restore that accepts it brings it back (its refusal, reported by
+     * the next restore, failed this one). */
+    CHECK(gp_prefetch_tags(o, &T_A, 1) == GP_OK);
+    gp_offload_result rr;
+    gp_status st = gp_restore_tags(o, &T_A, 1, 1, &rr);
+    if (st != GP_OK) fprintf(stderr, "  accepting restore after a prefetch: %s\n", gp_last_error());
+    CHECK(st == GP_OK && rr.lost == lost && all_offloaded(p, b, 3) == 0);
+    if (st != GP_OK) CHECK(gp_restore_tags(o, &T_A, 1, 1, &rr) == GP_OK); /* (the refusal was reported once) */
+    CHECK(same(b[0], 4 * MiB, 10)); /* (its copy ran: whole) */
+    /* (A record that lost nothing is prefetched as before.) */
+    CHECK(gp_offload_tags(o, &T_A, 1, &opts, &r) == GP_OK);
+    CHECK(gp_prefetch_tags(o, &T_A, 1) == GP_OK && gp_restore_tags(o, &T_A, 1, 0, &rr) == GP_OK);
+    CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
+    for (int i = 0; i < 3; i++) gp_free(p, b[i]);
+    gp_offloader_destroy(o);
+    done(p);
+}
+
 /* Each test alone when named (a crash in one then hides no other). */
 int main(int argc, char **argv)
 {
@@ -495,7 +653,8 @@ int main(int argc, char **argv)
         {"giveback", test_failed_giveback},   {"together", test_together_or_fail},
         {"nested", test_nested_offload},      {"room", test_room_made},
         {"first_error", test_first_error},    {"prefetch", test_prefetch_during_restore},
-        {"walk", test_fault_walk},
+        {"walk", test_fault_walk},            {"words", test_status_and_words},
+        {"lost_prefetched", test_lost_then_prefetched},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
         if (argc < 2 || strstr(argv[1], tests[i].name)) tests[i].fn();
