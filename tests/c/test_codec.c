@@ -524,10 +524,13 @@ static void test_nvcomp_loaded(const char *lib)
         if (st != GP_OK) fprintf(stderr, "open %s: %s\n", cases[i].name, gp_last_error());
         CHECK(st == GP_OK && c && strstr(gp_codec_describe(c), cases[i].desc) == gp_codec_describe(c));
         if (!c) continue;
-        /* The staging budget: 160 MiB holds a few hundred chunks. */
+        /* The staging budget: 160 MiB holds over a hundred 512 KiB chunks,
+         * each taking two slots of its compressed bound (the slot it is
+         * compressed into and its place in the packed run the gather makes)
+         * besides its arrays. */
         uint32_t m = 0;
         uint64_t dev = 0, host = 0;
-        CHECK(gp_codec_job_fit(c, 160 * MiB, &m) == GP_OK && m > 200 && m < 320);
+        CHECK(gp_codec_job_fit(c, 160 * MiB, &m) == GP_OK && m > 100 && m <= 160);
         CHECK(gp_codec_job_need(c, m, &dev, &host) == GP_OK && dev <= 160 * MiB && dev > (uint64_t)m * 512 * KiB);
         CHECK(host == gp_codec_pad((uint64_t)m * 44));
         gp_codec_close(c);
