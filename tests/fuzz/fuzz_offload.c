@@ -411,6 +411,10 @@ static void op_offload(reader *r)
         /* (one that failed before anything moved need not say it undid
          * anything: the blocks below tell) */
     }
+    /* A dropped offload undone: the blocks are back, but what it had given
+     * back lost its contents, which it says (never "as before"). */
+    int dropped_back = st != GP_OK && !gave_up && !opts.keep && says("lost their contents");
+    uint64_t changed = 0;
     uint64_t moved = 0, kept = 0;
     int rec = -1;
     for (int i = 0; i < M.n; i++) {
@@ -419,6 +423,9 @@ static void op_offload(reader *r)
         int now = state_of(b);
         if (now == GP_BLOCK_USED) {
             kept += b->size;
+            uint64_t d = dropped_back ? pat_diff(b->ptr, b->req, b->seed, b->kind, 0) : 0;
+            changed += d;
+            if (d) refill(b);
             continue;
         }
         EXPECT(now == GP_BLOCK_OFFLOADED, "offload left the block %p in state %d", (void *)b->ptr, now);
@@ -433,6 +440,8 @@ static void op_offload(reader *r)
         b->rec = rec;
         moved += b->size;
     }
+    EXPECT(changed <= res.lost, "a dropped offload undone changed %llu bytes and said %llu lost",
+           (unsigned long long)changed, (unsigned long long)res.lost);
     if (st == GP_OK)
         EXPECT(res.bytes == moved && res.kept == kept, "offload of tags 0x%x: %llu bytes moved and %llu kept, the "
                "blocks say %llu and %llu", mask, (unsigned long long)res.bytes, (unsigned long long)res.kept,
@@ -650,6 +659,11 @@ static void op_background(reader *r)
     gp_offload_reclaim(M.o, 0, 0);
     M.touched |= mask;
     window_close(opts.keep);
+    /* A dropped one that failed was undone with what it had given back
+     * empty (its failure comes with a later restore): resident blocks of
+     * its tags hold what keep=0 asked to drop. */
+    for (int i = 0; !opts.keep && i < M.n; i++)
+        if (M.b[i].rec < 0 && (mask >> M.b[i].tag & 1) && state_of(&M.b[i]) == GP_BLOCK_USED) refill(&M.b[i]);
     if (k >> 7) do_restore(mask, 1, 1, "restore after a background offload");
 }
 
