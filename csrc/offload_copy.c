@@ -485,90 +485,85 @@ static gp_status gp_choose_codec(gp_offloader *o, gp_record *r, gp_codec *c, gp_
     return st;
 }
 
-static gp_status gp_offload_steps(gp_offloader *o, const gp_tag *tags, size_t n_tags, const gp_offload_opts *opts,
-                                gp_offload_result *res)
-{
-    double t0 = gp_now();
-    memset(res, 0, sizeof *res);
-    if (n_tags > GP_RECORD_TAGS)
-        return gp_error_set(GP_ERR_INVALID, "gpupool: offload of %zu tags at once (at most %d)", n_tags,
-                            GP_RECORD_TAGS);
-    gp_status st = gp_streams(o);
-    if (st != GP_OK) return st;
+/* One offload under way: what its steps share. */
+typedef struct gp_out {
+    gp_offloader *o;
+    const gp_offload_opts *opts;
     gp_offload_plan *pl;
-    if ((st = gp_pool_offload_begin(o->pool, tags, n_tags, &pl)) != GP_OK) return st;
-    res->kept = pl->kept;
-    if (!pl->n_runs) {
-        res->seconds = gp_now() - t0;
-        return gp_pool_plan_end(o->pool, pl, 1);
-    }
-    /* Before anything moves: the record (its pieces fit in the codec's
-     * jobs), host room for every piece (raw size: compressed pieces take
-     * less), the codec. */
-    size_t n = 0;
-    gp_lane lane[2] = {{.s = o->streams[0], .piece = -1}, {.s = o->streams[1], .piece = -1}};
+    gp_record *r;
+    gp_chunk *c;         /* the chunks of its runs                         */
+    size_t n;
+    gp_lane lane[2];
+    int reserved;        /* host room was reserved                         */
+    gp_batch unmaps;     /* the chunks' unmap jobs                         */
+    char why[1024];      /* the first failure's words                      */
+} gp_out;
+
+/* Before anything moves: the record (its pieces fit in the codec's jobs),
+ * host room for every piece (raw size: compressed pieces take less), the
+ * streams that used the memory finished, the codec, raw pieces cut to fill
+ * the slabs. */
+static gp_status gp_out_prepare(gp_out *x, const gp_tag *tags, size_t n_tags)
+{
+    gp_offloader *o = x->o;
     gp_codec *offered = NULL;
-    gp_record *r = NULL;
-    gp_chunk *c = NULL;
     uint64_t slice;
-    if ((st = gp_codec_offered(o, opts, &offered, &slice)) == GP_OK) {
-        r = gp_record_new(tags, n_tags, pl, slice);
-        if (r) r->dropped = !opts->keep;
-        c = r ? gp_chunks_of(r, &n) : NULL;
-        if (!c) st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for an offload record");
-    }
-    if (st == GP_OK && r->n_pieces > gp_sums_room(o))
-        st = gp_error_set(GP_ERR_INVALID, "gpupool: offload of %zu pieces at once (at most %zu%s: offload fewer "
-                          "tags at a time)", r->n_pieces, gp_sums_room(o), o->depth > 1 ? " inside a restore" : "");
-    int reserved = 0;
-    if (st == GP_OK && opts->keep) {
+    gp_status st = gp_codec_offered(o, x->opts, &offered, &slice);
+    if (st != GP_OK) return st;
+    if (!(x->r = gp_record_new(tags, n_tags, x->pl, slice)) || !(x->c = gp_chunks_of(x->r, &x->n)))
+        return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for an offload record");
+    gp_record *r = x->r;
+    r->dropped = !x->opts->keep;
+    if (r->n_pieces > gp_sums_room(o))
+        return gp_error_set(GP_ERR_INVALID, "gpupool: offload of %zu pieces at once (at most %zu%s: offload fewer "
+                            "tags at a time)", r->n_pieces, gp_sums_room(o), o->depth > 1 ? " inside a restore" : "");
+    if (x->opts->keep) {
         /* Each piece in an extent of its own (16-byte aligned); compressed,
          * each chunk may be padded too. Raw needs no more: an offload of
          * exactly the host limit fits. */
         uint64_t room = 0;
         for (size_t i = 0; i < r->n_pieces; i++) room += gp_codec_pad(r->pieces[i].size);
-        if (offered) room += 2 * GP_CODEC_ALIGN * (pl->bytes / 4096 + r->n_pieces);
-        reserved = (st = gp_host_store_reserve(o->hs, room)) == GP_OK;
+        if (offered) room += 2 * GP_CODEC_ALIGN * (x->pl->bytes / 4096 + r->n_pieces);
+        if ((st = gp_host_store_reserve(o->hs, room)) != GP_OK) return st;
+        x->reserved = 1;
     }
     /* The streams that used the memory (record_stream ones too) finish. */
-    if (st == GP_OK) st = gp_pool_synchronize(o->pool);
-    if (st == GP_OK) st = gp_choose_codec(o, r, offered, lane);
-    size_t n_cut = r ? r->n_pieces : 0; /* (r is NULL if st is not GP_OK) */
-    for (size_t i = 0; st == GP_OK && opts->keep && !r->codec && i < r->n_pieces; i++) st = gp_piece_host(o, r, i);
-    if (st == GP_OK && r->n_pieces != n_cut) {
-        free(c);
-        if (!(c = gp_chunks_of(r, &n)))
-            st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for an offload record");
-    }
-    if (st != GP_OK) {
-        char why[1024];
-        snprintf(why, sizeof why, "%s", gp_last_error());
-        gp_lanes_close(lane);
-        if (reserved) gp_host_store_settle(o->hs, UINT64_MAX);
-        if (gp_pool_plan_end(o->pool, pl, 1) != GP_OK) gp_error_clear();
-        gp_record_free(o, r);
-        free(c);
-        return gp_error_set(st, "%s", why);
-    }
-    /* Piece by piece, the lanes in turn: sums, then copies out (raw) or
-     * compression (the lane's previous piece is stored first).  A chunk
-     * closes once the last piece that overlaps it is queued. */
-    gp_batch unmaps;
-    gp_batch_init(&unmaps);
-    for (size_t k = 0; k < n; k++) {
+    if ((st = gp_pool_synchronize(o->pool)) != GP_OK || (st = gp_choose_codec(o, r, offered, x->lane)) != GP_OK)
+        return st;
+    size_t n_cut = r->n_pieces;
+    for (size_t i = 0; st == GP_OK && x->opts->keep && !r->codec && i < r->n_pieces; i++) st = gp_piece_host(o, r, i);
+    if (st != GP_OK || r->n_pieces == n_cut) return st;
+    free(x->c);
+    if (!(x->c = gp_chunks_of(r, &x->n)))
+        return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for an offload record");
+    return GP_OK;
+}
+
+/* Piece by piece, the lanes in turn: sums, then copies out (raw) or
+ * compression (the lane's previous piece is stored first).  A chunk
+ * closes once the last piece that overlaps it is queued; then the last two
+ * pieces, in order, and the chunks no piece is in; then the unmap jobs. */
+static gp_status gp_out_copy(gp_out *x)
+{
+    gp_offloader *o = x->o;
+    gp_record *r = x->r;
+    gp_chunk *c = x->c;
+    gp_lane *lane = x->lane;
+    gp_status st = GP_OK;
+    for (size_t k = 0; k < x->n; k++) {
         c[k].o = o;
-        c[k].plan = pl;
+        c[k].plan = x->pl;
     }
     size_t closed = 0; /* chunks [0, closed) are closed, or will be with a lane's piece */
-    size_t n_keep = opts->keep ? r->n_pieces : 0;
+    size_t n_keep = x->opts->keep ? r->n_pieces : 0;
     for (size_t j = 0; j < n_keep && st == GP_OK; j++) {
         gp_piece *p = &r->pieces[j];
         gp_lane *l = &lane[j & 1];
-        if ((st = gp_lane_finish(o, r, c, lane, l, &unmaps)) != GP_OK) break;
+        if ((st = gp_lane_finish(o, r, c, lane, l, &x->unmaps)) != GP_OK) break;
         st = o->be->checksum(o->be, (const void *)p->addr, p->size, p->addr, &gp_sums_dev(o)[j], l->s);
         if (st != GP_OK) break;
         size_t due = closed;
-        while (due < n && (!c[due].np || c[due].p0 + c[due].np <= j + 1)) due++;
+        while (due < x->n && (!c[due].np || c[due].p0 + c[due].np <= j + 1)) due++;
         if (r->codec) {
             if ((st = gp_codec_compress(l->job, l->s, (const void *)p->addr, p->size, 0)) != GP_OK) break;
             l->piece = (long)j;
@@ -577,77 +572,55 @@ static gp_status gp_offload_steps(gp_offloader *o, const gp_tag *tags, size_t n_
         } else if ((st = o->be->copy(o->be, p->host.ptr, (const void *)p->addr, p->size, GP_COPY_D2H, l->s)) ==
                    GP_OK) {
             p->copied = 1;
-            for (size_t k = closed; k < due && st == GP_OK; k++) st = gp_chunk_close(o, r, &c[k], lane, &unmaps);
+            for (size_t k = closed; k < due && st == GP_OK; k++) st = gp_chunk_close(o, r, &c[k], lane, &x->unmaps);
         }
         closed = due;
     }
-    /* The last two pieces, in order, then chunks no piece is in. */
     int first = lane[1].piece >= 0 && (lane[0].piece < 0 || lane[1].piece < lane[0].piece);
-    for (int i = 0; i < 2 && st == GP_OK; i++) st = gp_lane_finish(o, r, c, lane, &lane[i ^ first], &unmaps);
-    for (; closed < n && st == GP_OK; closed++) st = gp_chunk_close(o, r, &c[closed], lane, &unmaps);
+    for (int i = 0; i < 2 && st == GP_OK; i++) st = gp_lane_finish(o, r, c, lane, &lane[i ^ first], &x->unmaps);
+    for (; closed < x->n && st == GP_OK; closed++) st = gp_chunk_close(o, r, &c[closed], lane, &x->unmaps);
     /* Noted before the unmap jobs are waited for: a failed one puts its
      * own words in the slot. */
-    char why[1024] = "";
-    gp_note(st, why, sizeof why);
-    gp_status jst = gp_batch_wait(&unmaps);
-    gp_batch_destroy(&unmaps);
-    if (st == GP_OK) st = jst;
-    gp_note(st, why, sizeof why);
-    if (reserved) gp_host_store_settle(o->hs, UINT64_MAX);
-    /* The sums ran before the copies, which have run: read them. */
-    if (st == GP_OK && opts->keep) st = gp_sums_read(o, r->n_pieces);
+    gp_note(st, x->why, sizeof x->why);
+    gp_status jst = gp_batch_wait(&x->unmaps);
+    return st == GP_OK ? jst : st;
+}
+
+/* Everything went: the sums (they ran before the copies, which have run)
+ * read, the plan ended offloaded, the record published. */
+static gp_status gp_out_finish(gp_out *x)
+{
+    gp_offloader *o = x->o;
+    gp_record *r = x->r;
+    gp_status st = x->opts->keep ? gp_sums_read(o, r->n_pieces) : GP_OK;
     for (size_t i = 0; st == GP_OK && i < r->n_pieces; i++) {
         r->pieces[i].sum = gp_sums_host(o)[i];
         r->pieces[i].summed = 1;
     }
-    if (st == GP_OK && (st = gp_pool_plan_end(o->pool, pl, 0)) == GP_OK) {
-        gp_lanes_close(lane);
+    if (st == GP_OK && (st = gp_pool_plan_end(o->pool, x->pl, 0)) == GP_OK) {
+        gp_lanes_close(x->lane);
         gp_record_publish(o, r);
-        *res = (gp_offload_result){.bytes = r->offloaded, .copied = r->copied, .host_bytes = r->host_bytes,
-                                   .released = r->released, .kept = res->kept,
-                                   .codec = r->codec ? gp_codec_kind(r->codec) : GP_CODEC_RAW,
-                                   .seconds = gp_now() - t0};
-        free(c);
-        return GP_OK;
     }
-    /* Failed half way: what was given up is on the host; bring it back. */
-    gp_note(st, why, sizeof why);
-    for (size_t k = 0; k < n; k++)
-        for (int i = 0; i < 2; i++)
-            if (c[k].event[i]) o->be->event_release(o->be, c[k].event[i]);
-    gp_error_clear();
-    gp_status dst = gp_streams_drain(o);
-    uint64_t lost = 0;
-    gp_status ust = dst;
-    if (ust == GP_OK) ust = gp_undo_offload(o, pl, r, c, n, lane, &lost);
-    if (ust == GP_OK) ust = gp_pool_plan_end(o->pool, pl, 1);
-    if (ust == GP_OK) {
-        gp_lanes_close(lane);
-        gp_record_free(o, r);
-        free(c);
-        res->lost = lost;
-        if (lost)
-            return gp_error_set(st, "%s (the offload was undone: the blocks are on the device again, but the %" PRIu64
-                                " bytes of them it had given back lost their contents, which keep=False drops)",
-                                why, lost);
-        return gp_error_set(st, "%s (the offload was undone: the memory is on the device as before)", why);
-    }
-    /* The device refuses even that: give the rest up too and keep what the
-     * host has, so that the pool stays whole and a restore brings back
-     * every address.  Every piece whose copy out is not known to have run
-     * whole is lost (and counted: a restore of it needs the caller's
-     * consent); those whose sums come back are checked on restore.  A
-     * chunk that will not go stays mapped inside the run. */
-    char undo_why[512] = ""; /* (why the undo failed: before the steps below overwrite it) */
-    gp_note(ust, undo_why, sizeof undo_why);
-    gp_lanes_close(lane);
-    for (size_t k = 0; k < n; k++)
-        if (gp_pool_plan_unmap(o->pool, pl, c[k].addr, c[k].size) != GP_OK) gp_error_clear();
-    int summed = dst == GP_OK && gp_sums_read(o, r->n_pieces) == GP_OK;
-    lost = 0; /* (what the undo counted of a dropped record is not lost: it was dropped) */
-    for (size_t i = 0; i < r->n_pieces; i++) {
+    return st;
+}
+
+/* The device refuses even the undo: give the rest up too and keep what the
+ * host has, so that the pool stays whole and a restore brings back every
+ * address.  Every piece whose copy out is not known to have run whole is
+ * lost (and counted: a restore of it needs the caller's consent); those
+ * whose sums come back are checked on restore.  A chunk that will not go
+ * stays mapped inside the run.  `drained`: the streams ran to the end. */
+static uint64_t gp_out_give_up(gp_out *x, int drained)
+{
+    gp_offloader *o = x->o;
+    gp_record *r = x->r;
+    gp_lanes_close(x->lane);
+    for (size_t k = 0; k < x->n; k++)
+        if (gp_pool_plan_unmap(o->pool, x->pl, x->c[k].addr, x->c[k].size) != GP_OK) gp_error_clear();
+    int summed = drained && gp_sums_read(o, r->n_pieces) == GP_OK;
+    uint64_t lost = 0; /* (what the undo counted of a dropped record is not lost: it was dropped) */
+    for (size_t i = 0; i < r->n_pieces && !r->dropped; i++) {
         gp_piece *p = &r->pieces[i];
-        if (r->dropped) continue;
         if (!p->copied || !summed) {
             lost += p->size;
             gp_piece_host_free(o, p);
@@ -660,14 +633,88 @@ static gp_status gp_offload_steps(gp_offloader *o, const gp_tag *tags, size_t n_
         }
     }
     r->lost = lost;
-    res->lost = lost;
-    char tags_txt[256];
-    gp_tags_text(r, tags_txt, sizeof tags_txt);
-    gp_pool_plan_end(o->pool, pl, 0); /* (ending offloaded cannot fail) */
-    free(c);
+    gp_pool_plan_end(o->pool, x->pl, 0); /* (ending offloaded cannot fail) */
     gp_record_publish(o, r);
+    return lost;
+}
+
+/* Failed half way (st): what was given up is on the host; bring it back,
+ * or give up the rest. */
+static gp_status gp_out_failed(gp_out *x, gp_status st, gp_offload_result *res)
+{
+    gp_offloader *o = x->o;
+    gp_note(st, x->why, sizeof x->why);
+    for (size_t k = 0; k < x->n; k++)
+        for (int i = 0; i < 2; i++)
+            if (x->c[k].event[i]) o->be->event_release(o->be, x->c[k].event[i]);
+    gp_error_clear();
+    gp_status dst = gp_streams_drain(o);
+    uint64_t lost = 0;
+    gp_status ust = dst;
+    if (ust == GP_OK) ust = gp_undo_offload(o, x->pl, x->r, x->c, x->n, x->lane, &lost);
+    if (ust == GP_OK) ust = gp_pool_plan_end(o->pool, x->pl, 1);
+    if (ust == GP_OK) {
+        gp_lanes_close(x->lane);
+        gp_record_free(o, x->r);
+        res->lost = lost;
+        if (lost)
+            return gp_error_set(st, "%s (the offload was undone: the blocks are on the device again, but the %" PRIu64
+                                " bytes of them it had given back lost their contents, which keep=False drops)",
+                                x->why, lost);
+        return gp_error_set(st, "%s (the offload was undone: the memory is on the device as before)", x->why);
+    }
+    char undo_why[512] = ""; /* (why the undo failed: before the steps below overwrite it) */
+    gp_note(ust, undo_why, sizeof undo_why);
+    char tags_txt[256];
+    gp_tags_text(x->r, tags_txt, sizeof tags_txt);
+    res->lost = gp_out_give_up(x, dst == GP_OK);
     return gp_error_set(st, "%s; undoing the offload of tag %s failed too (%s): it stays offloaded and %" PRIu64
-                        " bytes of its contents are lost", why, tags_txt, undo_why, lost);
+                        " bytes of its contents are lost", x->why, tags_txt, undo_why, res->lost);
+}
+
+static gp_status gp_offload_steps(gp_offloader *o, const gp_tag *tags, size_t n_tags, const gp_offload_opts *opts,
+                                  gp_offload_result *res)
+{
+    double t0 = gp_now();
+    memset(res, 0, sizeof *res);
+    if (n_tags > GP_RECORD_TAGS)
+        return gp_error_set(GP_ERR_INVALID, "gpupool: offload of %zu tags at once (at most %d)", n_tags,
+                            GP_RECORD_TAGS);
+    gp_status st = gp_streams(o);
+    gp_out x = {.o = o, .opts = opts, .lane = {{.s = o->streams[0], .piece = -1}, {.s = o->streams[1], .piece = -1}}};
+    if (st != GP_OK || (st = gp_pool_offload_begin(o->pool, tags, n_tags, &x.pl)) != GP_OK) return st;
+    res->kept = x.pl->kept;
+    if (!x.pl->n_runs) {
+        res->seconds = gp_now() - t0;
+        return gp_pool_plan_end(o->pool, x.pl, 1);
+    }
+    if ((st = gp_out_prepare(&x, tags, n_tags)) != GP_OK) {
+        /* Nothing moved: as it was. */
+        char why[1024];
+        snprintf(why, sizeof why, "%s", gp_last_error());
+        gp_lanes_close(x.lane);
+        if (x.reserved) gp_host_store_settle(o->hs, UINT64_MAX);
+        if (gp_pool_plan_end(o->pool, x.pl, 1) != GP_OK) gp_error_clear();
+        gp_record_free(o, x.r);
+        free(x.c);
+        return gp_error_set(st, "%s", why);
+    }
+    gp_batch_init(&x.unmaps);
+    st = gp_out_copy(&x);
+    gp_batch_destroy(&x.unmaps);
+    gp_note(st, x.why, sizeof x.why);
+    if (x.reserved) gp_host_store_settle(o->hs, UINT64_MAX);
+    if (st == GP_OK && (st = gp_out_finish(&x)) == GP_OK) {
+        const gp_record *r = x.r;
+        *res = (gp_offload_result){.bytes = r->offloaded, .copied = r->copied, .host_bytes = r->host_bytes,
+                                   .released = r->released, .kept = res->kept,
+                                   .codec = r->codec ? gp_codec_kind(r->codec) : GP_CODEC_RAW,
+                                   .seconds = gp_now() - t0};
+    } else {
+        st = gp_out_failed(&x, st, res);
+    }
+    free(x.c);
+    return st;
 }
 
 /* An operation one level deeper than the one running (if any): its own
@@ -721,50 +768,60 @@ static gp_status gp_chunk_ready(gp_offloader *o, const gp_record *r, const gp_ta
     return gp_error_set(st, "%s", why);
 }
 
-static gp_status gp_restore_steps(gp_offloader *o, gp_record *r, const gp_tagset *keep, gp_offload_result *res)
-{
-    gp_status st = gp_streams(o);
-    if (st != GP_OK) return st;
+/* One restore under way: what its steps share. */
+typedef struct gp_in {
+    gp_offloader *o;
+    gp_record *r;
+    const gp_tagset *keep; /* what making room may not displace      */
     gp_offload_plan *pl;
-    if ((st = gp_pool_restore_begin(o->pool, r->runs, r->n_runs, &pl)) != GP_OK) return st;
-    /* What it may displace: its blocks' priority now (a retag may have
-     * moved them since the offload). */
+    gp_chunk *c;
+    size_t n, queued;      /* chunks, and those whose map job was queued */
+    gp_lane lane[2];
+    char why[1024];        /* the first failure's words               */
+} gp_in;
+
+/* The plan, what the record may displace (its blocks' priority now: a
+ * retag may have moved them since the offload), the lanes, the chunks;
+ * then each chunk's map job, in address order. */
+static gp_status gp_in_prepare(gp_in *x)
+{
+    gp_offloader *o = x->o;
+    gp_record *r = x->r;
+    gp_status st = gp_streams(o);
+    if (st != GP_OK || (st = gp_pool_restore_begin(o->pool, r->runs, r->n_runs, &x->pl)) != GP_OK) return st;
     r->priority = 0;
-    for (size_t i = 0; i < pl->n_ranges; i++)
-        if (pl->ranges[i].priority > r->priority) r->priority = pl->ranges[i].priority;
-    gp_lane lane[2] = {{.s = o->streams[0], .piece = -1}, {.s = o->streams[1], .piece = -1}};
+    for (size_t i = 0; i < x->pl->n_ranges; i++)
+        if (x->pl->ranges[i].priority > r->priority) r->priority = x->pl->ranges[i].priority;
     int ok = 1;
-    if (r->codec && (st = gp_lanes_open(o, r->codec, lane, &ok)) == GP_OK && !ok)
+    if (r->codec && (st = gp_lanes_open(o, r->codec, x->lane, &ok)) == GP_OK && !ok)
         st = gp_error_set(GP_ERR_OOM, "gpupool: no room on the device for the %llu bytes of staging that "
                           "decompressing needs", (unsigned long long)(2 * gp_staging_half(o)));
-    size_t n = 0;
-    gp_chunk *c = st == GP_OK ? gp_chunks_of(r, &n) : NULL;
-    if (st == GP_OK && !c) st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a restore");
-    if (st != GP_OK) {
-        gp_lanes_close(lane);
-        gp_pool_plan_end(o->pool, pl, 0);
-        free(c);
-        return st;
-    }
-    size_t queued = 0;
-    for (; queued < n; queued++) {
-        gp_chunk *k = &c[queued];
+    if (st == GP_OK && !(x->c = gp_chunks_of(r, &x->n)))
+        st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a restore");
+    while (st == GP_OK && x->queued < x->n) {
+        gp_chunk *k = &x->c[x->queued];
         k->o = o;
-        k->plan = pl;
+        k->plan = x->pl;
         gp_batch_init(&k->done);
-        if ((st = gp_workq_push(o->mq, &k->done, gp_job_map, k)) != GP_OK) {
-            gp_batch_destroy(&k->done);
-            break;
-        }
+        if ((st = gp_workq_push(o->mq, &k->done, gp_job_map, k)) != GP_OK) gp_batch_destroy(&k->done);
+        else x->queued++;
     }
-    /* Copy each piece back as soon as the chunks under it are mapped, and
-     * sum what came back. */
+    return st;
+}
+
+/* Copy each piece back as soon as the chunks under it are mapped (a piece
+ * whose bytes were lost stays as mapped), and sum what came back. */
+static gp_status gp_in_copy(gp_in *x)
+{
+    gp_offloader *o = x->o;
+    gp_record *r = x->r;
+    gp_status st = GP_OK;
     size_t ready = 0; /* chunks [0, ready) are mapped */
     for (size_t j = 0; j < r->n_pieces && st == GP_OK; j++) {
         gp_piece *p = &r->pieces[j];
-        gp_lane *l = &lane[j & 1];
-        while (st == GP_OK && ready < queued && c[ready].addr < p->addr + p->size)
-            st = gp_chunk_ready(o, r, keep, c, ready++, queued);
+        gp_lane *l = &x->lane[j & 1];
+        while (st == GP_OK && ready < x->queued && x->c[ready].addr < p->addr + p->size)
+            st = gp_chunk_ready(o, r, x->keep, x->c, ready++, x->queued);
         if (st != GP_OK || !p->host.ptr) continue;
         if (p->chunks) {
             if ((st = gp_lane_check(o, l)) != GP_OK) break;
@@ -776,20 +833,26 @@ static gp_status gp_restore_steps(gp_offloader *o, gp_record *r, const gp_tagset
         }
         if (st == GP_OK) st = o->be->checksum(o->be, (const void *)p->addr, p->size, p->addr, &gp_sums_dev(o)[j], l->s);
     }
-    while (st == GP_OK && ready < queued) st = gp_chunk_ready(o, r, keep, c, ready++, queued);
-    /* Noted at once: the steps after it (a lane's wait that falls back on
-     * a device wait, which clears the slot; the map jobs' batches, which
-     * put back a map failure recovered from) leave other words there. */
-    char why[1024] = "";
-    gp_note(st, why, sizeof why);
+    while (st == GP_OK && ready < x->queued) st = gp_chunk_ready(o, r, x->keep, x->c, ready++, x->queued);
+    return st;
+}
+
+/* Everything queued has run (lanes, map jobs, streams) and every piece
+ * summed as it was before the offload.  Each failure's words are noted at
+ * once: the steps after it (a lane's wait that falls back on a device
+ * wait, which clears the slot; the map jobs' batches, which put back a
+ * map failure recovered from) leave other words there. */
+static gp_status gp_in_check(gp_in *x, gp_status st)
+{
+    gp_offloader *o = x->o;
+    const gp_record *r = x->r;
+    gp_note(st, x->why, sizeof x->why);
     for (int i = 0; i < 2; i++) {
-        gp_status cst = gp_lane_check(o, &lane[i]);
+        gp_status cst = gp_lane_check(o, &x->lane[i]);
         if (st == GP_OK) st = cst;
-        gp_note(st, why, sizeof why);
+        gp_note(st, x->why, sizeof x->why);
     }
-    /* The blocks stay OFFLOADED (untouchable) until every piece came back
-     * whole; a mismatch gives the chunks back below. */
-    for (size_t k = 0; k < queued; k++) gp_batch_wait(&c[k].done);
+    for (size_t k = 0; k < x->queued; k++) gp_batch_wait(&x->c[k].done);
     if (st == GP_OK) gp_error_clear(); /* (those were recovered from) */
     if (st == GP_OK) st = gp_streams_drain(o);
     if (st == GP_OK) st = gp_sums_read(o, r->n_pieces);
@@ -802,28 +865,41 @@ static gp_status gp_restore_steps(gp_offloader *o, gp_record *r, const gp_tagset
                               p->addr);
         }
     }
-    gp_note(st, why, sizeof why);
-    for (size_t k = 0; k < queued; k++) gp_batch_destroy(&c[k].done);
-    gp_lanes_close(lane);
+    gp_note(st, x->why, sizeof x->why);
+    return st;
+}
+
+/* The blocks stay OFFLOADED (untouchable) until every piece came back
+ * whole; on a failure what was mapped is given back: the tags stay
+ * offloaded, their bytes on the host (a chunk that will not go stays
+ * mapped in the run, and the next restore maps only the others). */
+static gp_status gp_restore_steps(gp_offloader *o, gp_record *r, const gp_tagset *keep, gp_offload_result *res)
+{
+    gp_in x = {.o = o, .r = r, .keep = keep,
+               .lane = {{.s = o->streams[0], .piece = -1}, {.s = o->streams[1], .piece = -1}}};
+    gp_status st = gp_in_prepare(&x);
+    if (!x.pl) return st;
+    if (st == GP_OK) st = gp_in_copy(&x);
+    st = gp_in_check(&x, st);
+    for (size_t k = 0; k < x.queued; k++) gp_batch_destroy(&x.c[k].done);
+    gp_lanes_close(x.lane);
     gp_error_clear();
     gp_status dst = gp_streams_drain(o);
     if (st == GP_OK) st = dst;
-    gp_note(st, why, sizeof why);
-    if (st != GP_OK) {
-        /* Give back what was mapped: the tags stay offloaded, their bytes
-         * on the host (a chunk that will not go stays mapped in the run,
-         * and the next restore maps only the others). */
-        for (size_t k = 0; k < n; k++)
-            if (gp_pool_plan_unmap(o->pool, pl, c[k].addr, c[k].size) != GP_OK) gp_error_clear();
-        gp_pool_plan_end(o->pool, pl, 0); /* (ending offloaded cannot fail) */
-        free(c);
+    gp_note(st, x.why, sizeof x.why);
+    uint64_t offloaded = x.pl->offloaded;
+    if (st == GP_OK) {
+        st = gp_pool_plan_end(o->pool, x.pl, 1);
+    } else {
+        for (size_t k = 0; k < x.n; k++)
+            if (gp_pool_plan_unmap(o->pool, x.pl, x.c[k].addr, x.c[k].size) != GP_OK) gp_error_clear();
+        gp_pool_plan_end(o->pool, x.pl, 0); /* (ending offloaded cannot fail) */
         char tags[256];
-        return gp_error_set(st, "gpupool: restoring tag %s failed, the memory stays offloaded: %s",
-                            gp_tags_text(r, tags, sizeof tags), why);
+        st = gp_error_set(st, "gpupool: restoring tag %s failed, the memory stays offloaded: %s",
+                          gp_tags_text(r, tags, sizeof tags), x.why);
+        offloaded = 0;
     }
-    uint64_t offloaded = pl->offloaded;
-    st = gp_pool_plan_end(o->pool, pl, 1);
-    free(c);
+    free(x.c);
     if (st != GP_OK) return st;
     res->bytes += offloaded;
     res->copied += r->copied;
