@@ -630,7 +630,14 @@ static void op_prefetch(reader *r)
     TRACE("  prefetch tags 0x%x: %s\n", mask, gp_status_str(st));
     EXPECT(st == GP_OK, "prefetch gave %s: %s", gp_status_str(st), gp_last_error());
     M.window = 1;
+    /* The window's tags: those of every record the prefetch may take (a
+     * record of several tags comes back whole: an offload of one of its
+     * other tags in the window may run after it came back). */
     M.win_mask = mask;
+    for (int i = 0; i < MAXR; i++)
+        if (M.r[i].used && (M.r[i].mask & mask)) M.win_mask |= M.r[i].mask;
+    for (int i = 0; i < M.n; i++)
+        if (M.b[i].rec >= 0 && (mask >> M.b[i].tag & 1)) M.win_mask |= M.r[M.b[i].rec].mask;
     run_window(r, w % 4);
     window_close(1);
     /* A restore of the tags waits for their prefetch (and reports its
