@@ -59,21 +59,6 @@
 #define KiB (1024ull)
 #define MiB (1024ull * 1024ull)
 
-/* ----------------------------------------------------------------- input */
-
-typedef struct reader {
-    const uint8_t *p;
-    size_t n;
-} reader;
-
-static uint8_t u8(reader *r)
-{
-    if (!r->n) return 0;
-    r->n--;
-    return *r->p++;
-}
-
-static uint16_t u16(reader *r) { return (uint16_t)(u8(r) | (unsigned)u8(r) << 8); }
 
 /* ------------------------------------------------------------------ model */
 

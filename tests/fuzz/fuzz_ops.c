@@ -50,23 +50,6 @@
 #define KiB (1024ull)
 #define MiB (1024ull * 1024ull)
 
-/* ----------------------------------------------------------------- input */
-
-typedef struct reader {
-    const uint8_t *p;
-    size_t n;
-} reader;
-
-static uint8_t u8(reader *r)
-{
-    if (!r->n) return 0;
-    r->n--;
-    return *r->p++;
-}
-
-static uint16_t u16(reader *r) { return (uint16_t)(u8(r) | (unsigned)u8(r) << 8); }
-static uint32_t u32(reader *r) { return u16(r) | (uint32_t)u16(r) << 16; }
-static uint64_t u64(reader *r) { return u32(r) | (uint64_t)u32(r) << 32; }
 
 /* ------------------------------------------------------------------ model */
 
