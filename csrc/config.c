@@ -246,7 +246,11 @@ static int gp_abs_parse(uint64_t *dst, const char *v, uint64_t lo, uint64_t hi, 
 
 /* ---------------------------------------------------------- priorities */
 
-static const char *const gp_prio_names[] = {"low", "normal", "high", "critical", NULL};
+static const char *const gp_prio_names[] = {
+#define GP_PRIO_NAME(NAME, name) #name,
+    GP_PRIORITIES(GP_PRIO_NAME)
+#undef GP_PRIO_NAME
+    NULL};
 
 static int gp_prio_scan(const char *text, int *out)
 {
@@ -268,7 +272,7 @@ gp_status gp_parse_priority(const char *text, int *out)
 
 const char *gp_priority_name(int prio)
 {
-    return prio >= GP_PRIO_LOW && prio <= GP_PRIO_CRITICAL ? gp_prio_names[prio] : NULL;
+    return prio >= 0 && prio < GP_PRIO_NAMED ? gp_prio_names[prio] : NULL;
 }
 
 /* ------------------------------------------------- the options, one each */
@@ -665,13 +669,15 @@ static int gp_print_share(const gp_config *c, char *buf, size_t len)
 }
 
 /* The table: variable, keyword, default, accepted values, meaning, parser,
- * printer.  The variable is always GPUPOOL_ and the keyword in upper case. */
+ * printer.  The variable is always GPUPOOL_ and the keyword in upper case.
+ * The default is the one list of defaults: gp_config_default parses it (its
+ * first word; a note may follow). */
 #define GP_OPTIONS(X)                                                                     \
     X("GPUPOOL_MODE", "mode", "expandable", "expandable or reserve",                      \
       "expandable: map chunks as the pool grows and give them back; reserve: map the "    \
       "whole pool at start, never again",                                                 \
       gp_parse_mode, gp_print_mode)                                                       \
-    X("GPUPOOL_RESERVE", "reserve", "80% (in reserve mode)",                              \
+    X("GPUPOOL_RESERVE", "reserve", "none (80% in reserve mode)",                         \
       GP_SIZE_TEXT "; none or 0 for the default",                                         \
       "size of the pool in reserve mode; a size implies GPUPOOL_MODE=reserve (with "      \
       "GPUPOOL_MODE=expandable it is an error)",                                          \
@@ -776,26 +782,22 @@ const gp_option_info *gp_config_options(size_t *count)
     return gp_options;
 }
 
+/* The defaults are the table's: each option's default text, parsed by its
+ * own parser, up to the first space (what follows is a note: "none (80% in
+ * reserve mode)"), so that what is documented is what is set. */
 void gp_config_default(gp_config *cfg)
 {
-    /* Keep in step with the defaults of GP_OPTIONS (test_config checks). */
-    *cfg = (gp_config){
-        .mode = GP_MODE_EXPANDABLE,
-        .priority = GP_PRIO_NORMAL,
-        .codec = "auto",
-        .offload_threads = 8,
-        .log = GP_LOG_OOM,
-        .chunk = 2 * MiB,
-        .small_size = 1 * MiB,
-        .large_chunk = 64 * MiB,
-        .cache_slack = 0.05,
-        .torch_patch = 1,
-        .placement = GP_PLACE_LIFETIME,
-        .host_limit = {.fraction = 0.5},
-        .reclaim_timeout_ms = 30000,
-        .tenant_turn_ms = 1000,
-        .tenant_share = 0.5,
-    };
+    *cfg = (gp_config){0};
+    for (size_t i = 0; i < GP_N_OPTIONS; i++) {
+        char def[32], why[96] = "";
+        snprintf(def, sizeof def, "%.*s", (int)strcspn(gp_options[i].def, " "), gp_options[i].def);
+        if (gp_handlers[i].parse(cfg, def, why, sizeof why) != 0) {
+            /* A slip in the table, which test_config finds first. */
+            fprintf(stderr, "gpupool: the default of %s, '%s', does not parse: %s\n", gp_options[i].env, def, why);
+            abort();
+        }
+    }
+    cfg->mode_given = cfg->large_chunk_given = 0; /* defaults, not given */
 }
 
 static int gp_option_find(const char *name)
