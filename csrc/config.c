@@ -322,15 +322,7 @@ static int gp_print_reserve(const gp_config *c, char *buf, size_t len)
     return gp_spec_print(c->reserve, buf, len);
 }
 
-static int gp_parse_limit(gp_config *c, const char *v, char *why, size_t n)
-{
-    return gp_spec_parse(&c->limit, v, why, n);
-}
 
-static int gp_print_limit(const gp_config *c, char *buf, size_t len)
-{
-    return gp_spec_print(c->limit, buf, len);
-}
 
 static int gp_parse_prio(gp_config *c, const char *v, char *why, size_t n)
 {
@@ -457,27 +449,9 @@ static int gp_bool(int *dst, const char *v)
     return 0;
 }
 
-static int gp_parse_trace(gp_config *c, const char *v, char *why, size_t n)
-{
-    (void)why, (void)n;
-    return gp_bool(&c->trace, v);
-}
 
-static int gp_print_trace(const gp_config *c, char *buf, size_t len)
-{
-    return snprintf(buf, len, "%d", c->trace != 0);
-}
 
-static int gp_parse_debug(gp_config *c, const char *v, char *why, size_t n)
-{
-    (void)why, (void)n;
-    return gp_bool(&c->debug, v);
-}
 
-static int gp_print_debug(const gp_config *c, char *buf, size_t len)
-{
-    return snprintf(buf, len, "%d", c->debug != 0);
-}
 
 static int gp_parse_chunk(gp_config *c, const char *v, char *why, size_t n)
 {
@@ -532,16 +506,7 @@ static int gp_print_slack(const gp_config *c, char *buf, size_t len)
     return gp_percent_print(c->cache_slack, buf, len);
 }
 
-static int gp_parse_patch(gp_config *c, const char *v, char *why, size_t n)
-{
-    (void)why, (void)n;
-    return gp_bool(&c->torch_patch, v);
-}
 
-static int gp_print_patch(const gp_config *c, char *buf, size_t len)
-{
-    return snprintf(buf, len, "%d", c->torch_patch != 0);
-}
 
 /* Indexed by GP_PLACE_*. */
 static const char *const gp_placement_names[] = {"none", "lifetime", NULL};
@@ -575,20 +540,8 @@ static int gp_parse_host_limit(gp_config *c, const char *v, char *why, size_t n)
     return 0;
 }
 
-static int gp_print_host_limit(const gp_config *c, char *buf, size_t len)
-{
-    return gp_spec_print(c->host_limit, buf, len);
-}
 
-static int gp_parse_device_limit(gp_config *c, const char *v, char *why, size_t n)
-{
-    return gp_spec_parse(&c->device_limit, v, why, n);
-}
 
-static int gp_print_device_limit(const gp_config *c, char *buf, size_t len)
-{
-    return gp_spec_print(c->device_limit, buf, len);
-}
 
 /* A duration: digits with an optional fraction, then ms, s (the default
  * unit) or min; at most a day, in milliseconds.  The value must be a whole
@@ -632,25 +585,51 @@ static int gp_duration_print(uint64_t ms, char *buf, size_t len)
     return snprintf(buf, len, "%llus", (unsigned long long)(ms / 1000));
 }
 
-static int gp_parse_timeout(gp_config *c, const char *v, char *why, size_t n)
-{
-    return gp_duration_scan(v, &c->reclaim_timeout_ms, why, n);
-}
 
-static int gp_print_timeout(const gp_config *c, char *buf, size_t len)
-{
-    return gp_duration_print(c->reclaim_timeout_ms, buf, len);
-}
 
-static int gp_parse_turn(gp_config *c, const char *v, char *why, size_t n)
-{
-    return gp_duration_scan(v, &c->tenant_turn_ms, why, n);
-}
 
-static int gp_print_turn(const gp_config *c, char *buf, size_t len)
-{
-    return gp_duration_print(c->tenant_turn_ms, buf, len);
-}
+
+/* Options that are a plain size spec, boolean or duration: their parser
+ * and printer, gp_parse_<field> and gp_print_<field>. */
+#define GP_SPEC_PRINTER(field)                                                  \
+    static int gp_print_##field(const gp_config *c, char *buf, size_t len)     \
+    {                                                                           \
+        return gp_spec_print(c->field, buf, len);                               \
+    }
+#define GP_SPEC_OPTION(field)                                                   \
+    static int gp_parse_##field(gp_config *c, const char *v, char *why, size_t n) \
+    {                                                                           \
+        return gp_spec_parse(&c->field, v, why, n);                             \
+    }                                                                           \
+    GP_SPEC_PRINTER(field)
+#define GP_BOOL_OPTION(field)                                                   \
+    static int gp_parse_##field(gp_config *c, const char *v, char *why, size_t n) \
+    {                                                                           \
+        (void)why, (void)n;                                                     \
+        return gp_bool(&c->field, v);                                           \
+    }                                                                           \
+    static int gp_print_##field(const gp_config *c, char *buf, size_t len)     \
+    {                                                                           \
+        return snprintf(buf, len, "%d", c->field != 0);                         \
+    }
+#define GP_DURATION_OPTION(field)                                               \
+    static int gp_parse_##field(gp_config *c, const char *v, char *why, size_t n) \
+    {                                                                           \
+        return gp_duration_scan(v, &c->field, why, n);                          \
+    }                                                                           \
+    static int gp_print_##field(const gp_config *c, char *buf, size_t len)     \
+    {                                                                           \
+        return gp_duration_print(c->field, buf, len);                           \
+    }
+
+GP_SPEC_OPTION(limit)
+GP_SPEC_OPTION(device_limit)
+GP_SPEC_PRINTER(host_limit)
+GP_BOOL_OPTION(trace)
+GP_BOOL_OPTION(debug)
+GP_BOOL_OPTION(torch_patch)
+GP_DURATION_OPTION(reclaim_timeout_ms)
+GP_DURATION_OPTION(tenant_turn_ms)
 
 static int gp_parse_share(gp_config *c, const char *v, char *why, size_t n)
 {
@@ -718,7 +697,8 @@ static int gp_print_share(const gp_config *c, char *buf, size_t len)
       "requests below this size come from the small-block arena", gp_parse_small,         \
       gp_print_small)                                                                     \
     X("GPUPOOL_TORCH_PATCH", "torch_patch", "1", GP_BOOL_TEXT,                            \
-      "route torch.cuda memory APIs to gpupool", gp_parse_patch, gp_print_patch)         \
+      "route torch.cuda memory APIs to gpupool", gp_parse_torch_patch,                   \
+      gp_print_torch_patch)                                                               \
     X("GPUPOOL_PLACEMENT", "placement", "lifetime", "lifetime or none",                   \
       "lifetime: blocks of long-lived tags (weights, optimizer, kv_cache, ...) come from "\
       "a region of their own, apart from short-lived churn (expandable mode); none: one " \
@@ -751,12 +731,14 @@ static int gp_print_share(const gp_config *c, char *buf, size_t len)
     X("GPUPOOL_RECLAIM_TIMEOUT", "reclaim_timeout", "30s",                                \
       "a duration such as 30, 2.5s, 500ms or 2min, in whole milliseconds, at most a day; 0: do not wait",       \
       "with GPUPOOL_TENANT: how long an allocation waits for other tenants to give "      \
-      "memory back before it fails", gp_parse_timeout, gp_print_timeout)                  \
+      "memory back before it fails", gp_parse_reclaim_timeout_ms,                         \
+      gp_print_reclaim_timeout_ms)                                                        \
     X("GPUPOOL_TENANT_TURN", "tenant_turn", "1s",                                        \
       "a duration such as 1s, 250ms or 2min, in whole milliseconds, at most a day; 0: a turn of one step",     \
       "with GPUPOOL_TENANT and yield points: how long a tenant keeps its memory across "  \
       "its steps while one of its own priority waits (each handover unmaps and maps the " \
-      "step's memory); a higher priority never waits for it", gp_parse_turn, gp_print_turn) \
+      "step's memory); a higher priority never waits for it", gp_parse_tenant_turn_ms,    \
+      gp_print_tenant_turn_ms)                                                            \
     X("GPUPOOL_TENANT_SHARE", "tenant_share", "50%",                                      \
       "a percentage such as 50% or a fraction such as 0.5, above 0; 100% (or 1): no pause", \
       "with GPUPOOL_TENANT and yield points: the share of the time that the tenants below " \
