@@ -7,6 +7,7 @@ from PyPI when this machine has none).
 """
 import glob
 import os
+import re
 import sys
 
 from setuptools import Extension, setup
@@ -34,6 +35,22 @@ def cuda_include() -> str:
 # libc, libpthread, libdl and librt, as the manylinux policy asks, and builds
 # without zstd's headers.  GP_BUILD_NO_ZSTD=1 leaves zstd support out.
 macros = [] if os.environ.get("GP_BUILD_NO_ZSTD") == "1" else [("GP_HAVE_ZSTD", "1")]
+
+
+def project_version() -> str:
+    """pyproject.toml's version: the one number of the package, which the
+    extension reports (GP_VERSION, build_info()) and gpupool.__version__
+    reads back from it."""
+    with open(os.path.join(HERE, "pyproject.toml"), encoding="utf-8") as f:
+        text = f.read()
+    project = text[text.index("\n[project]\n"):]
+    m = re.search(r'^version\s*=\s*"([^"]+)"\s*$', project, re.MULTILINE)
+    if not m:
+        sys.exit("gpupool: no version in the [project] table of pyproject.toml")
+    return m.group(1)
+
+
+macros.append(("GP_VERSION", '"%s"' % project_version()))
 libraries = ["pthread", "dl", "rt"]  # rt: shm_open (in libc itself from glibc 2.34)
 
 class BuildExt(build_ext):

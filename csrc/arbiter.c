@@ -31,6 +31,7 @@
 
 #include "arbiter.h"
 #include "error.h"
+#include "util.h"
 
 #define GP_ARB_MAGIC 0x3174696272617067ull /* "gparbit1" */
 #define GP_ARB_VERSION 4
@@ -126,28 +127,14 @@ static int gp_forked(const gp_arbiter *a)
 
 /* ------------------------------------------------------------- helpers */
 
-static uint64_t gp_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts); /* system-wide: comparable across processes */
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+/* The clock (ns) and the byte formatter of util.h, by this file's names. */
+#define gp_now gp_now_ns
+#define gp_fmt gp_fmt_bytes
 
 static void gp_nap(uint64_t ns)
 {
     struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
     nanosleep(&ts, NULL);
-}
-
-/* "1.50 GiB" */
-static const char *gp_fmt(uint64_t b, char *buf, size_t n)
-{
-    static const char *const u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)b;
-    int i = 0;
-    while (v >= 1024 && i < 4) v /= 1024, i++;
-    snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", v, u[i]);
-    return buf;
 }
 
 static int gp_id_ok(const char *s, int dot, size_t *len)

@@ -168,22 +168,42 @@ void gp_arbiter_view(gp_arbiter *a, uint64_t *limit, uint64_t *avail);
 
 /* ------------------------------------------------------------ reading */
 
+/* A tenant's figures, one X(field, key, unit) each: the member of
+ * gp_tenant_info and the key of gpupool.tenants()'s dict, which gives a
+ * GP_TENANT_NS figure in seconds (key ..._s) and a GP_TENANT_COUNT one as
+ * it is (bytes or a count). */
+enum { GP_TENANT_COUNT = 0, GP_TENANT_NS = 1 };
+#define GP_TENANT_FIGURES(X)                                                                      \
+    X(quota, "quota", GP_TENANT_COUNT)             /* its own cap (its pool limit), 0: none */    \
+    X(held, "held", GP_TENANT_COUNT)               /* bytes mapped */                             \
+    X(cached, "cached", GP_TENANT_COUNT)                                                          \
+    X(offloadable, "offloadable", GP_TENANT_COUNT)                                                \
+    X(offloaded, "offloaded", GP_TENANT_COUNT)                                                    \
+    X(wanted, "wanted", GP_TENANT_COUNT)           /* bytes it waits for now */                   \
+    X(lease, "lease", GP_TENANT_COUNT)             /* what its step may hold (0: no lease) */     \
+    X(waiting_ns, "waiting_s", GP_TENANT_NS)       /* since when it waits (0: not waiting) */     \
+    X(seen_ns, "seen_s", GP_TENANT_NS)             /* since its last sign of life */              \
+    X(asked, "asked", GP_TENANT_COUNT)             /* bytes asked of it, not yet answered */      \
+    X(n_waits, "waits", GP_TENANT_COUNT)                                                          \
+    X(n_wait_fail, "wait_failures", GP_TENANT_COUNT)                                              \
+    X(wait_ns, "wait_s", GP_TENANT_NS)                                                            \
+    X(wait_max_ns, "wait_max_s", GP_TENANT_NS)                                                    \
+    X(pause_ns, "paused_s", GP_TENANT_NS)          /* paused at yield points for higher ones */   \
+    X(step_ns, "step_s", GP_TENANT_NS)             /* its last step, yield point to yield point */ \
+    X(n_given, "reclaims_given", GP_TENANT_COUNT)  /* answers it gave */                          \
+    X(bytes_given, "bytes_given", GP_TENANT_COUNT) /* bytes they released */                      \
+    X(n_received, "reclaims_received", GP_TENANT_COUNT) /* answers to its asks */                 \
+    X(bytes_received, "bytes_received", GP_TENANT_COUNT)                                          \
+    X(lat_median_ns, "latency_median_s", GP_TENANT_NS) /* ask -> answer, of its answers */        \
+    X(lat_max_ns, "latency_max_s", GP_TENANT_NS)
+
 typedef struct gp_tenant_info {
     int pid, priority, slot;
     int self;                   /* this process                            */
     char name[GP_ARB_NAME_MAX];
-    uint64_t quota, held, cached, offloadable, offloaded;
-    uint64_t wanted;            /* bytes it waits for now                  */
-    uint64_t lease;             /* what its step may hold (0: no lease)    */
-    uint64_t waiting_ns;        /* since when it waits (0: not waiting)    */
-    uint64_t seen_ns;           /* since its last sign of life             */
-    uint64_t asked;             /* bytes asked of it, not yet answered     */
-    uint64_t n_waits, n_wait_fail, wait_ns, wait_max_ns;
-    uint64_t pause_ns;          /* paused at yield points for higher ones  */
-    uint64_t step_ns;           /* its last step, yield point to yield point */
-    uint64_t n_given, bytes_given;       /* answers it gave, bytes released */
-    uint64_t n_received, bytes_received; /* answers to its asks            */
-    uint64_t lat_median_ns, lat_max_ns;  /* ask -> answer, of its answers  */
+#define GP_TENANT_MEMBER(field, key, unit) uint64_t field;
+    GP_TENANT_FIGURES(GP_TENANT_MEMBER)
+#undef GP_TENANT_MEMBER
     uint32_t n_lat;
     uint32_t lat_us[GP_ARB_LAT];         /* the last answers' latencies,
                                             oldest first                   */

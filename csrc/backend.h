@@ -22,82 +22,107 @@
  * codec's arrays while the other lane's data is copied). */
 enum { GP_COPY_D2H = 0, GP_COPY_H2D = 1, GP_COPY_D2D = 2, GP_COPY_BY_KERNEL = 4 };
 
+/* The operations of a backend, one X(ret, name, NAME, params, args) each,
+ * with what each promises: ret is gp_status or void, NAME the upper-case
+ * name (the host backend's fault-injection points, backend_host.h), params
+ * the parameters and args the same names as a call passes them.  This one
+ * list makes the function pointers of struct gp_backend, the forwarders of
+ * the adaptors (backend_forward.c), the initialisers of the backends and
+ * the host backend's fault-injection points: an operation added here
+ * reaches all of them, or the build fails.  destroy is apart (it is every
+ * adaptor's own). */
+#define GP_BACKEND_OPS(X)                                                                              \
+    /* Reserve `size` bytes of virtual address space aligned to `align` (both                       \
+     * multiples of granularity; align a power of two); nothing is backed yet. */                  \
+    X(gp_status, reserve, RESERVE, (gp_backend *be, uint64_t size, uint64_t align, uintptr_t *base),  \
+      (be, size, align, base))                                                                       \
+    /* Give back exactly one earlier reservation (same base and size), with                         \
+     * nothing mapped in it any more. */                                                              \
+    X(void, unreserve, UNRESERVE, (gp_backend *be, uintptr_t base, uint64_t size), (be, base, size))  \
+    /* Back [addr, addr+size) inside a reservation with new physical memory,                          \
+     * readable and writable by the device; `*handle` identifies it for                               \
+     * unmap.  GP_ERR_OOM when the device is full. */                                                 \
+    X(gp_status, map, MAP, (gp_backend *be, uintptr_t addr, uint64_t size, uint64_t *handle),          \
+      (be, addr, size, handle))                                                                      \
+    /* Release exactly one earlier map(): same addr, size and handle. */                              \
+    X(gp_status, unmap, UNMAP, (gp_backend *be, uintptr_t addr, uint64_t size, uint64_t handle),      \
+      (be, addr, size, handle))                                                                      \
+    /* Make `waiter` wait (on the device, not the host) for all work queued                          \
+     * on `signaler` so far. */                                                                        \
+    X(gp_status, stream_wait, STREAM_WAIT, (gp_backend *be, gp_stream waiter, gp_stream signaler),    \
+      (be, waiter, signaler))                                                                        \
+    /* Events, for Tensor.record_stream: record one on `stream` (it completes                        \
+     * when the work queued there so far has), ask whether it has completed                           \
+     * (no host wait), and give it back.  `*event` is never 0. */                                    \
+    X(gp_status, event_record, EVENT_RECORD, (gp_backend *be, gp_stream stream, uint64_t *event),     \
+      (be, stream, event))                                                                           \
+    X(gp_status, event_query, EVENT_QUERY, (gp_backend *be, uint64_t event, int *done),              \
+      (be, event, done))                                                                             \
+    X(void, event_release, EVENT_RELEASE, (gp_backend *be, uint64_t event), (be, event))             \
+    /* Whether `stream` is capturing a CUDA graph now (*capturing 0 or 1).                            \
+     * Asked only while a capture is known to be underway. */                                         \
+    X(gp_status, is_capturing, IS_CAPTURING, (gp_backend *be, gp_stream stream, int *capturing),      \
+      (be, stream, capturing))                                                                       \
+    /* Block the host until all work on the device has completed. */                                  \
+    X(gp_status, synchronize, SYNCHRONIZE, (gp_backend *be), (be))                                    \
+    /* Free and total memory of the device as its driver sees it. */                                  \
+    X(gp_status, mem_info, MEM_INFO, (gp_backend *be, uint64_t *free_b, uint64_t *total_b),           \
+      (be, free_b, total_b))                                                                         \
+    /* For offload (offload.c).  Page-locked host memory, which the device                            \
+     * reads and writes asynchronously at full speed: pinning is slow (about                          \
+     * 1.6 GB/s), so callers keep it.  GP_ERR_NOMEM when the host has none.                           \
+     * host_free gives back exactly one earlier host_alloc (same ptr and size). */                    \
+    X(gp_status, host_alloc, HOST_ALLOC, (gp_backend *be, uint64_t size, void **ptr), (be, size, ptr)) \
+    X(void, host_free, HOST_FREE, (gp_backend *be, void *ptr, uint64_t size), (be, ptr, size))       \
+    /* A stream of the backend's own, ordered with no other stream. */                                \
+    X(gp_status, stream_create, STREAM_CREATE, (gp_backend *be, gp_stream *out), (be, out))          \
+    X(void, stream_destroy, STREAM_DESTROY, (gp_backend *be, gp_stream stream), (be, stream))        \
+    /* Queue a copy of `size` bytes from `src` to `dst` on `stream`, in the                           \
+     * direction GP_COPY_*; it runs in stream order (asynchronously to the                            \
+     * host when the host side is host_alloc memory).  Device addresses must                          \
+     * be mapped until the copy has run. */                                                           \
+    X(gp_status, copy, COPY, (gp_backend *be, void *dst, const void *src, uint64_t size, int dir,     \
+                              gp_stream stream), (be, dst, src, size, dir, stream))                   \
+    /* Block the host until `event` (event_record) has completed. */                                  \
+    X(gp_status, event_wait, EVENT_WAIT, (gp_backend *be, uint64_t event), (be, event))              \
+    /* Write, in `stream`'s order, the checksum (checksum.h) of the device                            \
+     * memory [ptr, ptr+size) (size a multiple of 8) with `seed` to the 8                             \
+     * bytes at device address `out`. */                                                              \
+    X(gp_status, checksum, CHECKSUM, (gp_backend *be, const void *ptr, uint64_t size, uint64_t seed,  \
+                                      void *out, gp_stream stream), (be, ptr, size, seed, out, stream)) \
+    /* Queue on `stream` the gather of n device ranges into one: range b,                             \
+     * srcs[b] for lens[b] bytes, lands at dst + the sum of the earlier                               \
+     * ranges' lengths, each rounded up to `align` (a power of two); a                                \
+     * length above max_len counts as 0 and copies nothing.  srcs and lens                            \
+     * are read where the work runs, in stream order (a compression may                               \
+     * have written them): device arrays on a GPU.  Compressed offload                                \
+     * gathers a batch's chunks so that one copy takes them to the host. */                           \
+    X(gp_status, gather, GATHER, (gp_backend *be, void *dst, const void *const *srcs, const size_t *lens, \
+                                  uint32_t n, uint64_t align, uint64_t max_len, gp_stream stream),     \
+      (be, dst, srcs, lens, n, align, max_len, stream))                                              \
+    /* Run fn(arg) on the calling thread with the device's context current                            \
+     * (CUDA: the primary context, pushed only if another one is current),                            \
+     * for libraries that work on the current context, as nvCOMP does                                 \
+     * (codec_nvcomp.c); returns fn's status. */                                                      \
+    X(gp_status, in_context, IN_CONTEXT, (gp_backend *be, gp_status (*fn)(void *arg), void *arg),    \
+      (be, fn, arg))
+
+/* ret, the list's first column, pasted: GP_BACKEND_IF_STATUS_##ret(...) is
+ * its arguments for an operation that returns a status (one that can
+ * fail), nothing for the others. */
+#define GP_BACKEND_IF_STATUS_gp_status(...) __VA_ARGS__
+#define GP_BACKEND_IF_STATUS_void(...)
+
 struct gp_backend {
     const char *name;        /* "cuda", "host"                               */
     int device;              /* device ordinal                               */
     uint64_t total;          /* device memory in bytes                       */
     uint64_t granularity;    /* mapping unit: addresses and sizes of map()
                                 are multiples of it                          */
-
-    /* Reserve `size` bytes of virtual address space aligned to `align`
-     * (both multiples of granularity); nothing is backed yet. */
-    gp_status (*reserve)(gp_backend *be, uint64_t size, uint64_t align,
-                         uintptr_t *base);
-    void (*unreserve)(gp_backend *be, uintptr_t base, uint64_t size);
-
-    /* Back [addr, addr+size) inside a reservation with new physical memory,
-     * readable and writable by the device; `*handle` identifies it for
-     * unmap.  GP_ERR_OOM when the device is full. */
-    gp_status (*map)(gp_backend *be, uintptr_t addr, uint64_t size,
-                     uint64_t *handle);
-    /* Release exactly one earlier map(): same addr, size and handle. */
-    gp_status (*unmap)(gp_backend *be, uintptr_t addr, uint64_t size,
-                       uint64_t handle);
-
-    /* Make `waiter` wait (on the device, not the host) for all work queued
-     * on `signaler` so far. */
-    gp_status (*stream_wait)(gp_backend *be, gp_stream waiter,
-                             gp_stream signaler);
-    /* Events, for Tensor.record_stream: record one on `stream` (it completes
-     * when the work queued there so far has), ask whether it has completed
-     * (no host wait), and give it back.  `*event` is never 0. */
-    gp_status (*event_record)(gp_backend *be, gp_stream stream, uint64_t *event);
-    gp_status (*event_query)(gp_backend *be, uint64_t event, int *done);
-    void (*event_release)(gp_backend *be, uint64_t event);
-    /* Whether `stream` is capturing a CUDA graph now (*capturing 0 or 1).
-     * Asked only while a capture is known to be underway. */
-    gp_status (*is_capturing)(gp_backend *be, gp_stream stream, int *capturing);
-    /* Block the host until all work on the device has completed. */
-    gp_status (*synchronize)(gp_backend *be);
-    /* Free and total memory of the device as its driver sees it. */
-    gp_status (*mem_info)(gp_backend *be, uint64_t *free_b, uint64_t *total_b);
-
-    /* For offload (offload.c).  Page-locked host memory, which the device
-     * reads and writes asynchronously at full speed: pinning is slow (about
-     * 1.6 GB/s), so callers keep it.  GP_ERR_NOMEM when the host has none. */
-    gp_status (*host_alloc)(gp_backend *be, uint64_t size, void **ptr);
-    void (*host_free)(gp_backend *be, void *ptr, uint64_t size);
-    /* A stream of the backend's own, ordered with no other stream. */
-    gp_status (*stream_create)(gp_backend *be, gp_stream *out);
-    void (*stream_destroy)(gp_backend *be, gp_stream stream);
-    /* Queue a copy of `size` bytes from `src` to `dst` on `stream`, in the
-     * direction GP_COPY_*; it runs in stream order (asynchronously to the
-     * host when the host side is host_alloc memory).  Device addresses must
-     * be mapped until the copy has run. */
-    gp_status (*copy)(gp_backend *be, void *dst, const void *src, uint64_t size,
-                      int dir, gp_stream stream);
-    /* Block the host until `event` (event_record) has completed. */
-    gp_status (*event_wait)(gp_backend *be, uint64_t event);
-    /* Write, in `stream`'s order, the checksum (checksum.h) of the device
-     * memory [ptr, ptr+size) (size a multiple of 8) with `seed` to the 8
-     * bytes at device address `out`. */
-    gp_status (*checksum)(gp_backend *be, const void *ptr, uint64_t size, uint64_t seed, void *out,
-                          gp_stream stream);
-    /* Queue on `stream` the gather of n device ranges into one: range b,
-     * srcs[b] for lens[b] bytes, lands at dst + the sum of the earlier
-     * ranges' lengths, each rounded up to `align` (a power of two); a
-     * length above max_len counts as 0 and copies nothing.  srcs and lens
-     * are read where the work runs, in stream order (a compression may
-     * have written them): device arrays on a GPU.  Compressed offload
-     * gathers a batch's chunks so that one copy takes them to the host. */
-    gp_status (*gather)(gp_backend *be, void *dst, const void *const *srcs, const size_t *lens, uint32_t n,
-                        uint64_t align, uint64_t max_len, gp_stream stream);
-    /* Run fn(arg) on the calling thread with the device's context current
-     * (CUDA: the primary context, pushed only if another one is current),
-     * for libraries that work on the current context, as nvCOMP does
-     * (codec_nvcomp.c); returns fn's status. */
-    gp_status (*in_context)(gp_backend *be, gp_status (*fn)(void *arg), void *arg);
-
+#define GP_BACKEND_MEMBER(ret, name, NAME, params, args) ret(*name) params;
+    GP_BACKEND_OPS(GP_BACKEND_MEMBER)
+#undef GP_BACKEND_MEMBER
+    /* Free everything the backend holds, itself included. */
     void (*destroy)(gp_backend *be);
 };
 

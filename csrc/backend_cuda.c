@@ -824,27 +824,10 @@ gp_status gp_backend_cuda_create(int device, gp_backend **out)
     be->name = "cuda";
     be->device = device;
     be->total = total;
-    be->reserve = cu_reserve;
-    be->unreserve = cu_unreserve;
-    be->map = cu_map;
-    be->unmap = cu_unmap;
-    be->stream_wait = cu_stream_wait;
-    be->event_record = cu_event_record;
-    be->event_query = cu_event_query;
-    be->event_release = cu_event_release;
-    be->is_capturing = cu_is_capturing;
-    be->synchronize = cu_synchronize;
-    be->mem_info = cu_mem_info;
     be->destroy = cu_destroy;
-    be->host_alloc = cu_host_alloc;
-    be->host_free = cu_host_free;
-    be->stream_create = cu_stream_create;
-    be->stream_destroy = cu_stream_destroy;
-    be->copy = cu_copy;
-    be->event_wait = cu_event_wait;
-    be->checksum = cu_checksum;
-    be->gather = cu_gather;
-    be->in_context = cu_in_context;
+#define CU_OP(ret, name, NAME, params, args) be->name = cu_##name;
+    GP_BACKEND_OPS(CU_OP)
+#undef CU_OP
 
     int pushed;
     size_t gran = 0;

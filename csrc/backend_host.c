@@ -75,8 +75,8 @@ typedef struct host_backend {
 #define HOST_STREAM_BASE 0x5eed0000000ull
 
 static const char *const host_fn_names[] = {
-#define HOST_FN_NAME(upper, lower) #lower,
-    GP_HOST_FNS(HOST_FN_NAME)
+#define HOST_FN_NAME(ret, name, NAME, params, args) GP_BACKEND_IF_STATUS_##ret(#name,)
+    GP_BACKEND_OPS(HOST_FN_NAME)
 #undef HOST_FN_NAME
 };
 
@@ -250,7 +250,7 @@ static void host_unreserve(gp_backend *be, uintptr_t base, uint64_t size)
     pthread_mutex_unlock(&h->lock);
 }
 
-static gp_status host_map_fn(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t *handle)
+static gp_status host_map(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t *handle)
 {
     host_backend *h = HOST(be);
     pthread_mutex_lock(&h->lock);
@@ -639,17 +639,11 @@ gp_status gp_backend_host_create(uint64_t capacity, gp_backend **out)
     if (!h) return gp_error_set(GP_ERR_NOMEM, "host backend: out of host memory");
     pthread_mutex_init(&h->lock, NULL);
     h->capacity = capacity;
-    h->be = (gp_backend){
-        .name = "host", .device = 0, .total = capacity, .granularity = 4096,
-        .reserve = host_reserve, .unreserve = host_unreserve, .map = host_map_fn,
-        .unmap = host_unmap, .stream_wait = host_stream_wait,
-        .event_record = host_event_record, .event_query = host_event_query,
-        .event_release = host_event_release, .is_capturing = host_is_capturing,
-        .synchronize = host_synchronize, .mem_info = host_mem_info, .destroy = host_destroy,
-        .host_alloc = host_host_alloc, .host_free = host_host_free, .stream_create = host_stream_create,
-        .stream_destroy = host_stream_destroy, .copy = host_copy, .event_wait = host_event_wait,
-        .checksum = host_checksum, .gather = host_gather, .in_context = host_in_context,
-    };
+    h->be = (gp_backend){.name = "host", .device = 0, .total = capacity, .granularity = 4096,
+                         .destroy = host_destroy};
+#define HOST_OP(ret, name, NAME, params, args) h->be.name = host_##name;
+    GP_BACKEND_OPS(HOST_OP)
+#undef HOST_OP
     *out = &h->be;
     return GP_OK;
 }

@@ -11,20 +11,13 @@
 
 #include "backend.h"
 
-/* The backend functions that can fail, for fault injection: every one that
- * returns a status (unreserve, event_release, host_free, stream_destroy and
- * destroy return nothing and cannot fail). */
-#define GP_HOST_FNS(X)                                                         \
-    X(RESERVE, reserve) X(MAP, map) X(UNMAP, unmap) X(STREAM_WAIT, stream_wait) \
-    X(EVENT_RECORD, event_record) X(EVENT_QUERY, event_query)                   \
-    X(IS_CAPTURING, is_capturing) X(SYNCHRONIZE, synchronize)                   \
-    X(MEM_INFO, mem_info) X(HOST_ALLOC, host_alloc)                             \
-    X(STREAM_CREATE, stream_create) X(COPY, copy) X(EVENT_WAIT, event_wait)   \
-    X(CHECKSUM, checksum) X(GATHER, gather) X(IN_CONTEXT, in_context)
-
+/* The backend functions that can fail, for fault injection: every
+ * operation of GP_BACKEND_OPS that returns a status (unreserve,
+ * event_release, host_free, stream_destroy and destroy return nothing and
+ * cannot fail), in the list's order: GP_HOST_RESERVE, GP_HOST_MAP, ... */
 typedef enum gp_host_fn {
-#define GP_HOST_FN_ENUM(upper, lower) GP_HOST_##upper,
-    GP_HOST_FNS(GP_HOST_FN_ENUM)
+#define GP_HOST_FN_ENUM(ret, name, NAME, params, args) GP_BACKEND_IF_STATUS_##ret(GP_HOST_##NAME,)
+    GP_BACKEND_OPS(GP_HOST_FN_ENUM)
 #undef GP_HOST_FN_ENUM
     GP_HOST_FN_COUNT
 } gp_host_fn;

@@ -16,18 +16,12 @@
 #include <time.h>
 
 #include "backend_forward.h"
+#include "util.h"
 
-static double gp_now_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
-}
-
-static void gp_log_line(gp_backend *be, const char *what, uintptr_t addr, uint64_t size, double t0,
+static void gp_log_line(gp_backend *be, const char *what, uintptr_t addr, uint64_t size, uint64_t t0,
                         gp_status st)
 {
-    double us = gp_now_us() - t0;
+    double us = (double)(gp_now_ns() - t0) / 1e3;
     if (size)
         fprintf(stderr, "gpupool: device %d: %s %.2f MiB at 0x%" PRIxPTR " (%.0f us)%s%s\n", be->device,
                 what, (double)size / (1 << 20), addr, us, st == GP_OK ? "" : ": failed, ",
@@ -41,7 +35,7 @@ static void gp_log_line(gp_backend *be, const char *what, uintptr_t addr, uint64
 
 static gp_status log_map(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t *handle)
 {
-    double t0 = gp_now_us();
+    uint64_t t0 = gp_now_ns();
     gp_status st = GP_INNER(be)->map(GP_INNER(be), addr, size, handle);
     gp_log_line(be, "map", addr, size, t0, st);
     return st;
@@ -49,7 +43,7 @@ static gp_status log_map(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t
 
 static gp_status log_unmap(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t handle)
 {
-    double t0 = gp_now_us();
+    uint64_t t0 = gp_now_ns();
     gp_status st = GP_INNER(be)->unmap(GP_INNER(be), addr, size, handle);
     gp_log_line(be, "unmap", addr, size, t0, st);
     return st;
@@ -57,7 +51,7 @@ static gp_status log_unmap(gp_backend *be, uintptr_t addr, uint64_t size, uint64
 
 static gp_status log_synchronize(gp_backend *be)
 {
-    double t0 = gp_now_us();
+    uint64_t t0 = gp_now_ns();
     gp_status st = GP_INNER(be)->synchronize(GP_INNER(be));
     gp_log_line(be, "device synchronize", 0, 0, t0, st);
     return st;

@@ -246,7 +246,11 @@ static int gp_abs_parse(uint64_t *dst, const char *v, uint64_t lo, uint64_t hi, 
 
 /* ---------------------------------------------------------- priorities */
 
-static const char *const gp_prio_names[] = {"low", "normal", "high", "critical", NULL};
+static const char *const gp_prio_names[] = {
+#define GP_PRIO_NAME(NAME, name) #name,
+    GP_PRIORITIES(GP_PRIO_NAME)
+#undef GP_PRIO_NAME
+    NULL};
 
 static int gp_prio_scan(const char *text, int *out)
 {
@@ -268,7 +272,7 @@ gp_status gp_parse_priority(const char *text, int *out)
 
 const char *gp_priority_name(int prio)
 {
-    return prio >= GP_PRIO_LOW && prio <= GP_PRIO_CRITICAL ? gp_prio_names[prio] : NULL;
+    return prio >= 0 && prio < GP_PRIO_NAMED ? gp_prio_names[prio] : NULL;
 }
 
 /* ------------------------------------------------- the options, one each */
@@ -318,15 +322,7 @@ static int gp_print_reserve(const gp_config *c, char *buf, size_t len)
     return gp_spec_print(c->reserve, buf, len);
 }
 
-static int gp_parse_limit(gp_config *c, const char *v, char *why, size_t n)
-{
-    return gp_spec_parse(&c->limit, v, why, n);
-}
 
-static int gp_print_limit(const gp_config *c, char *buf, size_t len)
-{
-    return gp_spec_print(c->limit, buf, len);
-}
 
 static int gp_parse_prio(gp_config *c, const char *v, char *why, size_t n)
 {
@@ -453,27 +449,9 @@ static int gp_bool(int *dst, const char *v)
     return 0;
 }
 
-static int gp_parse_trace(gp_config *c, const char *v, char *why, size_t n)
-{
-    (void)why, (void)n;
-    return gp_bool(&c->trace, v);
-}
 
-static int gp_print_trace(const gp_config *c, char *buf, size_t len)
-{
-    return snprintf(buf, len, "%d", c->trace != 0);
-}
 
-static int gp_parse_debug(gp_config *c, const char *v, char *why, size_t n)
-{
-    (void)why, (void)n;
-    return gp_bool(&c->debug, v);
-}
 
-static int gp_print_debug(const gp_config *c, char *buf, size_t len)
-{
-    return snprintf(buf, len, "%d", c->debug != 0);
-}
 
 static int gp_parse_chunk(gp_config *c, const char *v, char *why, size_t n)
 {
@@ -528,16 +506,7 @@ static int gp_print_slack(const gp_config *c, char *buf, size_t len)
     return gp_percent_print(c->cache_slack, buf, len);
 }
 
-static int gp_parse_patch(gp_config *c, const char *v, char *why, size_t n)
-{
-    (void)why, (void)n;
-    return gp_bool(&c->torch_patch, v);
-}
 
-static int gp_print_patch(const gp_config *c, char *buf, size_t len)
-{
-    return snprintf(buf, len, "%d", c->torch_patch != 0);
-}
 
 /* Indexed by GP_PLACE_*. */
 static const char *const gp_placement_names[] = {"none", "lifetime", NULL};
@@ -571,20 +540,8 @@ static int gp_parse_host_limit(gp_config *c, const char *v, char *why, size_t n)
     return 0;
 }
 
-static int gp_print_host_limit(const gp_config *c, char *buf, size_t len)
-{
-    return gp_spec_print(c->host_limit, buf, len);
-}
 
-static int gp_parse_device_limit(gp_config *c, const char *v, char *why, size_t n)
-{
-    return gp_spec_parse(&c->device_limit, v, why, n);
-}
 
-static int gp_print_device_limit(const gp_config *c, char *buf, size_t len)
-{
-    return gp_spec_print(c->device_limit, buf, len);
-}
 
 /* A duration: digits with an optional fraction, then ms, s (the default
  * unit) or min; at most a day, in milliseconds.  The value must be a whole
@@ -628,25 +585,51 @@ static int gp_duration_print(uint64_t ms, char *buf, size_t len)
     return snprintf(buf, len, "%llus", (unsigned long long)(ms / 1000));
 }
 
-static int gp_parse_timeout(gp_config *c, const char *v, char *why, size_t n)
-{
-    return gp_duration_scan(v, &c->reclaim_timeout_ms, why, n);
-}
 
-static int gp_print_timeout(const gp_config *c, char *buf, size_t len)
-{
-    return gp_duration_print(c->reclaim_timeout_ms, buf, len);
-}
 
-static int gp_parse_turn(gp_config *c, const char *v, char *why, size_t n)
-{
-    return gp_duration_scan(v, &c->tenant_turn_ms, why, n);
-}
 
-static int gp_print_turn(const gp_config *c, char *buf, size_t len)
-{
-    return gp_duration_print(c->tenant_turn_ms, buf, len);
-}
+
+/* Options that are a plain size spec, boolean or duration: their parser
+ * and printer, gp_parse_<field> and gp_print_<field>. */
+#define GP_SPEC_PRINTER(field)                                                  \
+    static int gp_print_##field(const gp_config *c, char *buf, size_t len)     \
+    {                                                                           \
+        return gp_spec_print(c->field, buf, len);                               \
+    }
+#define GP_SPEC_OPTION(field)                                                   \
+    static int gp_parse_##field(gp_config *c, const char *v, char *why, size_t n) \
+    {                                                                           \
+        return gp_spec_parse(&c->field, v, why, n);                             \
+    }                                                                           \
+    GP_SPEC_PRINTER(field)
+#define GP_BOOL_OPTION(field)                                                   \
+    static int gp_parse_##field(gp_config *c, const char *v, char *why, size_t n) \
+    {                                                                           \
+        (void)why, (void)n;                                                     \
+        return gp_bool(&c->field, v);                                           \
+    }                                                                           \
+    static int gp_print_##field(const gp_config *c, char *buf, size_t len)     \
+    {                                                                           \
+        return snprintf(buf, len, "%d", c->field != 0);                         \
+    }
+#define GP_DURATION_OPTION(field)                                               \
+    static int gp_parse_##field(gp_config *c, const char *v, char *why, size_t n) \
+    {                                                                           \
+        return gp_duration_scan(v, &c->field, why, n);                          \
+    }                                                                           \
+    static int gp_print_##field(const gp_config *c, char *buf, size_t len)     \
+    {                                                                           \
+        return gp_duration_print(c->field, buf, len);                           \
+    }
+
+GP_SPEC_OPTION(limit)
+GP_SPEC_OPTION(device_limit)
+GP_SPEC_PRINTER(host_limit)
+GP_BOOL_OPTION(trace)
+GP_BOOL_OPTION(debug)
+GP_BOOL_OPTION(torch_patch)
+GP_DURATION_OPTION(reclaim_timeout_ms)
+GP_DURATION_OPTION(tenant_turn_ms)
 
 static int gp_parse_share(gp_config *c, const char *v, char *why, size_t n)
 {
@@ -665,13 +648,15 @@ static int gp_print_share(const gp_config *c, char *buf, size_t len)
 }
 
 /* The table: variable, keyword, default, accepted values, meaning, parser,
- * printer.  The variable is always GPUPOOL_ and the keyword in upper case. */
+ * printer.  The variable is always GPUPOOL_ and the keyword in upper case.
+ * The default is the one list of defaults: gp_config_default parses it (its
+ * first word; a note may follow). */
 #define GP_OPTIONS(X)                                                                     \
     X("GPUPOOL_MODE", "mode", "expandable", "expandable or reserve",                      \
       "expandable: map chunks as the pool grows and give them back; reserve: map the "    \
       "whole pool at start, never again",                                                 \
       gp_parse_mode, gp_print_mode)                                                       \
-    X("GPUPOOL_RESERVE", "reserve", "80% (in reserve mode)",                              \
+    X("GPUPOOL_RESERVE", "reserve", "none (80% in reserve mode)",                         \
       GP_SIZE_TEXT "; none or 0 for the default",                                         \
       "size of the pool in reserve mode; a size implies GPUPOOL_MODE=reserve (with "      \
       "GPUPOOL_MODE=expandable it is an error)",                                          \
@@ -712,7 +697,8 @@ static int gp_print_share(const gp_config *c, char *buf, size_t len)
       "requests below this size come from the small-block arena", gp_parse_small,         \
       gp_print_small)                                                                     \
     X("GPUPOOL_TORCH_PATCH", "torch_patch", "1", GP_BOOL_TEXT,                            \
-      "route torch.cuda memory APIs to gpupool", gp_parse_patch, gp_print_patch)         \
+      "route torch.cuda memory APIs to gpupool", gp_parse_torch_patch,                   \
+      gp_print_torch_patch)                                                               \
     X("GPUPOOL_PLACEMENT", "placement", "lifetime", "lifetime or none",                   \
       "lifetime: blocks of long-lived tags (weights, optimizer, kv_cache, ...) come from "\
       "a region of their own, apart from short-lived churn (expandable mode); none: one " \
@@ -745,12 +731,14 @@ static int gp_print_share(const gp_config *c, char *buf, size_t len)
     X("GPUPOOL_RECLAIM_TIMEOUT", "reclaim_timeout", "30s",                                \
       "a duration such as 30, 2.5s, 500ms or 2min, in whole milliseconds, at most a day; 0: do not wait",       \
       "with GPUPOOL_TENANT: how long an allocation waits for other tenants to give "      \
-      "memory back before it fails", gp_parse_timeout, gp_print_timeout)                  \
+      "memory back before it fails", gp_parse_reclaim_timeout_ms,                         \
+      gp_print_reclaim_timeout_ms)                                                        \
     X("GPUPOOL_TENANT_TURN", "tenant_turn", "1s",                                        \
       "a duration such as 1s, 250ms or 2min, in whole milliseconds, at most a day; 0: a turn of one step",     \
       "with GPUPOOL_TENANT and yield points: how long a tenant keeps its memory across "  \
       "its steps while one of its own priority waits (each handover unmaps and maps the " \
-      "step's memory); a higher priority never waits for it", gp_parse_turn, gp_print_turn) \
+      "step's memory); a higher priority never waits for it", gp_parse_tenant_turn_ms,    \
+      gp_print_tenant_turn_ms)                                                            \
     X("GPUPOOL_TENANT_SHARE", "tenant_share", "50%",                                      \
       "a percentage such as 50% or a fraction such as 0.5, above 0; 100% (or 1): no pause", \
       "with GPUPOOL_TENANT and yield points: the share of the time that the tenants below " \
@@ -776,26 +764,22 @@ const gp_option_info *gp_config_options(size_t *count)
     return gp_options;
 }
 
+/* The defaults are the table's: each option's default text, parsed by its
+ * own parser, up to the first space (what follows is a note: "none (80% in
+ * reserve mode)"), so that what is documented is what is set. */
 void gp_config_default(gp_config *cfg)
 {
-    /* Keep in step with the defaults of GP_OPTIONS (test_config checks). */
-    *cfg = (gp_config){
-        .mode = GP_MODE_EXPANDABLE,
-        .priority = GP_PRIO_NORMAL,
-        .codec = "auto",
-        .offload_threads = 8,
-        .log = GP_LOG_OOM,
-        .chunk = 2 * MiB,
-        .small_size = 1 * MiB,
-        .large_chunk = 64 * MiB,
-        .cache_slack = 0.05,
-        .torch_patch = 1,
-        .placement = GP_PLACE_LIFETIME,
-        .host_limit = {.fraction = 0.5},
-        .reclaim_timeout_ms = 30000,
-        .tenant_turn_ms = 1000,
-        .tenant_share = 0.5,
-    };
+    *cfg = (gp_config){0};
+    for (size_t i = 0; i < GP_N_OPTIONS; i++) {
+        char def[32], why[96] = "";
+        snprintf(def, sizeof def, "%.*s", (int)strcspn(gp_options[i].def, " "), gp_options[i].def);
+        if (gp_handlers[i].parse(cfg, def, why, sizeof why) != 0) {
+            /* A slip in the table, which test_config finds first. */
+            fprintf(stderr, "gpupool: the default of %s, '%s', does not parse: %s\n", gp_options[i].env, def, why);
+            abort();
+        }
+    }
+    cfg->mode_given = cfg->large_chunk_given = 0; /* defaults, not given */
 }
 
 static int gp_option_find(const char *name)

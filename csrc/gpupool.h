@@ -55,8 +55,6 @@
 extern "C" {
 #endif
 
-#define GP_VERSION "0.1.0"
-
 typedef enum gp_status {
     GP_OK = 0,
     GP_ERR_OOM = 1,         /* the device (or the pool's reserve) is full   */
@@ -221,7 +219,15 @@ int gp_tag_lifetime(gp_tag tag);
  * memory keeps the priority of the block freed into it (the highest, where
  * free blocks merged).  GP_PRIO_DEFAULT asks for the pool's configured
  * priority (GPUPOOL_PRIORITY). */
-enum { GP_PRIO_LOW = 0, GP_PRIO_NORMAL = 1, GP_PRIO_HIGH = 2, GP_PRIO_CRITICAL = 3 };
+/* The named priorities, 0 up: X(NAME, name) makes GP_PRIO_NAME, its name
+ * (gp_priority_name, gpupool._C.PRIORITY_NAMES for Python). */
+#define GP_PRIORITIES(X) X(LOW, low) X(NORMAL, normal) X(HIGH, high) X(CRITICAL, critical)
+enum {
+#define GP_PRIO_ENUM(NAME, name) GP_PRIO_##NAME,
+    GP_PRIORITIES(GP_PRIO_ENUM)
+#undef GP_PRIO_ENUM
+    GP_PRIO_NAMED /* how many have a name */
+};
 #define GP_PRIO_MAX 255
 #define GP_PRIO_DEFAULT (-1)
 /* "low", "normal", "high", "critical" or a decimal int 0..255. */

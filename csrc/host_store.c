@@ -15,6 +15,7 @@
 #include <pthread.h>
 
 #include "host_store.h"
+#include "util.h"
 
 #define GP_EXTENT_ALIGN 16u
 
@@ -41,13 +42,6 @@ struct gp_host_store {
 };
 
 static uint64_t gp_align16(uint64_t x) { return (x + GP_EXTENT_ALIGN - 1) & ~(uint64_t)(GP_EXTENT_ALIGN - 1); }
-
-static double gp_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 gp_status gp_host_store_create(gp_backend *be, uint64_t limit, uint64_t slab, gp_host_store **out)
 {

@@ -215,6 +215,12 @@ static PyObject *m_free_errors(PyObject *self, PyObject *noargs)
  * loaded with dlopen, not linked: codec_host.c). */
 int gp_codec_host_available(void);
 
+/* The version is pyproject.toml's, which setup.py passes to the compiler:
+ * one number for the package, the extension and gpupool.__version__. */
+#ifndef GP_VERSION
+#error "GP_VERSION is not defined: setup.py defines it from pyproject.toml's version"
+#endif
+
 static PyObject *m_build_info(PyObject *self, PyObject *noargs)
 {
     (void)self;
@@ -319,6 +325,26 @@ static struct PyModuleDef module_def = {
     -1, module_methods, NULL, NULL, NULL, NULL,
 };
 
+/* PRIORITY_NAMES: the names of priorities 0 up ("low", ...). */
+static int gp_priority_names_add(PyObject *m)
+{
+    PyObject *t = PyTuple_New(GP_PRIO_NAMED);
+    if (!t) return -1;
+    for (int i = 0; i < GP_PRIO_NAMED; i++) {
+        PyObject *s = PyUnicode_FromString(gp_priority_name(i));
+        if (!s) {
+            Py_DECREF(t);
+            return -1;
+        }
+        PyTuple_SET_ITEM(t, i, s);
+    }
+    if (PyModule_AddObject(m, "PRIORITY_NAMES", t) < 0) {
+        Py_DECREF(t);
+        return -1;
+    }
+    return 0;
+}
+
 PyMODINIT_FUNC PyInit__C(void)
 {
     if (PyType_Ready(&gp_pool_type) < 0) return NULL;
@@ -329,7 +355,8 @@ PyMODINIT_FUNC PyInit__C(void)
         PyModule_AddIntConstant(m, "MAX_TAGS", GP_MAX_TAGS) < 0 ||
         PyModule_AddIntConstant(m, "PRIO_MAX", GP_PRIO_MAX) < 0 ||
         PyModule_AddIntConstant(m, "HISTORY_DEFAULT", GP_HISTORY_DEFAULT) < 0 ||
-        gp_stats_fields_add(m) < 0 || gp_pycodec_register(m) < 0 || gp_pyarbiter_register(m) < 0) {
+        gp_stats_fields_add(m) < 0 || gp_priority_names_add(m) < 0 || gp_pycodec_register(m) < 0 ||
+        gp_pyarbiter_register(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

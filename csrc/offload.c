@@ -12,13 +12,6 @@
 
 #include "offload_impl.h"
 
-double gp_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* ----------------------------------------------------- the operation lock */
 
 /* The offloader whose operation this thread runs: the operation may

@@ -143,15 +143,23 @@ uint64_t gp_offload_reclaim(gp_offloader *o, uint64_t needed, int below);
  * offload now) and of live memory offloaded now. */
 void gp_offload_figures(gp_offloader *o, uint64_t *offloadable, uint64_t *offloaded);
 
-/* Figures of the offloader. */
+/* Figures of the offloader, one X(field) each: the member of
+ * gp_offload_stats and the key of offload_stats()'s dict. */
+#define GP_OFFLOAD_STATS_FIELDS(X)                                              \
+    X(host_bytes)  /* bytes of offloaded data on the host now */               \
+    X(host_slabs)  /* pinned host memory held (slabs) */                       \
+    X(host_limit)                                                              \
+    X(n_offload)   /* calls that moved memory out */                           \
+    X(n_restore)   /* ... and back */                                          \
+    X(n_pressure)  /* offloads made by the pressure callback */                \
+    X(bytes_out)   /* bytes copied out, ever */                                \
+    X(bytes_in)    /* bytes copied back, ever */                               \
+    X(n_pin)       /* slabs pinned, ever */
+
 typedef struct gp_offload_stats {
-    uint64_t host_bytes;     /* bytes of offloaded data on the host now   */
-    uint64_t host_slabs;     /* pinned host memory held (slabs)           */
-    uint64_t host_limit;
-    uint64_t n_offload, n_restore, n_pressure; /* calls that moved memory;
-                                pressure: offloads made by the callback   */
-    uint64_t bytes_out, bytes_in;              /* bytes copied, ever      */
-    uint64_t n_pin;          /* slabs pinned, ever                        */
+#define GP_OFFLOAD_STAT_MEMBER(field) uint64_t field;
+    GP_OFFLOAD_STATS_FIELDS(GP_OFFLOAD_STAT_MEMBER)
+#undef GP_OFFLOAD_STAT_MEMBER
     uint64_t tag_host_bytes[GP_MAX_TAGS]; /* host bytes per tag now       */
 } gp_offload_stats;
 

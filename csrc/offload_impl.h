@@ -16,6 +16,7 @@
 #include "codec.h"
 #include "host_store.h"
 #include "offload.h"
+#include "util.h"
 #include "workq.h"
 
 /* Largest piece copied (or compressed) as one: big enough that a copy's
@@ -218,6 +219,5 @@ const char *gp_tags_text(const gp_record *r, char *buf, size_t len);
  * if given), until `needed` bytes were released; `op` is held. */
 gp_status gp_reclaim_locked(gp_offloader *o, uint64_t needed, int below, const gp_tagset *keep,
                             uint64_t *released);
-double gp_now(void);
 
 #endif /* GP_OFFLOAD_IMPL_H */

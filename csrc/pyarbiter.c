@@ -4,6 +4,7 @@
  * registries of the machine for `python -m gpupool top`.
  */
 #include <dirent.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "arbiter.h"
@@ -30,6 +31,17 @@ static int put(PyObject *d, const char *k, PyObject *v)
 
 static int put_u(PyObject *d, const char *k, uint64_t v) { return put(d, k, PyLong_FromUnsignedLongLong(v)); }
 
+/* The figures of gp_tenant_info, from arbiter.h's list. */
+static const struct {
+    const char *key;
+    size_t offset;
+    int unit;
+} tenant_figures[] = {
+#define GP_TENANT_ROW(field, key, unit) {key, offsetof(gp_tenant_info, field), unit},
+    GP_TENANT_FIGURES(GP_TENANT_ROW)
+#undef GP_TENANT_ROW
+};
+
 static PyObject *tenant_dict(const gp_tenant_info *t)
 {
     PyObject *d = PyDict_New(), *lat = PyList_New(t->n_lat);
@@ -41,20 +53,15 @@ static PyObject *tenant_dict(const gp_tenant_info *t)
     }
     if (put(d, "latencies_s", lat)) goto fail_d; /* (takes lat either way) */
     if (put(d, "pid", PyLong_FromLong(t->pid)) || put(d, "name", PyUnicode_DecodeUTF8(t->name, strlen(t->name), "replace")) ||
-        put(d, "priority", PyLong_FromLong(t->priority)) || put(d, "self", PyBool_FromLong(t->self)) ||
-        put_u(d, "quota", t->quota) || put_u(d, "held", t->held) || put_u(d, "cached", t->cached) ||
-        put_u(d, "offloadable", t->offloadable) || put_u(d, "offloaded", t->offloaded) ||
-        put_u(d, "wanted", t->wanted) || put_u(d, "lease", t->lease) || put(d, "waiting_s", PyFloat_FromDouble(t->waiting_ns / 1e9)) ||
-        put(d, "seen_s", PyFloat_FromDouble(t->seen_ns / 1e9)) || put_u(d, "asked", t->asked) ||
-        put_u(d, "waits", t->n_waits) || put_u(d, "wait_failures", t->n_wait_fail) ||
-        put(d, "wait_s", PyFloat_FromDouble(t->wait_ns / 1e9)) ||
-        put(d, "wait_max_s", PyFloat_FromDouble(t->wait_max_ns / 1e9)) ||
-        put(d, "paused_s", PyFloat_FromDouble(t->pause_ns / 1e9)) || put(d, "step_s", PyFloat_FromDouble(t->step_ns / 1e9)) ||
-        put_u(d, "reclaims_given", t->n_given) || put_u(d, "bytes_given", t->bytes_given) ||
-        put_u(d, "reclaims_received", t->n_received) || put_u(d, "bytes_received", t->bytes_received) ||
-        put(d, "latency_median_s", PyFloat_FromDouble(t->lat_median_ns / 1e9)) ||
-        put(d, "latency_max_s", PyFloat_FromDouble(t->lat_max_ns / 1e9)))
+        put(d, "priority", PyLong_FromLong(t->priority)) || put(d, "self", PyBool_FromLong(t->self)))
         goto fail_d;
+    for (size_t i = 0; i < sizeof tenant_figures / sizeof tenant_figures[0]; i++) {
+        uint64_t v;
+        memcpy(&v, (const char *)t + tenant_figures[i].offset, sizeof v);
+        if (put(d, tenant_figures[i].key,
+                tenant_figures[i].unit == GP_TENANT_NS ? PyFloat_FromDouble(v / 1e9) : PyLong_FromUnsignedLongLong(v)))
+            goto fail_d;
+    }
     return d;
 fail:
     Py_XDECREF(lat);

@@ -264,13 +264,16 @@ PyObject *gp_py_offload_stats(gp_pool_object *self, PyObject *args)
         Py_XDECREF(v);
     }
     if (!tags) return NULL;
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "host_bytes",
-                         (unsigned long long)s.host_bytes, "host_slabs", (unsigned long long)s.host_slabs,
-                         "host_limit", (unsigned long long)s.host_limit, "n_offload",
-                         (unsigned long long)s.n_offload, "n_restore", (unsigned long long)s.n_restore,
-                         "n_pressure", (unsigned long long)s.n_pressure, "bytes_out",
-                         (unsigned long long)s.bytes_out, "bytes_in", (unsigned long long)s.bytes_in, "n_pin",
-                         (unsigned long long)s.n_pin, "tags", tags);
+    PyObject *d = PyDict_New(), *v; /* offload.h's figures, then "tags" */
+#define GP_OFFLOAD_STAT_PUT(field)                                                        \
+    v = d ? PyLong_FromUnsignedLongLong(s.field) : NULL;                                  \
+    if (d && (!v || PyDict_SetItemString(d, #field, v) < 0)) Py_CLEAR(d);                 \
+    Py_XDECREF(v);
+    GP_OFFLOAD_STATS_FIELDS(GP_OFFLOAD_STAT_PUT)
+#undef GP_OFFLOAD_STAT_PUT
+    if (d && PyDict_SetItemString(d, "tags", tags) < 0) Py_CLEAR(d);
+    Py_DECREF(tags);
+    return d;
 }
 
 PyObject *gp_py_offload_corrupt(gp_pool_object *self, PyObject *arg)

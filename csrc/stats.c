@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "pool.h"
+#include "util.h"
 
 /* ---------------------------------------------------------------- queries */
 
@@ -159,16 +160,6 @@ void gp_pool_reset_peaks(gp_pool *p)
     pthread_mutex_unlock(&p->lock);
 }
 /* ------------------------------------------------------------- OOM report */
-
-static const char *gp_fmt_bytes(uint64_t b, char *buf, size_t len)
-{
-    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)b;
-    int u = 0;
-    while (v >= 1024.0 && u < 4) { v /= 1024.0; u++; }
-    snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", v, units[u]);
-    return buf;
-}
 
 void gp_oom_report_locked(gp_pool *p, uint64_t requested, char *buf, size_t len)
 {

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "trace.h"
+#include "util.h"
 
 struct gp_trace {
     gp_event *ev;
@@ -57,12 +58,8 @@ gp_trace *gp_trace_resized(const gp_trace *old, size_t cap)
 void gp_trace_add(gp_trace *t, int action, uintptr_t addr, uint64_t size, gp_stream stream, gp_tag tag,
                   int priority)
 {
-    struct timespec ts;
-    /* CLOCK_MONOTONIC: a vDSO call (tens of ns), and the clock Python's
-     * time.monotonic_ns() reads, so the layer above can convert to wall time. */
-    clock_gettime(CLOCK_MONOTONIC, &ts);
     gp_event *e = &t->ev[t->head];
-    e->time_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    e->time_ns = gp_now_ns(); /* (util.h: the clock Python's time.monotonic_ns() reads) */
     e->addr = addr;
     e->size = size;
     e->stream = stream;

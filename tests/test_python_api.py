@@ -29,6 +29,27 @@ def test_build_info() -> None:
     assert isinstance(info["zstd"], bool) and "lz4" not in info  # lz4 was linked, and used by nothing
 
 
+def test_version_is_pyproject_s() -> None:
+    # One number: pyproject.toml's, built into the extension (setup.py) and
+    # read back by the package; the installed metadata says the same.
+    import importlib.metadata
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    m = re.search(r'^version\s*=\s*"([^"]+)"', text[text.index("\n[project]\n"):], re.MULTILINE)
+    assert m and gpupool.__version__ == m.group(1)
+    assert importlib.metadata.version("gpupool") == gpupool.__version__
+
+
+def test_priority_names_are_the_c_list() -> None:
+    from gpupool._context import PRIORITY_NAMES, priority_name
+
+    assert PRIORITY_NAMES == ("low", "normal", "high", "critical")
+    assert [gpupool.priority_value(n) for n in PRIORITY_NAMES] == list(range(len(PRIORITY_NAMES)))
+    assert priority_name(2) == "high" and priority_name(7) == "7"
+
+
 def test_public_names_are_all_and_only_all() -> None:
     # `Any`, `Dict`, `Optional` and `annotations` were exported by accident.
     public = {n for n in dir(gpupool) if not n.startswith("_")}

@@ -22,7 +22,8 @@ from ._registry import device_pool, is_enabled
 from ._tagged import tagged
 from ._torch import disable_torch_patches, enable
 
-__version__ = "0.1.0"
+# pyproject.toml's version, as the extension was built with it (setup.py).
+__version__: str = _C.build_info()["version"]
 
 __all__ = [
     "__version__", "build_info", "enable", "is_enabled", "stats", "report", "reset_peak_stats",

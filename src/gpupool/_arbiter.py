@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _C
+from ._context import priority_name
 
 __all__ = ["yield_point", "install_yield_point", "tenants", "registries", "format_tenants"]
 
@@ -77,11 +78,6 @@ def tenants(group: str, device: str) -> Optional[Dict[str, Any]]:
     return _C.tenant_read(group, device)
 
 
-def _prio(p: int) -> str:
-    names = ("low", "normal", "high", "critical")
-    return names[p] if p < len(names) else str(p)
-
-
 def format_tenants(info: Dict[str, Any], fmt: Callable[[int], str]) -> str:
     """One registry as a table: a line for the group, a row per tenant."""
     limit = fmt(info["limit"]) if info["limit"] else f"none (device {fmt(info['total'])})"
@@ -95,7 +91,7 @@ def format_tenants(info: Dict[str, Any], fmt: Callable[[int], str]) -> str:
         wanted = f"{fmt(t['wanted'])} {t['waiting_s']:.1f}s" if t["wanted"] else "-"
         latency = (f"{1e3 * t['latency_median_s']:.1f}/{1e3 * t['latency_max_s']:.1f}ms"
                    if t["latencies_s"] else "-")
-        rows.append((str(t["pid"]), t["name"][:24], _prio(t["priority"]),
+        rows.append((str(t["pid"]), t["name"][:24], priority_name(t["priority"]),
                      fmt(t["quota"]) if t["quota"] else "-", fmt(t["held"]), fmt(t["cached"]),
                      fmt(t["offloadable"]), fmt(t["offloaded"]), fmt(t["lease"]) if t["lease"] else "-", wanted,
                      f"{t['waits']} ({t['wait_failures']} failed)",

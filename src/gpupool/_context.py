@@ -11,13 +11,16 @@ from typing import Any, Callable, Dict, Optional, Tuple, TypeVar, Union
 
 from . import _C
 
-__all__ = ["tag", "tag_id", "tag_lifetime", "priority_value", "current_tag", "LIFETIMES", "Priority"]
+__all__ = ["tag", "tag_id", "tag_lifetime", "priority_value", "priority_name", "current_tag", "LIFETIMES",
+           "PRIORITY_NAMES", "Priority"]
 
 Priority = Union[str, int]
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Indexed by the C side's GP_LIFE_*.
 LIFETIMES: Tuple[str, str] = ("short", "long")
+# The named priorities, 0 up: the C side's list (gpupool.h, GP_PRIORITIES).
+PRIORITY_NAMES: Tuple[str, ...] = tuple(_C.PRIORITY_NAMES)
 
 _ids: Dict[str, int] = {}
 
@@ -37,8 +40,14 @@ def tag_id(name: str) -> int:
 def priority_value(p: Priority) -> int:
     """'low', 'normal', 'high', 'critical' or an int 0..255 -> int."""
     if isinstance(p, bool) or not isinstance(p, (str, int)):
-        raise TypeError(f"a priority is 'low', 'normal', 'high', 'critical' or an int 0..255, got {p!r}")
+        names = ", ".join(repr(n) for n in PRIORITY_NAMES)
+        raise TypeError(f"a priority is {names} or an int 0..{_C.PRIO_MAX}, got {p!r}")
     return int(_C.parse_priority(str(p)))
+
+
+def priority_name(p: int) -> str:
+    """A priority as reports write it: its name ('high'), else the number."""
+    return PRIORITY_NAMES[p] if 0 <= p < len(PRIORITY_NAMES) else str(p)
 
 
 def tag_lifetime(name: str, lifetime: Optional[str] = None) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+from ._context import priority_name
+
 __all__ = ["format_bytes", "format_report"]
 
 
@@ -15,11 +17,6 @@ def format_bytes(n: float) -> str:
         v /= 1024
         u += 1
     return f"{v:.0f} {units[u]}" if u == 0 else f"{v:.2f} {units[u]}"
-
-
-def _prio_name(p: int) -> str:
-    names = {0: "low", 1: "normal", 2: "high", 3: "critical"}
-    return names.get(p, str(p))
 
 
 def format_report(name: str, s: Dict[str, Any]) -> str:
@@ -63,7 +60,7 @@ def format_report(name: str, s: Dict[str, Any]) -> str:
     if prios:
         lines.append(f"{'priority':24}{'allocated':>12}{'peak':>12}")
         for p, v in prios:
-            lines.append(f"{_prio_name(p):24}{fb(v['allocated']):>12}{fb(v['allocated_peak']):>12}")
+            lines.append(f"{priority_name(p):24}{fb(v['allocated']):>12}{fb(v['allocated_peak']):>12}")
     h = s["history"]
     if h["max_entries"]:
         lines.append(f"history: {h['len']} of {h['max_entries']} events kept ({h['recorded']} recorded), "
