@@ -248,8 +248,8 @@ gp_status gp_offload_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, co
     return st;
 }
 
-/* The failure of a prefetch or a background offload, if one finished
- * with one since it was last reported (the lock is held). */
+/* The failure of a background offload, if one finished with one since it
+ * was last reported (the lock is held). */
 static gp_status gp_bg_failure(gp_offloader *o)
 {
     gp_status st = o->bg_status;
@@ -258,10 +258,13 @@ static gp_status gp_bg_failure(gp_offloader *o)
     return st;
 }
 
-/* A job of the background thread finished with `st` (the lock is held). */
-static void gp_bg_done(gp_offloader *o, gp_status st)
+/* A job of the background thread finished with `st` (the lock is held);
+ * `report`: a failure is the next restore's to report (a background
+ * offload's: its caller has gone on; a prefetch's is not, as the record
+ * stays offloaded and the restore that wants it tries it again). */
+static void gp_bg_done(gp_offloader *o, gp_status st, int report)
 {
-    if (st != GP_OK) {
+    if (st != GP_OK && report) {
         o->bg_status = st;
         snprintf(o->bg_error, sizeof o->bg_error, "%s", gp_last_error());
     }
@@ -296,7 +299,6 @@ gp_status gp_restore_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, in
         if (!r && !held) break;
         if (!r) {
             pthread_cond_wait(&o->cond, &o->lock);
-            st = gp_bg_failure(o); /* (a prefetch of them failed: say why) */
             continue;
         }
         if (r->lost && !accept_loss) {
@@ -330,10 +332,11 @@ static gp_status gp_job_prefetch_record(void *arg)
     gp_status st = gp_restore_held(o, r, &pf->w, &res);
     free(pf);
     pthread_mutex_lock(&o->lock);
-    /* A failed one stays offloaded, and the next restore reports why: a
-     * restore waiting for it wakes to both at once. */
+    /* A failed one stays offloaded: a restore that wants it tries it again
+     * and says why it fails, if it does (a prefetch's failure reported by
+     * whatever restore came next failed one that would have worked). */
     if (st != GP_OK) gp_record_move(o, r, GP_REC_PREFETCHING, GP_REC_OFFLOADED);
-    gp_bg_done(o, st);
+    gp_bg_done(o, st, 0);
     pthread_mutex_unlock(&o->lock);
     return st;
 }
@@ -386,7 +389,7 @@ static gp_status gp_job_offload(void *arg)
     free(job);
     pthread_mutex_lock(&o->lock);
     o->n_background--;
-    gp_bg_done(o, st);
+    gp_bg_done(o, st, 1);
     pthread_mutex_unlock(&o->lock);
     gp_pool_releasing(o->pool, -1);
     return st;

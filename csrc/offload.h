@@ -118,7 +118,8 @@ gp_status gp_restore_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, in
 
 /* Start restoring `tags` on a worker thread and return once it is queued
  * (after the background offloads queued before it have run); a later
- * gp_restore_tags waits for it and reports its failure.  An offload that
+ * gp_restore_tags waits for it, and where it failed (the memory stays
+ * offloaded) tries again and reports its own failure.  An offload that
  * lost bytes is left to a restore (which may accept the loss). */
 gp_status gp_prefetch_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags);
 

@@ -153,8 +153,8 @@ struct gp_offloader {
     uint64_t *sums_host;
     size_t sums_at, sums_free;
     unsigned depth;        /* operations running (under `op`): 0, 1 or 2 */
-    /* The last failure of a prefetch or a background offload, reported by
-     * the next offload, restore or prefetch. */
+    /* The last failure of a background offload, reported by the next
+     * restore. */
     gp_status bg_status;
     char bg_error[512];
     gp_offload_stats st;

@@ -140,7 +140,10 @@ def restore(tag: Tags, *, accept_loss: bool = False, device: Optional[int] = Non
 
 def prefetch(tag: Tags, *, device: Optional[int] = None, pool: Optional["PoolView"] = None) -> None:
     """Start restoring `tag` on a worker thread and return at once; a later
-    :func:`restore` (or a hook of :func:`offloadable`) waits for it."""
+    :func:`restore` (or a hook of :func:`offloadable`) waits for it, and
+    where it failed (the memory stays offloaded) tries again and raises its
+    own error if that fails too.  Memory whose offload lost bytes is left
+    to :func:`restore`, which may accept the loss."""
     _pool(device, pool)._pool.prefetch(_tag_ids(tag))
 
 

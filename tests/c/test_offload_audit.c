@@ -439,6 +439,36 @@ static void test_first_error(void)
     crowd_done(&c);
 }
 
+/* A prefetch that failed (its maps were refused) leaves the memory
+ * offloaded; the restore after it, with the device willing again, brings it
+ * back instead of reporting the prefetch's failure. */
+static void test_prefetch_failed(void)
+{
+    gp_backend *be;
+    gp_pool *p = pool_with(64 * MiB, &be);
+    gp_offloader *o;
+    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    void *a = gp_alloc(p, 6 * MiB, NULL, T_A, GP_PRIO_NORMAL, NULL);
+    fill(a, 6 * MiB, 12);
+    gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
+    gp_offload_result r;
+    CHECK(gp_offload_tags(o, &T_A, 1, &opts, &r) == GP_OK);
+    gp_host_fail(be, GP_HOST_MAP, 1, GP_ERR_BACKEND, GP_HOST_FAIL_FROM);
+    CHECK(gp_prefetch_tags(o, &T_A, 1) == GP_OK);
+    /* A background offload of nothing queued behind it: once it ran (a
+     * reclaim waits for it), so did the prefetch, on the same thread. */
+    CHECK(gp_offload_tags_background(o, &T_F, 1, &opts) == GP_OK && gp_offload_reclaim(o, 0, 0) == 0);
+    CHECK(state_of(p, a) == GP_BLOCK_OFFLOADED);
+    gp_host_fail_none(be);
+    gp_status st = gp_restore_tags(o, &T_A, 1, 0, &r);
+    if (st != GP_OK) fprintf(stderr, "  after a failed prefetch: %s\n", gp_last_error());
+    CHECK(st == GP_OK && state_of(p, a) == GP_BLOCK_USED && same(a, 6 * MiB, 12));
+    CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
+    gp_free(p, a);
+    gp_offloader_destroy(o);
+    done(p);
+}
+
 /* ----------------------------------------------------- retag, codec */
 
 static void test_retag_while_offloaded(void)
@@ -653,7 +683,7 @@ int main(int argc, char **argv)
         {"giveback", test_failed_giveback},   {"together", test_together_or_fail},
         {"nested", test_nested_offload},      {"room", test_room_made},
         {"first_error", test_first_error},    {"prefetch", test_prefetch_during_restore},
-        {"walk", test_fault_walk},            {"words", test_status_and_words},
+        {"refused_maps", test_prefetch_failed}, {"walk", test_fault_walk},            {"words", test_status_and_words},
         {"lost_prefetched", test_lost_then_prefetched},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
