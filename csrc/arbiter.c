@@ -619,41 +619,18 @@ void gp_arbiter_view(gp_arbiter *a, uint64_t *limit, uint64_t *avail)
 
 void gp_arbiter_set_reclaim(gp_arbiter *a, gp_reclaim_fn fn, void *arg)
 {
+    if (gp_forked(a)) return; /* (its lock may have been held at the fork) */
     pthread_mutex_lock(&a->answering);
     a->reclaim = fn;
     a->reclaim_arg = arg;
     pthread_mutex_unlock(&a->answering);
 }
 
-/* The pools of this process bound to an arbiter, for gp_arbiter_of and
- * gp_arbiter_yield_all (readers, which may nest: a reclaim callback may
- * look an arbiter up). */
-#define GP_ARB_BOUND 256
-static struct { gp_pool *pool; gp_arbiter *a; } g_bound[GP_ARB_BOUND];
-static pthread_rwlock_t g_bound_lock = PTHREAD_RWLOCK_INITIALIZER;
-
-static void gp_bound_set(gp_pool *old, gp_pool *pool, gp_arbiter *a)
-{
-    pthread_rwlock_wrlock(&g_bound_lock);
-    for (size_t i = 0; i < GP_ARB_BOUND; i++) {
-        if (g_bound[i].pool != old) continue;
-        g_bound[i].pool = pool;
-        g_bound[i].a = pool ? a : NULL;
-        break;
-    }
-    pthread_rwlock_unlock(&g_bound_lock);
-}
-
-void gp_arbiter_bind(gp_arbiter *a, gp_pool *pool)
-{
-    gp_pool *old = atomic_exchange(&a->pool, pool);
-    if (old) gp_bound_set(old, NULL, NULL);
-    if (pool) gp_bound_set(NULL, pool, a);
-}
+void gp_arbiter_bind(gp_arbiter *a, gp_pool *pool) { atomic_store(&a->pool, pool); }
 
 void gp_arbiter_publish(gp_arbiter *a, uint64_t offloadable, uint64_t offloaded)
 {
-    if (gp_lock(a->r) != GP_OK) return;
+    if (gp_forked(a) || gp_lock(a->r) != GP_OK) return;
     a->r->slots[a->slot].offloadable = offloadable;
     a->r->slots[a->slot].offloaded = offloaded;
     gp_unlock(a->r);
@@ -1113,38 +1090,14 @@ uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need)
     return given;
 }
 
-uint64_t gp_arbiter_yield_all(uint64_t need)
-{
-    /* Copied out: a yield may wait, and the table's lock must not be held
-     * meanwhile (a fork takes it). */
-    gp_arbiter *as[GP_ARB_BOUND];
-    size_t n = 0;
-    pthread_rwlock_rdlock(&g_bound_lock);
-    for (size_t i = 0; i < GP_ARB_BOUND; i++)
-        if (g_bound[i].a) as[n++] = g_bound[i].a;
-    pthread_rwlock_unlock(&g_bound_lock);
-    uint64_t given = 0;
-    for (size_t i = 0; i < n; i++) given += gp_arbiter_yield(as[i], need);
-    return given;
-}
-
-/* Fork: the table's lock is held across it (never for long), and the
- * child starts with an empty table and a new generation. */
-static void gp_arb_prepare(void) { pthread_rwlock_wrlock(&g_bound_lock); }
-static void gp_arb_parent(void) { pthread_rwlock_unlock(&g_bound_lock); }
-static void gp_arb_child(void)
-{
-    memset(g_bound, 0, sizeof g_bound);
-    atomic_fetch_add(&g_fork_gen, 1);
-    /* A new lock, not an unlock: the writer it knows is the parent's
-     * thread id, which the child's thread does not have. */
-    pthread_rwlock_init(&g_bound_lock, NULL);
-}
+/* Fork: the child starts a new generation (its parent's arbiters are not
+ * its own). */
+static void gp_arb_child(void) { atomic_fetch_add(&g_fork_gen, 1); }
 
 static void gp_arb_atfork(void)
 {
-    gp_pool_atfork_install(); /* first: ours then run before the pools' */
-    pthread_atfork(gp_arb_prepare, gp_arb_parent, gp_arb_child);
+    gp_pool_atfork_install();
+    pthread_atfork(NULL, NULL, gp_arb_child);
 }
 
 void gp_arbiter_atfork_install(void)
@@ -1244,49 +1197,6 @@ gp_status gp_arbiter_unlink(const char *group, const char *device)
         return gp_error_set(errno == ENOENT ? GP_ERR_FOREIGN : GP_ERR_BACKEND,
                             "gpupool: cannot remove the tenant registry %s: %s", name, strerror(errno));
     return GP_OK;
-}
-
-/* -------------------------------------------------------- pool creation */
-
-gp_status gp_arbiter_pool_create(gp_backend *be, const gp_config *cfg, const char *device_id,
-                                 gp_pool **out)
-{
-    *out = NULL;
-    if (!cfg->tenant[0]) return gp_pool_create(be, cfg, out);
-    uint64_t limit = gp_size_resolve(cfg->device_limit, be->total);
-    gp_arbiter_params pr = {
-        .group = cfg->tenant,
-        .device = device_id,
-        .priority = cfg->priority,
-        /* As the pool will resolve it: against the device the group sees. */
-        .quota = gp_size_resolve(cfg->limit, limit && limit < be->total ? limit : be->total),
-        .limit = limit,
-        .total = be->total,
-        .timeout_ms = cfg->reclaim_timeout_ms,
-        .turn_ms = cfg->tenant_turn_ms,
-        .share = cfg->tenant_share,
-    };
-    gp_arbiter *a;
-    gp_backend *w;
-    gp_status st = gp_arbiter_open(&pr, &a);
-    if (st != GP_OK) {
-        be->destroy(be);
-        return st;
-    }
-    if ((st = gp_backend_arbiter_wrap(be, a, &w)) != GP_OK) return st;
-    if ((st = gp_pool_create(w, cfg, out)) != GP_OK) return st;
-    gp_arbiter_bind(a, *out);
-    return GP_OK;
-}
-
-gp_arbiter *gp_arbiter_of(gp_pool *pool)
-{
-    gp_arbiter *found = NULL;
-    pthread_rwlock_rdlock(&g_bound_lock);
-    for (size_t i = 0; i < GP_ARB_BOUND && !found; i++)
-        if (pool && g_bound[i].pool == pool) found = g_bound[i].a;
-    pthread_rwlock_unlock(&g_bound_lock);
-    return found;
 }
 
 /* ------------------------------------------------------------ test hooks */
