@@ -5,30 +5,27 @@
  *   void *gpupool_malloc(ssize_t size, int device, cudaStream_t stream);
  *   void  gpupool_free(void *ptr, ssize_t size, int device, cudaStream_t stream);
  *
- * and what they need: one pool per CUDA device, created on the first
- * allocation on it with the configuration given to gp_registry_configure
- * (GPUPOOL_* variables and enable() keywords), and the thread-local context
- * (tag and priority) that gpupool.tag() sets.
+ * and what they need: one allocator stack per CUDA device (stack.h: its
+ * backend, adaptors, pool and offloader), created on the first allocation
+ * on it with the configuration given to gp_registry_configure (GPUPOOL_*
+ * variables and enable() keywords), and the thread-local context (tag and
+ * priority) that gpupool.tag() sets.
  */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <sys/types.h>
 
-#include "backend.h"
-#include "arbiter.h"
 #include "module.h"
 #include "pystack.h"
+#include "stack.h"
 #include "torch_abi.h"
 
 static gp_config g_cfg;
 static int g_configured;
 static uint64_t g_host_capacity; /* non-zero: device pools over the host backend (tests) */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static _Atomic(gp_pool *) g_pools[GP_MAX_DEVICES];
-/* The tenant of each device's pool (GPUPOOL_TENANT), NULL without: set
- * before the pool is published, read on the hot path without a lock. */
-static gp_arbiter *g_arbs[GP_MAX_DEVICES];
+static _Atomic(gp_stack *) g_stacks[GP_MAX_DEVICES];
 static atomic_ullong g_free_errors;
 static char g_create_error[1024];
 
@@ -56,7 +53,7 @@ void gp_context(gp_tag *tag, int *prio, int *own)
     *prio = v % GP_CTX_PRIO - 1;
 }
 
-/* fork(): g_lock is held while pools are made and read, so it is taken
+/* fork(): g_lock is held while stacks are made and read, so it is taken
  * before any pool's lock -- in the fork handlers too, which is why these
  * are installed after the pool layer's (prepare handlers run in reverse
  * order of installation).  Installed before g_lock is first taken: a fork
@@ -81,43 +78,38 @@ static void gp_log_oom(const char *what)
     if (g_cfg.log != GP_LOG_OFF) fprintf(stderr, "%s\n", what);
 }
 
-/* The pool of `device`, created on first use (slow path, under g_lock). */
-gp_pool *gp_registry_pool(int device)
+/* The stack of `device`, created on first use (slow path, under g_lock). */
+gp_stack *gp_registry_stack(int device)
 {
     if (device < 0 || device >= GP_MAX_DEVICES) {
         gp_error_set(GP_ERR_INVALID, "gpupool: device %d is out of range (0..%d)", device, GP_MAX_DEVICES - 1);
         return NULL;
     }
-    gp_pool *p = atomic_load_explicit(&g_pools[device], memory_order_acquire);
+    gp_stack *p = atomic_load_explicit(&g_stacks[device], memory_order_acquire);
     if (p) return p;
     gp_registry_lock();
-    p = atomic_load_explicit(&g_pools[device], memory_order_relaxed);
+    p = atomic_load_explicit(&g_stacks[device], memory_order_relaxed);
     if (!p) {
         if (!g_configured) gp_config_default(&g_cfg);
+        gp_stack_set_context_source(gp_pystack_capture); /* (history stacks) */
         gp_backend *be;
         gp_status st = g_host_capacity ? gp_backend_host_create(g_host_capacity, &be)
                                        : gp_backend_cuda_create(device, &be);
-        if (st == GP_OK && gp_config_validate(&g_cfg, be->total) != GP_OK) {
-            be->destroy(be); /* a limit that resolves to less than a chunk on this device */
-            st = GP_ERR_INVALID;
-        }
-        if (st == GP_OK && g_cfg.log == GP_LOG_ALL) st = gp_backend_logged(be, &be);
         /* The device's name in the tenant registry: the same GPU in every
          * process, whatever its CUDA_VISIBLE_DEVICES. */
         char id[64] = "host";
         if (st == GP_OK && !g_host_capacity && g_cfg.tenant[0] &&
             (st = gp_backend_cuda_uuid(device, id, sizeof id)) != GP_OK)
             be->destroy(be);
-        if (st == GP_OK) st = gp_arbiter_pool_create(be, &g_cfg, id, &p);
-        if (st == GP_OK) g_arbs[device] = gp_arbiter_of(p);
+        if (st == GP_OK) st = gp_stack_create(be, id, &g_cfg, &p);
         if (st != GP_OK) {
             snprintf(g_create_error, sizeof g_create_error, "%s", gp_last_error());
             p = NULL;
         } else {
-            atomic_store_explicit(&g_pools[device], p, memory_order_release);
+            atomic_store_explicit(&g_stacks[device], p, memory_order_release);
             if (g_cfg.log == GP_LOG_ALL) {
                 gp_stats s;
-                gp_pool_stats(p, &s, 0);
+                gp_pool_stats(gp_stack_pool(p), &s, 0);
                 fprintf(stderr, "gpupool: device %d pool created (%s mode, reserved %llu bytes)\n",
                         device, g_cfg.mode == GP_MODE_RESERVE ? "reserve" : "expandable",
                         (unsigned long long)s.reserved);
@@ -128,11 +120,11 @@ gp_pool *gp_registry_pool(int device)
     return p;
 }
 
-/* Whether a device pool exists (g_lock held). */
+/* Whether a device stack exists (g_lock held). */
 static int gp_registry_live(void)
 {
     int live = 0;
-    for (int i = 0; i < GP_MAX_DEVICES; i++) live |= atomic_load(&g_pools[i]) != NULL;
+    for (int i = 0; i < GP_MAX_DEVICES; i++) live |= atomic_load(&g_stacks[i]) != NULL;
     return live;
 }
 
@@ -165,9 +157,9 @@ void gp_registry_config(gp_config *out)
     pthread_mutex_unlock(&g_lock);
 }
 
-gp_pool *gp_registry_get(int device)
+gp_stack *gp_registry_get(int device)
 {
-    return device >= 0 && device < GP_MAX_DEVICES ? atomic_load(&g_pools[device]) : NULL;
+    return device >= 0 && device < GP_MAX_DEVICES ? atomic_load(&g_stacks[device]) : NULL;
 }
 
 /* The one place above the pool that asks a device itself: a backend made
@@ -208,9 +200,9 @@ void gp_context_set_inherited(int tag, int prio, int *old_tag, int *old_prio)
 __attribute__((visibility("default"))) void *gpupool_malloc(ssize_t size, int device, void *stream)
 {
     if (size <= 0) return NULL; /* PyTorch keeps NULL for empty tensors */
-    gp_pool *p = atomic_load_explicit(&g_pools[device & (GP_MAX_DEVICES - 1)], memory_order_acquire);
+    gp_stack *p = atomic_load_explicit(&g_stacks[device & (GP_MAX_DEVICES - 1)], memory_order_acquire);
     if (!p || device < 0 || device >= GP_MAX_DEVICES) {
-        p = gp_registry_pool(device);
+        p = gp_registry_stack(device);
         if (!p) {
             char msg[1200];
             snprintf(msg, sizeof msg, "gpupool: cannot create the pool of device %d: %s", device,
@@ -225,13 +217,7 @@ __attribute__((visibility("default"))) void *gpupool_malloc(ssize_t size, int de
     int own;
     gp_context(&tag, &prio, &own);
     gp_status st;
-    /* History with stacks: the Python stack, taken before the pool's lock. */
-    int stacks = gp_pool_history_stacks(p);
-    if (stacks) gp_set_context(gp_pystack_capture());
-    gp_arbiter *a = g_arbs[device & (GP_MAX_DEVICES - 1)];
-    void *r = a ? gp_arbiter_alloc(a, p, (size_t)size, stream, tag, prio, &st)
-                : gp_alloc(p, (size_t)size, stream, tag, prio, &st);
-    if (stacks) gp_set_context(0);
+    void *r = gp_stack_alloc(p, (size_t)size, stream, tag, prio, &st);
     if (r) return r;
     /* Out of memory and limits are torch.OutOfMemoryError, which callers
      * catch to retry smaller; anything else (a driver error, too many
@@ -261,18 +247,14 @@ __attribute__((visibility("default"))) void gpupool_free(void *ptr, ssize_t size
     (void)size;
     (void)stream;
     if (!ptr) return;
-    gp_pool *p = device >= 0 && device < GP_MAX_DEVICES
-                     ? atomic_load_explicit(&g_pools[device], memory_order_acquire) : NULL;
+    gp_stack *p = device >= 0 && device < GP_MAX_DEVICES
+                      ? atomic_load_explicit(&g_stacks[device], memory_order_acquire) : NULL;
     if (!p) {
         atomic_fetch_add(&g_free_errors, 1);
         fprintf(stderr, "gpupool: free of %p on device %d, which has no gpupool pool\n", ptr, device);
         return;
     }
-    int stacks = gp_pool_history_stacks(p);
-    if (stacks) gp_set_context(gp_pystack_capture());
-    gp_status st = gp_free(p, ptr);
-    if (stacks) gp_set_context(0);
-    if (g_arbs[device]) gp_arbiter_poll(g_arbs[device]); /* a free is an allocator call too */
+    gp_status st = gp_stack_free(p, ptr); /* (the tenant's poll too: a free is an allocator call) */
     if (st != GP_OK) {
         /* PyTorch's deleter cannot take an error: count it and say it. */
         atomic_fetch_add(&g_free_errors, 1);

@@ -35,6 +35,7 @@
 #define GP_ARBITER_H
 
 #include "backend.h"
+#include "offload.h"
 
 #define GP_ARB_SLOTS 64       /* tenants of one group on one device */
 #define GP_ARB_NAME_MAX 48    /* a tenant's name, with its NUL       */
@@ -77,15 +78,25 @@ gp_status gp_arbiter_open(const gp_arbiter_params *params, gp_arbiter **out);
 void gp_arbiter_close(gp_arbiter *a);
 
 /* What the tenant runs when asked (default: gp_pool_trim of the bound pool,
- * i.e. its cache).  The offload layer installs one that also offloads idle
- * offloadable tags at GP_RECLAIM_OFFLOAD. */
+ * i.e. its cache; a stack installs gp_tenant_reclaim).  Waits for an answer
+ * under way; does nothing in a forked child (the parent's tenant). */
 void gp_arbiter_set_reclaim(gp_arbiter *a, gp_reclaim_fn fn, void *arg);
 /* The pool whose memory this tenant holds: the default reclaim trims it,
  * and answers publish its cached bytes. */
 void gp_arbiter_bind(gp_arbiter *a, gp_pool *pool);
-/* Announce bytes offloadable now and bytes offloaded now (the offload
- * layer, when they change; shown by `top`). */
+/* Announce bytes offloadable now and bytes offloaded now (shown by `top`;
+ * nothing in a forked child). */
 void gp_arbiter_publish(gp_arbiter *a, uint64_t offloadable, uint64_t offloaded);
+
+/* The tenant's reclaim policy (arbiter_reclaim.c), for a pool and its
+ * offloader (NULL: none): the pool's cache first (gp_pool_trim), then, at
+ * GP_RECLAIM_OFFLOAD and while short, idle offloadable tags of any
+ * priority (gp_offload_reclaim).  Returns the bytes released.  No lock may
+ * be held. */
+uint64_t gp_tenant_reclaim(gp_pool *pool, gp_offloader *o, uint64_t bytes, int level);
+/* gp_arbiter_publish of what `o` could offload now and has offloaded
+ * (gp_offload_figures). */
+void gp_tenant_publish(gp_arbiter *a, gp_offloader *o);
 
 /* The hot-path check: if a reclaim request is pending for this tenant,
  * answer it now (runs the callback); else one relaxed atomic load.
@@ -120,9 +131,6 @@ uint64_t gp_arbiter_poll(gp_arbiter *a);
  *   keeps its room.
  * Returns the bytes given back. */
 uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need);
-/* gp_arbiter_yield of every arbiter of this process's pools (no pool of
- * them may be destroyed meanwhile). */
-uint64_t gp_arbiter_yield_all(uint64_t need);
 
 /* fork(): an arbiter belongs to the process that opened it.  In a forked
  * child the parent's arbiters answer nothing, wait for nothing and yield
@@ -139,16 +147,6 @@ void gp_arbiter_atfork_install(void);
 void *gp_arbiter_alloc(gp_arbiter *a, gp_pool *pool, size_t size, gp_stream stream,
                        gp_tag tag, int priority, gp_status *status);
 
-/* Make a device's pool for `cfg`: with cfg->tenant set, `be` is wrapped in
- * the arbiter of group cfg->tenant on device `device_id` (quota = the pool
- * limit, GPUPOOL_DEVICE_LIMIT, GPUPOOL_RECLAIM_TIMEOUT, GPUPOOL_PRIORITY),
- * and the pool is bound to it; without, exactly gp_pool_create.  Takes
- * `be` in every case (destroyed on failure). */
-gp_status gp_arbiter_pool_create(gp_backend *be, const gp_config *cfg, const char *device_id,
-                                 gp_pool **out);
-/* The arbiter of a pool made by gp_arbiter_pool_create with a group (NULL
- * otherwise): what allocation paths pass to gp_arbiter_alloc/poll. */
-gp_arbiter *gp_arbiter_of(gp_pool *pool);
 
 /* ------------------------------------------------------------- adaptor */
 

@@ -177,9 +177,9 @@ static PyObject *m_device_pool(PyObject *self, PyObject *args)
     (void)self;
     int device, create = 0;
     if (!PyArg_ParseTuple(args, "i|p", &device, &create)) return NULL;
-    gp_pool *p = gp_registry_get(device);
+    gp_stack *p = gp_registry_get(device);
     if (!p && create) {
-        p = gp_registry_pool(device);
+        p = gp_registry_stack(device);
         if (!p) {
             PyErr_Format(PyExc_RuntimeError, "gpupool: cannot create the pool of device %d: %s",
                          device, gp_registry_error()[0] ? gp_registry_error() : gp_last_error());
@@ -260,8 +260,8 @@ static PyObject *m_use_host_backend(PyObject *self, PyObject *arg)
 static void gp_cache_info(void *self, signed char device, size_t *largest)
 {
     (void)self;
-    gp_pool *p = gp_registry_get(device);
-    uint64_t h = p ? gp_pool_headroom(p) : *largest ? 0 : gp_registry_device_free(device);
+    gp_stack *p = gp_registry_get(device);
+    uint64_t h = p ? gp_pool_headroom(gp_stack_pool(p)) : *largest ? 0 : gp_registry_device_free(device);
     if (h > *largest) *largest = (size_t)h;
 }
 
@@ -348,6 +348,7 @@ static int gp_priority_names_add(PyObject *m)
 PyMODINIT_FUNC PyInit__C(void)
 {
     if (PyType_Ready(&gp_pool_type) < 0) return NULL;
+    gp_stack_set_context_source(gp_pystack_capture); /* history stacks are Python's */
     PyObject *m = PyModule_Create(&module_def);
     if (!m) return NULL;
     Py_INCREF(&gp_pool_type);

@@ -1,12 +1,15 @@
 /*
  * module.h -- the pieces of the CPython module gpupool._C:
- *   allocator.c  the device registry (one pool per CUDA device, made on its
- *                first allocation), the thread's allocation context, and the
- *                two symbols PyTorch loads (gpupool_malloc, gpupool_free)
- *   pypool.c     the Python type Pool over any gp_pool, and errors as
- *                Python exceptions
+ *   allocator.c  the device registry (one allocator stack per CUDA device,
+ *                made on its first allocation), the thread's allocation
+ *                context, and the two symbols PyTorch loads
+ *                (gpupool_malloc, gpupool_free)
+ *   pypool.c     the Python type Pool over any stack, and errors as Python
+ *                exceptions
+ *   pyoffload.c  offload's methods of Pool
  *   module.c     the module's functions and its init
- * Only these see Python; they reach the allocator through gpupool.h.
+ * Only these see Python; they reach the allocator through its stacks
+ * (stack.h) and gpupool.h.
  */
 #ifndef GP_MODULE_H
 #define GP_MODULE_H
@@ -16,6 +19,7 @@
 
 #include "error.h"
 #include "gpupool.h"
+#include "stack.h"
 
 #define GP_MAX_DEVICES 64
 
@@ -30,11 +34,11 @@ int gp_registry_configure(const gp_config *cfg);
 int gp_registry_use_host(uint64_t capacity);
 /* The configuration in force (the defaults until configured). */
 void gp_registry_config(gp_config *out);
-/* The pool of `device`, or NULL when it has none (no error set). */
-gp_pool *gp_registry_get(int device);
-/* The pool of `device`, made on first use; NULL with the error set (and
+/* The stack of `device`, or NULL when it has none (no error set). */
+gp_stack *gp_registry_get(int device);
+/* The stack of `device`, made on first use; NULL with the error set (and
  * kept for gp_registry_error) when it cannot be made. */
-gp_pool *gp_registry_pool(int device);
+gp_stack *gp_registry_stack(int device);
 /* The free memory of `device` as its driver sees it, without making a
  * pool (0 when it cannot be asked).  A slow path. */
 uint64_t gp_registry_device_free(int device);
@@ -59,13 +63,14 @@ void gp_context_set_inherited(int tag, int prio, int *old_tag, int *old_prio);
 
 typedef struct gp_pool_object {
     PyObject_HEAD
-    gp_pool *pool;
-    int owned;          /* destroyed with the object (a HostPool) */
+    gp_stack *stack;
+    gp_pool *pool;      /* the stack's */
+    int owned;          /* the stack is destroyed with the object (a HostPool) */
 } gp_pool_object;
 
 extern PyTypeObject gp_pool_type;
-/* A Pool object over p; `owned`: destroyed with the object (HostPool). */
-PyObject *gp_pool_wrap(gp_pool *p, int owned);
+/* A Pool object over stack s; `owned`: destroyed with the object (HostPool). */
+PyObject *gp_pool_wrap(gp_stack *s, int owned);
 /* Raise the Python exception for st with gp_last_error()'s message; NULL. */
 PyObject *gp_raise(gp_status st);
 /* A config from the defaults, GPUPOOL_* (when use_env) and a dict of
@@ -81,15 +86,6 @@ int gp_u64_arg(PyObject *o, const char *what, uint64_t lo, uint64_t hi, uint64_t
 int gp_stats_fields_add(PyObject *module);
 
 /* ---------------------------------------- pyoffload.c: offload's methods */
-
-/* The offloader of pool p, made on first use with the configuration p was
- * made with; NULL with the error set when it cannot be made. */
-struct gp_offloader *gp_pool_offloader(gp_pool *p, int create);
-/* Destroy p's offloader, if any (before p goes). */
-void gp_offloader_forget(gp_pool *p);
-/* Tell p's tenant registry (if p has one) what p could offload now and has
- * offloaded (shown by `top`, weighed by askers). */
-void gp_tenant_publish(gp_pool *p);
 
 PyObject *gp_py_offload(gp_pool_object *self, PyObject *args, PyObject *kw);
 PyObject *gp_py_restore(gp_pool_object *self, PyObject *args);

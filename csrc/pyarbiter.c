@@ -17,7 +17,7 @@ static PyObject *a_yield_point(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "|K", &need)) return NULL;
     uint64_t given;
     Py_BEGIN_ALLOW_THREADS
-    given = gp_arbiter_yield_all(need);
+    given = gp_stack_yield_all(need);
     Py_END_ALLOW_THREADS
     return PyLong_FromUnsignedLongLong(given);
 }

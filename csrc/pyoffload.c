@@ -1,94 +1,14 @@
 /*
- * pyoffload.c -- offload's methods on the Python type Pool (offload.h):
- * each pool gets one offloader, made on first use with the pool's own
- * configuration (GPUPOOL_HOST_LIMIT, GPUPOOL_OFFLOAD_THREADS), kept in a
- * small table beside the pools (a device pool lives as long as the
- * process; a HostPool forgets its offloader before it goes).  Every call
- * that copies or waits runs without the GIL.
+ * pyoffload.c -- offload's methods on the Python type Pool (offload.h),
+ * over the offloader of the pool's stack (stack.h: made on first use with
+ * the pool's own configuration, GPUPOOL_HOST_LIMIT and
+ * GPUPOOL_OFFLOAD_THREADS).  Every call that copies or waits runs without
+ * the GIL; those that move memory tell the tenant registry after
+ * (gp_stack_publish).
  */
-#include <unistd.h>
-
-#include "arbiter.h"
 #include "codec.h"
 #include "module.h"
 #include "backend_host.h"
-#include "offload.h"
-
-#define GP_MAX_OFFLOADERS 256
-
-static pthread_mutex_t g_off_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct {
-    gp_pool *pool;
-    gp_offloader *o;
-} g_off[GP_MAX_OFFLOADERS];
-
-static uint64_t gp_host_ram(void)
-{
-    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
-    return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
-}
-
-/* The tenant registry's reclaim (arbiter.h) for a pool with an offloader:
- * its cache first, then, when asked for it, idle offloadable tags. */
-static uint64_t gp_tenant_reclaim(void *arg, uint64_t bytes, int level)
-{
-    gp_pool *p = arg;
-    uint64_t got = gp_pool_trim(p, bytes);
-    gp_offloader *o = gp_pool_offloader(p, 0);
-    if (o && level == GP_RECLAIM_OFFLOAD && got < bytes) got += gp_offload_reclaim(o, bytes - got, GP_PRIO_MAX + 1);
-    gp_tenant_publish(p);
-    return got;
-}
-
-void gp_tenant_publish(gp_pool *p)
-{
-    gp_arbiter *a = gp_arbiter_of(p);
-    gp_offloader *o = a ? gp_pool_offloader(p, 0) : NULL;
-    if (!o) return;
-    uint64_t offloadable, offloaded;
-    gp_offload_figures(o, &offloadable, &offloaded);
-    gp_arbiter_publish(a, offloadable, offloaded);
-}
-
-gp_offloader *gp_pool_offloader(gp_pool *p, int create)
-{
-    gp_offloader *o = NULL;
-    pthread_mutex_lock(&g_off_lock);
-    int free_slot = -1;
-    for (int i = 0; i < GP_MAX_OFFLOADERS && !o; i++) {
-        if (g_off[i].pool == p) o = g_off[i].o;
-        else if (!g_off[i].pool && free_slot < 0) free_slot = i;
-    }
-    if (!o && create) {
-        gp_config cfg;
-        gp_pool_config(p, &cfg);
-        if (free_slot < 0) {
-            gp_error_set(GP_ERR_TOO_MANY, "gpupool: more than %d pools offload at once", GP_MAX_OFFLOADERS);
-        } else if (gp_offloader_create(p, gp_size_resolve(cfg.host_limit, gp_host_ram()),
-                                       (unsigned)cfg.offload_threads, cfg.nvcomp, &o) == GP_OK) {
-            g_off[free_slot].pool = p;
-            g_off[free_slot].o = o;
-            gp_arbiter *a = gp_arbiter_of(p);
-            if (a) gp_arbiter_set_reclaim(a, gp_tenant_reclaim, p);
-        }
-    }
-    pthread_mutex_unlock(&g_off_lock);
-    return o;
-}
-
-void gp_offloader_forget(gp_pool *p)
-{
-    gp_offloader *o = NULL;
-    pthread_mutex_lock(&g_off_lock);
-    for (int i = 0; i < GP_MAX_OFFLOADERS; i++)
-        if (g_off[i].pool == p) {
-            o = g_off[i].o;
-            g_off[i].pool = NULL;
-            g_off[i].o = NULL;
-        }
-    pthread_mutex_unlock(&g_off_lock);
-    gp_offloader_destroy(o);
-}
 
 /* A list of tag ids from Python; -1 with an exception set. */
 static int gp_tags_from(PyObject *seq_o, gp_tag *tags, size_t max, size_t *n)
@@ -130,7 +50,7 @@ static PyObject *gp_result(const gp_offload_result *r)
 
 static gp_offloader *gp_off_of(gp_pool_object *self)
 {
-    gp_offloader *o = gp_pool_offloader(self->pool, 1);
+    gp_offloader *o = gp_stack_offloader(self->stack, 1);
     if (!o) gp_raise(GP_ERR_NOMEM);
     return o;
 }
@@ -161,7 +81,7 @@ PyObject *gp_py_offload(gp_pool_object *self, PyObject *args, PyObject *kw)
     Py_END_ALLOW_THREADS
     if (st != GP_OK) return gp_raise(st);
     if (!wait) Py_RETURN_NONE; /* (the tenant figures follow at the next call) */
-    gp_tenant_publish(self->pool);
+    gp_stack_publish(self->stack);
     return gp_result(&r);
 }
 
@@ -171,7 +91,7 @@ static int gp_tags_arg(gp_pool_object *self, PyObject *args, gp_tag tags[16], si
 {
     PyObject *tags_o;
     if (!PyArg_ParseTuple(args, "O", &tags_o) || gp_tags_from(tags_o, tags, 16, n) < 0) return -1;
-    *o = gp_pool_offloader(self->pool, 0);
+    *o = gp_stack_offloader(self->stack, 0);
     return 0;
 }
 
@@ -184,7 +104,7 @@ PyObject *gp_py_restore(gp_pool_object *self, PyObject *args)
     int accept_loss = 0;
     if (!PyArg_ParseTuple(args, "O|p", &tags_o, &accept_loss) || gp_tags_from(tags_o, tags, 16, &n) < 0)
         return NULL;
-    o = gp_pool_offloader(self->pool, 0);
+    o = gp_stack_offloader(self->stack, 0);
     gp_offload_result r = {0};
     if (!o) return gp_result(&r); /* nothing was ever offloaded */
     gp_status st;
@@ -192,7 +112,7 @@ PyObject *gp_py_restore(gp_pool_object *self, PyObject *args)
     st = gp_restore_tags(o, tags, n, accept_loss, &r);
     Py_END_ALLOW_THREADS
     if (st != GP_OK) return gp_raise(st);
-    gp_tenant_publish(self->pool);
+    gp_stack_publish(self->stack);
     return gp_result(&r);
 }
 
@@ -224,7 +144,7 @@ PyObject *gp_py_offload_register(gp_pool_object *self, PyObject *args)
     if (!o) return NULL;
     gp_status st = gp_offload_register(o, (gp_tag)tag, prio, elem);
     if (st != GP_OK) return gp_raise(st);
-    gp_tenant_publish(self->pool);
+    gp_stack_publish(self->stack);
     Py_RETURN_NONE;
 }
 
@@ -236,7 +156,7 @@ PyObject *gp_py_offload_use(gp_pool_object *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "tag id %d was never interned", tag);
         return NULL;
     }
-    gp_offloader *o = gp_pool_offloader(self->pool, 0);
+    gp_offloader *o = gp_stack_offloader(self->stack, 0);
     if (!o) Py_RETURN_NONE; /* nothing registered: nothing to mark */
     gp_status st = gp_offload_use(o, (gp_tag)tag, busy);
     if (st != GP_OK) return gp_raise(st);
@@ -247,7 +167,7 @@ PyObject *gp_py_offload_stats(gp_pool_object *self, PyObject *args)
 {
     int create = 0;
     if (!PyArg_ParseTuple(args, "|p", &create)) return NULL;
-    gp_offloader *o = gp_pool_offloader(self->pool, create);
+    gp_offloader *o = gp_stack_offloader(self->stack, create);
     if (!o) {
         if (create) return gp_raise(GP_ERR_NOMEM);
         Py_RETURN_NONE;
@@ -280,7 +200,7 @@ PyObject *gp_py_offload_corrupt(gp_pool_object *self, PyObject *arg)
 {
     long tag = PyLong_AsLong(arg);
     if (tag == -1 && PyErr_Occurred()) return NULL;
-    gp_offloader *o = gp_pool_offloader(self->pool, 0);
+    gp_offloader *o = gp_stack_offloader(self->stack, 0);
     if (!o || tag < 0 || tag >= (long)gp_tag_count()) {
         PyErr_Format(PyExc_ValueError, "tag id %ld has nothing offloaded", tag);
         return NULL;

@@ -1,15 +1,14 @@
 /*
- * pypool.c -- the Python type gpupool._C.Pool over any gp_pool: a device
- * pool (not owned) or a HostPool over the host backend (owned), with the
- * same methods, so that the whole Python API is tested without a GPU.
+ * pypool.c -- the Python type gpupool._C.Pool over any allocator stack
+ * (stack.h): a device's (not owned) or a HostPool's over the host backend
+ * (owned), with the same methods, so that the whole Python API is tested
+ * without a GPU.
  */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "arbiter.h"
 #include "module.h"
-#include "pystack.h"
 
 /* ------------------------------------------------------------ error helper */
 
@@ -36,21 +35,22 @@ PyObject *gp_raise(gp_status st)
 
 typedef gp_pool_object PoolObject;
 
-PyObject *gp_pool_wrap(gp_pool *p, int owned)
+PyObject *gp_pool_wrap(gp_stack *s, int owned)
 {
     PoolObject *o = PyObject_New(PoolObject, &gp_pool_type);
-    if (!o) return NULL;
-    o->pool = p;
+    if (!o) {
+        if (owned) gp_stack_destroy(s);
+        return NULL;
+    }
+    o->stack = s;
+    o->pool = gp_stack_pool(s);
     o->owned = owned;
     return (PyObject *)o;
 }
 
 static void pool_dealloc(PoolObject *self)
 {
-    if (self->owned && self->pool) {
-        gp_offloader_forget(self->pool);
-        gp_pool_destroy(self->pool);
-    }
+    if (self->owned) gp_stack_destroy(self->stack);
     PyObject_Free(self);
 }
 
@@ -119,13 +119,12 @@ static PyObject *host_pool_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     gp_config cfg;
     if (gp_config_from_py(opts, 0, capacity, &cfg) < 0) return NULL;
     gp_backend *be;
+    gp_stack *s;
     gp_status st = gp_backend_host_create(capacity, &be);
-    if (st == GP_OK && cfg.log == GP_LOG_ALL) st = gp_backend_logged(be, &be);
-    if (st != GP_OK) return gp_raise(st);
-    gp_pool *p;
     /* (a tenant of group cfg.tenant on device "host" when one is set) */
-    if ((st = gp_arbiter_pool_create(be, &cfg, "host", &p)) != GP_OK) return gp_raise(st);
-    return gp_pool_wrap(p, 1);
+    if (st == GP_OK) st = gp_stack_create(be, "host", &cfg, &s);
+    if (st != GP_OK) return gp_raise(st);
+    return gp_pool_wrap(s, 1);
 }
 
 static int parse_stream(PyObject *o, gp_stream *out)
@@ -160,15 +159,11 @@ static PyObject *pool_alloc(PoolObject *self, PyObject *args, PyObject *kw)
     gp_context(&ctag, &cprio, &own);
     gp_status st;
     void *r;
-    int stacks = gp_pool_history_stacks(self->pool);
-    if (stacks) gp_set_context(gp_pystack_capture());
-    gp_arbiter *a = gp_arbiter_of(self->pool);
     gp_tag t = tag >= 0 ? (gp_tag)tag : ctag;
     int pr = prio >= 0 ? prio : cprio;
-    Py_BEGIN_ALLOW_THREADS
-    r = a ? gp_arbiter_alloc(a, self->pool, (size_t)size, s, t, pr, &st) : gp_alloc(self->pool, (size_t)size, s, t, pr, &st);
+    Py_BEGIN_ALLOW_THREADS /* (a tenant may wait for memory) */
+    r = gp_stack_alloc(self->stack, (size_t)size, s, t, pr, &st);
     Py_END_ALLOW_THREADS
-    if (stacks) gp_set_context(0);
     if (!r) return gp_raise(st);
     return PyLong_FromVoidPtr(r);
 }
@@ -177,16 +172,10 @@ static PyObject *pool_free(PoolObject *self, PyObject *arg)
 {
     void *ptr = PyLong_AsVoidPtr(arg);
     if (PyErr_Occurred()) return NULL;
-    int stacks = gp_pool_history_stacks(self->pool);
-    if (stacks) gp_set_context(gp_pystack_capture());
-    gp_status st = gp_free(self->pool, ptr);
-    if (stacks) gp_set_context(0);
-    gp_arbiter *a = gp_arbiter_of(self->pool);
-    if (a) { /* a free is an allocator call too: answer what others asked */
-        Py_BEGIN_ALLOW_THREADS
-        gp_arbiter_poll(a);
-        Py_END_ALLOW_THREADS
-    }
+    gp_status st;
+    Py_BEGIN_ALLOW_THREADS /* (a tenant answers what others asked: it may trim, offload) */
+    st = gp_stack_free(self->stack, ptr);
+    Py_END_ALLOW_THREADS
     if (st != GP_OK) return gp_raise(st);
     Py_RETURN_NONE;
 }
@@ -593,11 +582,26 @@ static PyObject *pool_history_note(PoolObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* The stack's integrity check, without the GIL (it walks every block). */
+static PyObject *pool_check(PoolObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    char msg[1024] = "";
+    size_t n;
+    Py_BEGIN_ALLOW_THREADS
+    n = gp_stack_check(self->stack, msg, sizeof msg);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(ns)", (Py_ssize_t)n, msg);
+}
+
 static PyMethodDef pool_methods[] = {
     GP_OFFLOAD_METHODS
     {"alloc", (PyCFunction)(void (*)(void))pool_alloc, METH_VARARGS | METH_KEYWORDS,
      "alloc(size, stream=0, tag=-1, priority=-1) -> address; tag/priority -1: this thread's context"},
     {"free", (PyCFunction)pool_free, METH_O, "free(address)"},
+    {"check", (PyCFunction)pool_check, METH_NOARGS,
+     "check() -> (problems, the first described): the pool's integrity (gp_pool_check) and its "
+     "offloader's, if it has one (gp_offload_check); (0, '') when consistent"},
     {"stats", (PyCFunction)pool_stats, METH_VARARGS,
      "stats(full=True) -> dict of every figure, at one instant: the pool's (STATS_FIELDS), 'tags' "
      "{name: TAG_STATS_FIELDS}, 'priorities' {int: PRIO_STATS_FIELDS}, 'history'; full: also "

@@ -2,11 +2,14 @@
 an allocator is chosen once per process, before CUDA allocates anything."""
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 import textwrap
+import weakref
 from pathlib import Path
+from typing import Iterator, List
 
 import pytest
 
@@ -44,6 +47,48 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
         for item in items:
             if item.get_closest_marker("gpu"):
                 item.add_marker(skip)
+
+
+def _check_raw(raw: object, name: str, problems: List[str]) -> None:
+    """Pool.check() of a _C.Pool, its problem (if any) kept in `problems`."""
+    try:
+        n, first = raw.check()  # type: ignore[attr-defined]
+    except Exception as e:  # (a finalizer must not raise)
+        problems.append(f"{name}: check() raised {e!r}")
+        return
+    if n:
+        problems.append(f"{name}: {n} problem(s), the first: {first}")
+
+
+@pytest.fixture(autouse=True)
+def check_host_pools(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every HostPool a test makes goes through Pool.check() (the pool's and
+    its offloader's integrity): when the pool goes, if it goes during the
+    test, else when the test ends.  A problem fails the test."""
+    try:
+        from gpupool import _pool
+    except ImportError:
+        yield
+        return
+    problems: List[str] = []
+    made: List[weakref.finalize] = []
+    init = _pool.HostPool.__init__
+
+    @functools.wraps(init)
+    def checked_init(self: "_pool.HostPool", *args: object, **kw: object) -> None:
+        init(self, *args, **kw)  # type: ignore[arg-type]
+        # At its death (the raw pool, which the finalizer holds, goes right
+        # after), or at the test's end.
+        made.append(weakref.finalize(self, _check_raw, self._pool, f"HostPool #{len(made) + 1} of the test",
+                                     problems))
+
+    monkeypatch.setattr(_pool.HostPool, "__init__", checked_init)
+    yield
+    for fin in made:
+        left = fin.detach()  # (None once it ran)
+        if left is not None:
+            _check_raw(*left[2])
+    assert not problems, "Pool.check() found a HostPool corrupt:\n" + "\n".join(problems)
 
 
 @pytest.fixture

@@ -610,3 +610,46 @@ def _closure(graph: Dict[str, Set[str]], m: str) -> Set[str]:
             seen.add(x)
             todo += graph.get(x, ())
     return seen
+
+
+CHECK_RUN = """
+import sys
+sys.modules["torch"] = None
+import gpupool
+from gpupool import _C, _registry
+_C.use_host_backend(64 << 20)          # device pools over host memory: no GPU needed
+_registry.mark_enabled()
+pool = _C.device_pool(0, True)
+a = pool.alloc(3 << 20)
+assert gpupool.check(0) is None and gpupool.check() is None
+pool.free(a)
+print("OK")
+"""
+
+
+def test_check_of_pools() -> None:
+    # A HostPool, used, with an offloader: consistent (the fixture checks it too).
+    p = HostPool(64 * MiB)
+    addrs = [p.alloc(3 * MiB, tag="check_t") for _ in range(3)]
+    assert p.check() is None
+    gpupool.offload("check_t", codec="raw", pool=p)
+    assert p.check() is None
+    gpupool.restore("check_t", pool=p)
+    for a in addrs:
+        p.free(a)
+    assert p.check() is None
+    # A device pool, through gpupool.check().
+    r = subprocess.run([sys.executable, "-c", CHECK_RUN], capture_output=True, text=True, env=child_env(),
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "OK", r.stderr
+
+
+def test_check_names_the_first_problem() -> None:
+    class Corrupt:
+        def check(self) -> tuple:
+            return 2, "free block 0x1000 is in the bins of size class 3, should be 4"
+
+    view = gpupool.PoolView(Corrupt(), "host")  # type: ignore[arg-type]
+    with pytest.raises(gpupool.PoolCorruptError, match=r"2 problem\(s\), the first: free block 0x1000") as e:
+        view.check()
+    assert isinstance(e.value, RuntimeError) and e.value.problems == 2

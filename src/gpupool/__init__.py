@@ -17,7 +17,7 @@ from ._context import current_tag, priority_value, tag, tag_lifetime
 from ._history import dump_snapshot, record_history, snapshot
 from ._offload import OffloadHandle, offload, offloadable, offloaded, prefetch, restore
 from ._plot import plot
-from ._pool import Block, HostPool, PoolView, format_bytes
+from ._pool import Block, HostPool, PoolCorruptError, PoolView, format_bytes
 from ._registry import device_pool, is_enabled
 from ._tagged import tagged
 from ._torch import disable_torch_patches, enable
@@ -33,6 +33,7 @@ __all__ = [
     "disable_torch_patches", "snapshot", "dump_snapshot", "record_history", "plot",
     "offload", "restore", "prefetch", "offloaded", "offloadable", "OffloadHandle",
     "yield_point", "install_yield_point", "tenants", "registries", "device_pool",
+    "check", "PoolCorruptError",
 ]
 
 
@@ -56,6 +57,13 @@ def stats(device: _Optional[int] = None) -> _Dict[str, _Any]:
     """Figures of a device's pool: allocated, reserved, peaks, counts, driver
     calls, fragmentation, per tag ('tags') and per priority ('priorities')."""
     return device_pool(device).stats()
+
+
+def check(device: _Optional[int] = None) -> None:
+    """Check the integrity of a device's pool (the current device by
+    default) and of its offloader, if it has one: None when consistent,
+    PoolCorruptError naming the first problem otherwise (PoolView.check)."""
+    device_pool(device).check()
 
 
 def report(device: _Optional[int] = None, file: _Optional[_TextIO] = None) -> str:

@@ -10,7 +10,7 @@ from ._context import LIFETIMES, Priority, priority_value, tag_id
 from ._report import format_bytes, format_report
 from ._snapshot import pool_snapshot
 
-__all__ = ["Block", "PoolView", "HostPool", "format_bytes"]
+__all__ = ["Block", "PoolView", "HostPool", "PoolCorruptError", "format_bytes"]
 
 # pending: waits for record_stream events; offloaded: live, its memory on the
 # host; free_offloaded: free space inside an offloaded run (indexed by GP_BLOCK_*)
@@ -30,6 +30,16 @@ class Block(NamedTuple):
     state: str   # "used", "free", "unmapped", "pending", "offloaded" or "free_offloaded"
     arena: str   # "small" or "large"
     lifetime: str  # region of the arena it lies in: "short" or "long" (placement)
+
+
+class PoolCorruptError(RuntimeError):
+    """A pool's integrity check (`PoolView.check`, `gpupool.check`) found
+    its bookkeeping inconsistent; the message names the first problem."""
+
+    def __init__(self, pool: str, problems: int, first: str) -> None:
+        super().__init__(f"gpupool: the pool of {pool} is corrupt: {problems} problem(s), the first: {first}")
+        self.problems = problems
+        self.first = first
 
 
 class PoolView:
@@ -68,6 +78,17 @@ class PoolView:
         for name, t in s["tags"].items():
             t["host_bytes"] = off["tags"].get(name, {}).get("host_bytes", 0) if off else 0
         return s
+
+    def check(self) -> None:
+        """Check the pool's integrity (every block, bin and figure, as
+        tlsf_check checks a heap) and, when it has an offloader, the
+        offloader's (its records and the host store).  Returns None when all
+        is consistent; raises PoolCorruptError naming the first problem
+        otherwise.  It walks every block under the pool's lock: a debugging
+        aid, not something to call every step."""
+        problems, first = self._pool.check()
+        if problems:
+            raise PoolCorruptError(self.name, int(problems), str(first))
 
     def reset_peak_stats(self) -> None:
         """Set every peak (pool, tags, priorities) to its current value."""

@@ -4,7 +4,8 @@
  * processes, a tenant killed while holding the registry's lock, the order
  * of reclaims, the timeout, a high priority that never fails while a lower
  * one can give, equal priorities that both progress, and the group's
- * device limit across processes.  Every wait is bounded (an alarm ends a
+ * device limit across processes, and the tenant's reclaim policy (trim,
+ * then offload idle offloadable tags) as its stack runs it.  Every wait is bounded (an alarm ends a
  * stuck run), registry names carry this run's pid, and every registry is
  * removed at the end.  Run under ASan and UBSan by the test suite.
  */
@@ -23,6 +24,22 @@
 #include "offload.h"
 #include "pool_check.h"
 #include "rng.h"
+#include "stack.h"
+
+/* The end of a tenant: its stack consistent (pool and offloader), then gone. */
+#undef done
+static int stack_consistent(gp_stack *s)
+{
+    char msg[512];
+    size_t n = gp_stack_check(s, msg, sizeof msg);
+    if (n) fprintf(stderr, "stack inconsistent: %zu problems, the first: %s\n", n, msg);
+    return n == 0;
+}
+#define done(s)                                                                \
+    do {                                                                       \
+        CHECK(stack_consistent(s));                                            \
+        gp_stack_destroy(s);                                                   \
+    } while (0)
 
 enum { LOW = GP_PRIO_LOW, NORMAL = GP_PRIO_NORMAL, HIGH = GP_PRIO_HIGH };
 
@@ -49,12 +66,13 @@ static void nap_ms(unsigned ms)
     nanosleep(&ts, NULL);
 }
 
-/* A tenant: a host pool of `group` with 1 MiB chunks under the arbiter. */
 /* GPUPOOL_TENANT_TURN of the tenants made next (0: equal priorities
  * alternate at every yield point). */
 static unsigned g_turn_ms;
 
-static gp_pool *tenant(const char *group, int prio, const char *limit, unsigned timeout_ms)
+/* A tenant: the stack of a host pool of `group` with 1 MiB chunks under
+ * the arbiter. */
+static gp_stack *tenant(const char *group, int prio, const char *limit, unsigned timeout_ms)
 {
     gp_config cfg;
     gp_config_default(&cfg);
@@ -67,19 +85,21 @@ static gp_pool *tenant(const char *group, int prio, const char *limit, unsigned 
     snprintf(cfg.tenant, sizeof cfg.tenant, "%s", group);
     if (limit && gp_config_set(&cfg, "device_limit", limit) != GP_OK) exit(3);
     gp_backend *be;
-    gp_pool *p;
-    if (gp_backend_host_create(1024 * MiB, &be) != GP_OK ||
-        gp_arbiter_pool_create(be, &cfg, "host", &p) != GP_OK) {
+    gp_stack *p;
+    if (gp_backend_host_create(1024 * MiB, &be) != GP_OK || gp_stack_create(be, "host", &cfg, &p) != GP_OK) {
         fprintf(stderr, "tenant of %s: %s\n", group, gp_last_error());
         exit(2);
     }
     return p;
 }
 
-static void *A(gp_pool *p, uint64_t n, gp_status *st)
+static void *A(gp_stack *p, uint64_t n, gp_status *st)
 {
-    return gp_arbiter_alloc(gp_arbiter_of(p), p, n, NULL, GP_TAG_UNTAGGED, GP_PRIO_DEFAULT, st);
+    return gp_stack_alloc(p, n, NULL, GP_TAG_UNTAGGED, GP_PRIO_DEFAULT, st);
 }
+
+/* A free of the pool alone (gp_stack_free also answers asks). */
+static gp_status F(gp_stack *p, void *x) { return gp_free(gp_stack_pool(p), x); }
 
 static int read_group(gp_group_info *g, gp_tenant_info *t, size_t max)
 {
@@ -203,12 +223,12 @@ static int finish(child *c, unsigned ms)
 static void test_one_tenant(void)
 {
     new_group();
-    gp_pool *p = tenant(g_group, NORMAL, "8MiB", 0);
-    gp_arbiter *a = gp_arbiter_of(p);
+    gp_stack *p = tenant(g_group, NORMAL, "8MiB", 0);
+    gp_arbiter *a = gp_stack_arbiter(p);
     CHECK(a != NULL);
     CHECK(registry_exists());
     gp_stats s;
-    gp_pool_stats(p, &s, 0);
+    gp_pool_stats(gp_stack_pool(p), &s, 0);
     CHECK(s.device_total == 8 * MiB); /* the group's device */
     gp_status st;
     void *x = A(p, 6 * MiB, &st);
@@ -222,10 +242,15 @@ static void test_one_tenant(void)
     CHECK(read_group(&g, t, 4) && g.n_tenants == 1 && g.limit == 8 * MiB);
     CHECK(t[0].pid == getpid() && t[0].self && t[0].held == 6 * MiB && t[0].priority == NORMAL);
     CHECK(t[0].n_waits == 1 && t[0].n_wait_fail == 1 && t[0].wanted == 0);
-    CHECK(gp_free(p, x) == GP_OK);
-    /* A pool without a group has no arbiter, and costs nothing. */
-    CHECK(gp_arbiter_of(NULL) == NULL);
+    CHECK(F(p, x) == GP_OK);
     done(p);
+    /* A stack without a group has no arbiter, and costs nothing. */
+    gp_config cfg;
+    gp_config_default(&cfg);
+    gp_backend *be;
+    CHECK(gp_backend_host_create(64 * MiB, &be) == GP_OK && gp_stack_create(be, "host", &cfg, &p) == GP_OK);
+    CHECK(gp_stack_arbiter(p) == NULL);
+    gp_stack_destroy(p);
     CHECK(!registry_exists()); /* the last tenant out removed it */
     CHECK(gp_arbiter_read(g_group, "host", &g, t, 4) == GP_ERR_FOREIGN);
 }
@@ -274,7 +299,7 @@ static int churn(int ctl, int out, void *arg)
     (void)ctl, (void)out;
     int rounds = *(int *)arg, bad = 0;
     for (int i = 0; i < rounds; i++) {
-        gp_pool *p = tenant(g_group, NORMAL, "256MiB", 1000);
+        gp_stack *p = tenant(g_group, NORMAL, "256MiB", 1000);
         gp_status st;
         void *x = A(p, 1 * MiB, &st);
         bad += x == NULL;
@@ -283,8 +308,8 @@ static int churn(int ctl, int out, void *arg)
         /* It sees itself, holding what it mapped. */
         const gp_tenant_info *me = read_group(&g, t, GP_ARB_SLOTS) ? find_pid(t, g.n_tenants, getpid()) : NULL;
         bad += !me || me->held != 1 * MiB;
-        gp_free(p, x);
-        gp_pool_destroy(p);
+        F(p, x);
+        gp_stack_destroy(p);
     }
     return bad ? 1 : 0;
 }
@@ -295,7 +320,7 @@ static void test_churn(void)
     int rounds = ROUNDS;
     /* With a tenant that stays: one registry throughout. */
     new_group();
-    gp_pool *p = tenant(g_group, NORMAL, "256MiB", 1000);
+    gp_stack *p = tenant(g_group, NORMAL, "256MiB", 1000);
     child c[N];
     for (int i = 0; i < N; i++) c[i] = spawn(churn, &rounds);
     for (int i = 0; i < N; i++) CHECK(finish(&c[i], 30000) == 0);
@@ -318,8 +343,8 @@ static void test_churn(void)
 static int hold_lock(int ctl, int out, void *arg)
 {
     (void)arg;
-    gp_pool *p = tenant(g_group, NORMAL, "32MiB", 0);
-    if (!A(p, 16 * MiB, NULL) || gp_arbiter_debug_lock(gp_arbiter_of(p)) != GP_OK) return 1;
+    gp_stack *p = tenant(g_group, NORMAL, "32MiB", 0);
+    if (!A(p, 16 * MiB, NULL) || gp_arbiter_debug_lock(gp_stack_arbiter(p)) != GP_OK) return 1;
     say(out, 1);
     stopped(ctl, 30000);
     return 0;
@@ -328,7 +353,7 @@ static int hold_lock(int ctl, int out, void *arg)
 static void test_killed_holding_lock(void)
 {
     new_group();
-    gp_pool *p = tenant(g_group, NORMAL, "32MiB", 2000);
+    gp_stack *p = tenant(g_group, NORMAL, "32MiB", 2000);
     child c = spawn(hold_lock, NULL);
     CHECK(hear(&c, 10000) == 1);
     kill(c.pid, SIGKILL);
@@ -342,7 +367,7 @@ static void test_killed_holding_lock(void)
     gp_tenant_info t[4];
     CHECK(read_group(&g, t, 4) && g.n_tenants == 1 && g.n_reaped == 1 && t[0].held == 32 * MiB);
     CHECK(finish(&c, 5000) == 128 + SIGKILL);
-    gp_free(p, x);
+    F(p, x);
     done(p);
     CHECK(!registry_exists());
 }
@@ -358,18 +383,18 @@ typedef struct holder {
 static int hold(int ctl, int out, void *arg)
 {
     holder *h = arg;
-    gp_pool *p = tenant(g_group, h->prio, "48MiB", 2000);
+    gp_stack *p = tenant(g_group, h->prio, "48MiB", 2000);
     void *x = A(p, h->mib * MiB, NULL);
     if (!x) return 1;
-    if (!h->keep) gp_free(p, x);
+    if (!h->keep) F(p, x);
     say(out, 1);
-    gp_arbiter *a = gp_arbiter_of(p);
+    gp_arbiter *a = gp_stack_arbiter(p);
     while (!stopped(ctl, 1)) gp_arbiter_poll(a); /* a training loop's yield points */
     gp_stats s;
-    gp_pool_stats(p, &s, 0);
+    gp_pool_stats(gp_stack_pool(p), &s, 0);
     say(out, s.reserved);
-    if (h->keep) gp_free(p, x);
-    gp_pool_destroy(p);
+    if (h->keep) F(p, x);
+    gp_stack_destroy(p);
     return 0;
 }
 
@@ -381,7 +406,7 @@ static void test_lowest_first(void)
     CHECK(hear(&l, 10000) == 1);
     child n = spawn(hold, &mid);
     CHECK(hear(&n, 10000) == 1);
-    gp_pool *p = tenant(g_group, HIGH, "48MiB", 5000);
+    gp_stack *p = tenant(g_group, HIGH, "48MiB", 5000);
     gp_status st;
     void *x = A(p, 32 * MiB, &st); /* 16 free: 16 more from someone */
     CHECK(x != NULL);
@@ -398,7 +423,7 @@ static void test_lowest_first(void)
     CHECK(hear(&l, 10000) == 0);        /* its cache went back */
     CHECK(hear(&n, 10000) == 16 * MiB); /* its cache stayed */
     CHECK(finish(&l, 10000) == 0 && finish(&n, 10000) == 0);
-    gp_free(p, x);
+    F(p, x);
     done(p);
 }
 
@@ -409,7 +434,7 @@ static void test_timeout(void)
     holder lo = {LOW, 48, 1};
     child l = spawn(hold, &lo);
     CHECK(hear(&l, 10000) == 1);
-    gp_pool *p = tenant(g_group, HIGH, "48MiB", 300);
+    gp_stack *p = tenant(g_group, HIGH, "48MiB", 300);
     uint64_t t0 = now_ms();
     gp_status st;
     void *x = A(p, 16 * MiB, &st);
@@ -436,12 +461,12 @@ static void test_timeout(void)
 static int hold_briefly(int ctl, int out, void *arg)
 {
     (void)ctl, (void)arg;
-    gp_pool *p = tenant(g_group, HIGH, "32MiB", 0);
+    gp_stack *p = tenant(g_group, HIGH, "32MiB", 0);
     void *x = A(p, 32 * MiB, NULL);
     say(out, x != NULL);
     nap_ms(200);
-    gp_free(p, x);
-    gp_pool_destroy(p);
+    F(p, x);
+    gp_stack_destroy(p);
     return 0;
 }
 
@@ -450,51 +475,62 @@ static void test_low_queues(void)
     new_group();
     child h = spawn(hold_briefly, NULL);
     CHECK(hear(&h, 10000) == 1);
-    gp_pool *p = tenant(g_group, LOW, "32MiB", 5000);
+    gp_stack *p = tenant(g_group, LOW, "32MiB", 5000);
     uint64_t t0 = now_ms();
     gp_status st;
     void *x = A(p, 16 * MiB, &st);
     CHECK(x != NULL);
     CHECK(now_ms() - t0 >= 100);
     CHECK(finish(&h, 10000) == 0);
-    gp_free(p, x);
+    F(p, x);
     done(p);
 }
 
-/* A busy low tenant whose live memory is offloadable: its reclaim frees
- * what it holds (as offload would) and trims. */
-typedef struct busy {
-    gp_pool *p;
-    void *live[16];
-    int n;
-} busy;
-
-static uint64_t offload_all(void *arg, uint64_t bytes, int level)
-{
-    busy *b = arg;
-    if (level == GP_RECLAIM_OFFLOAD)
-        while (b->n) gp_free(b->p, b->live[--b->n]);
-    return gp_pool_trim(b->p, bytes);
-}
-
+/* A busy low tenant whose live memory is offloadable (a tag registered at
+ * its own priority, so that its own allocations never offload it): asked
+ * by the high one, its stack runs the tenant's reclaim policy -- trim,
+ * then offload the idle tag -- and says what it offloaded. */
 static int busy_low(int ctl, int out, void *arg)
 {
     (void)arg;
-    busy b = {.p = tenant(g_group, LOW, "64MiB", 50)};
-    gp_arbiter_set_reclaim(gp_arbiter_of(b.p), offload_all, &b);
+    gp_stack *s = tenant(g_group, LOW, "64MiB", 50);
+    gp_offloader *o = gp_stack_offloader(s, 1);
+    gp_tag t;
+    if (!o || gp_tag_intern("busy_low", &t) != GP_OK || gp_offload_register(o, t, LOW, 0) != GP_OK) return 1;
+    void *live[16];
+    int n = 0;
     unsigned seed = 7;
+    static gp_offload_stats st; /* (8 KiB) */
+    uint64_t seen = 0, checked = 0, wrong = 0;
     say(out, 1);
     while (!stopped(ctl, 0)) {
-        if (b.n == 16 || (b.n && rand_r(&seed) % 2)) {
-            gp_free(b.p, b.live[--b.n]);
+        /* After each offload of a reclaim, the registry says what the pool
+         * has offloaded (nothing freed since). */
+        gp_offload_stats_get(o, &st);
+        if (st.n_pressure != seen) {
+            gp_group_info g;
+            gp_tenant_info ti[4];
+            const gp_tenant_info *me = read_group(&g, ti, 4) ? find_pid(ti, g.n_tenants, getpid()) : NULL;
+            gp_stats ps;
+            gp_pool_stats(gp_stack_pool(s), &ps, 0);
+            seen = st.n_pressure;
+            checked++;
+            wrong += !me || me->offloaded != ps.offloaded || !ps.offloaded;
+        }
+        if (n == 16 || (n && rand_r(&seed) % 2)) {
+            F(s, live[--n]);
             continue;
         }
-        void *x = A(b.p, (1 + rand_r(&seed) % 4) * MiB, NULL); /* may wait, may fail: it is low */
-        if (x) b.live[b.n++] = x;
+        /* may wait, may fail: it is low */
+        void *x = gp_stack_alloc(s, (1 + rand_r(&seed) % 4) * MiB, NULL, t, GP_PRIO_DEFAULT, NULL);
+        if (x) live[n++] = x;
     }
-    while (b.n) gp_free(b.p, b.live[--b.n]);
-    gp_pool_destroy(b.p);
-    return 0;
+    say(out, checked);
+    say(out, wrong);
+    while (n) F(s, live[--n]);
+    int bad = !stack_consistent(s);
+    gp_stack_destroy(s);
+    return bad;
 }
 
 static void test_high_never_fails(void)
@@ -502,7 +538,7 @@ static void test_high_never_fails(void)
     new_group();
     child l = spawn(busy_low, NULL);
     CHECK(hear(&l, 10000) == 1);
-    gp_pool *p = tenant(g_group, HIGH, "64MiB", 5000);
+    gp_stack *p = tenant(g_group, HIGH, "64MiB", 5000);
     void *live[16];
     int failures = 0;
     unsigned seed = 3;
@@ -520,8 +556,8 @@ static void test_high_never_fails(void)
             live[n++] = x;
             total += sz;
         }
-        while (n) gp_free(p, live[--n]);
-        gp_pool_trim(p, UINT64_MAX); /* hand it back: the low one takes it again */
+        while (n) F(p, live[--n]);
+        gp_pool_trim(gp_stack_pool(p), UINT64_MAX); /* hand it back: the low one takes it again */
         nap_ms(2);
     }
     CHECK(failures == 0);
@@ -530,20 +566,26 @@ static void test_high_never_fails(void)
     CHECK(read_group(&g, t, 4));
     const gp_tenant_info *tl = find_pid(t, g.n_tenants, l.pid);
     CHECK(tl && tl->n_given > 0 && tl->bytes_given > 0);
+    stop(&l);
+    /* It offloaded (the policy's second step), and the registry says what
+     * is offloaded now, as its pool does. */
+    uint64_t offloads = hear(&l, 10000), wrong = hear(&l, 1000);
+    CHECK(offloads > 0 && offloads != UINT64_MAX);
+    CHECK(wrong == 0);
     CHECK(finish(&l, 10000) == 0);
     done(p);
 }
 
 /* Two tenants taking turns: the end of one, which says how often it waited
  * and how often it failed. */
-static int turns_done(int out, gp_pool *p, int fails)
+static int turns_done(int out, gp_stack *p, int fails)
 {
     gp_group_info g;
     gp_tenant_info t[4];
     const gp_tenant_info *me = read_group(&g, t, 4) ? find_pid(t, g.n_tenants, getpid()) : NULL;
     say(out, me ? me->n_waits : UINT64_MAX);
     say(out, (uint64_t)fails);
-    gp_pool_destroy(p);
+    gp_stack_destroy(p);
     return 0;
 }
 
@@ -574,7 +616,7 @@ static int equal_worker(int ctl, int out, void *arg)
     (void)ctl;
     int rounds = *(int *)arg, fails = 0;
     /* Far shorter a wait than the other's whole run: only turns help. */
-    gp_pool *p = tenant(g_group, NORMAL, "24MiB", 600);
+    gp_stack *p = tenant(g_group, NORMAL, "24MiB", 600);
     say(out, 1);
     char go;
     if (!stopped(ctl, 10000) || read(ctl, &go, 1) != 1) return 1; /* both start together */
@@ -585,7 +627,7 @@ static int equal_worker(int ctl, int out, void *arg)
             continue;
         }
         nap_ms(20);
-        gp_free(p, x); /* into the cache: kept unless asked */
+        F(p, x); /* into the cache: kept unless asked */
     }
     return turns_done(out, p, fails);
 }
@@ -602,8 +644,8 @@ static uint64_t g_need;
 static int two_halves(int ctl, int out, void *arg)
 {
     int rounds = *(int *)arg, fails = 0;
-    gp_pool *p = tenant(g_group, NORMAL, "24MiB", 2000);
-    gp_arbiter *a = gp_arbiter_of(p);
+    gp_stack *p = tenant(g_group, NORMAL, "24MiB", 2000);
+    gp_arbiter *a = gp_stack_arbiter(p);
     say(out, 1);
     char go;
     if (!stopped(ctl, 10000) || read(ctl, &go, 1) != 1) return 1;
@@ -616,8 +658,8 @@ static int two_halves(int ctl, int out, void *arg)
         void *y = x ? A(p, 10 * MiB, NULL) : NULL;
         nap_ms(3);
         fails += !x || !y;
-        if (y) gp_free(p, y);
-        if (x) gp_free(p, x);
+        if (y) F(p, y);
+        if (x) F(p, x);
     }
     return turns_done(out, p, fails);
 }
@@ -652,12 +694,12 @@ static void test_turns(void)
 static int lease_high(int ctl, int out, void *arg)
 {
     (void)arg;
-    gp_pool *p = tenant(g_group, HIGH, "24MiB", 5000);
-    gp_arbiter *a = gp_arbiter_of(p);
+    gp_stack *p = tenant(g_group, HIGH, "24MiB", 5000);
+    gp_arbiter *a = gp_stack_arbiter(p);
     gp_arbiter_yield(a, 8 * MiB);
     void *x = A(p, 8 * MiB, NULL);
-    if (x) gp_free(p, x);
-    gp_pool_trim(p, UINT64_MAX);
+    if (x) F(p, x);
+    gp_pool_trim(gp_stack_pool(p), UINT64_MAX);
     say(out, x != NULL);
     char go;
     if (!stopped(ctl, 10000) || read(ctl, &go, 1) != 1) return 1;
@@ -665,16 +707,16 @@ static int lease_high(int ctl, int out, void *arg)
     void *y = A(p, 12 * MiB, NULL);
     say(out, y != NULL);
     say(out, now_ms() - t0);
-    if (y) gp_free(p, y);
-    gp_pool_destroy(p);
+    if (y) F(p, y);
+    gp_stack_destroy(p);
     return 0;
 }
 
 static int lease_low(int ctl, int out, void *arg)
 {
     (void)arg;
-    gp_pool *p = tenant(g_group, LOW, "24MiB", 5000);
-    gp_arbiter *a = gp_arbiter_of(p);
+    gp_stack *p = tenant(g_group, LOW, "24MiB", 5000);
+    gp_arbiter *a = gp_stack_arbiter(p);
     gp_arbiter_yield(a, 16 * MiB);
     say(out, 1);
     char go;
@@ -684,10 +726,10 @@ static int lease_low(int ctl, int out, void *arg)
     say(out, x != NULL);
     say(out, now_ms() - t0);
     nap_ms(200); /* the step goes on */
-    if (x) gp_free(p, x);
+    if (x) F(p, x);
     gp_arbiter_yield(a, 0); /* its end: the cache goes to the high one */
     stopped(ctl, 10000);
-    gp_pool_destroy(p);
+    gp_stack_destroy(p);
     return 0;
 }
 
@@ -720,8 +762,8 @@ static void test_lease_is_kept(void)
 static int cache_server(int ctl, int out, void *arg)
 {
     (void)arg;
-    gp_pool *p = tenant(g_group, HIGH, "24MiB", 5000);
-    gp_arbiter *a = gp_arbiter_of(p);
+    gp_stack *p = tenant(g_group, HIGH, "24MiB", 5000);
+    gp_arbiter *a = gp_stack_arbiter(p);
     int fails = 0;
     for (int i = 0; !stopped(ctl, 0); i++) {
         gp_arbiter_yield(a, 12 * MiB);
@@ -729,28 +771,28 @@ static int cache_server(int ctl, int out, void *arg)
         fails += !x;
         if (i == 0) say(out, 1);
         nap_ms(20);
-        if (x) gp_free(p, x);
+        if (x) F(p, x);
     }
     say(out, (uint64_t)fails);
-    gp_pool_destroy(p);
+    gp_stack_destroy(p);
     return 0;
 }
 
 static int overrun_low(int ctl, int out, void *arg)
 {
     (void)ctl, (void)arg;
-    gp_pool *p = tenant(g_group, LOW, "24MiB", 3000);
-    gp_arbiter *a = gp_arbiter_of(p);
+    gp_stack *p = tenant(g_group, LOW, "24MiB", 3000);
+    gp_arbiter *a = gp_stack_arbiter(p);
     gp_arbiter_yield(a, 8 * MiB);
     void *x = A(p, 8 * MiB, NULL);
     uint64_t t0 = now_ms();
     void *y = x ? A(p, 8 * MiB, NULL) : NULL;
     say(out, y != NULL);
     say(out, now_ms() - t0);
-    if (y) gp_free(p, y);
-    if (x) gp_free(p, x);
+    if (y) F(p, y);
+    if (x) F(p, x);
     gp_arbiter_yield(a, 0);
-    gp_pool_destroy(p);
+    gp_stack_destroy(p);
     return 0;
 }
 
@@ -779,8 +821,8 @@ static void test_stuck_step_first(void)
 static int random_steps(int ctl, int out, void *arg)
 {
     int prio = *(int *)arg, fails = 0;
-    gp_pool *p = tenant(g_group, prio, "24MiB", 4000);
-    gp_arbiter *a = gp_arbiter_of(p);
+    gp_stack *p = tenant(g_group, prio, "24MiB", 4000);
+    gp_arbiter *a = gp_stack_arbiter(p);
     rng_state = 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
     say(out, 1);
     char go;
@@ -794,10 +836,10 @@ static int random_steps(int ctl, int out, void *arg)
         while (held < peak && n < 16) {
             if (n && rnd() % 4 == 0) {
                 int k = (int)(rnd() % (uint64_t)n);
-                gp_free(p, x[k]);
+                F(p, x[k]);
                 held -= size[k];
                 x[k] = x[n - 1], size[k] = size[n - 1], n--;
-                if (rnd() % 2) gp_pool_trim(p, UINT64_MAX);
+                if (rnd() % 2) gp_pool_trim(gp_stack_pool(p), UINT64_MAX);
                 continue;
             }
             uint64_t s = 1 + rnd() % 3;
@@ -810,7 +852,7 @@ static int random_steps(int ctl, int out, void *arg)
             held += s;
         }
         nap_ms(1 + (unsigned)(rnd() % 3));
-        while (n) gp_free(p, x[--n]);
+        while (n) F(p, x[--n]);
         peak = 4 + rnd() % 9;
     }
     return turns_done(out, p, fails);
@@ -840,21 +882,21 @@ static void test_random_steps(void)
 static int greedy(int ctl, int out, void *arg)
 {
     (void)arg;
-    gp_pool *p = tenant(g_group, NORMAL, "40MiB", 0);
+    gp_stack *p = tenant(g_group, NORMAL, "40MiB", 0);
     void *x[64];
     int n = 0;
     while (n < 64 && (x[n] = A(p, 1 * MiB, NULL))) n++;
     say(out, (uint64_t)n);
     stopped(ctl, 30000);
-    while (n) gp_free(p, x[--n]);
-    gp_pool_destroy(p);
+    while (n) F(p, x[--n]);
+    gp_stack_destroy(p);
     return 0;
 }
 
 static void test_device_limit(void)
 {
     new_group();
-    gp_pool *p = tenant(g_group, NORMAL, "40MiB", 0); /* keeps one registry */
+    gp_stack *p = tenant(g_group, NORMAL, "40MiB", 0); /* keeps one registry */
     child c[4];
     for (int i = 0; i < 4; i++) c[i] = spawn(greedy, NULL);
     uint64_t sum = 0;
@@ -867,11 +909,11 @@ static void test_device_limit(void)
     for (size_t i = 0; i < g.n_tenants; i++) held += t[i].held;
     CHECK(held == 40 * MiB);
     uint64_t limit, avail;
-    gp_arbiter_view(gp_arbiter_of(p), &limit, &avail);
+    gp_arbiter_view(gp_stack_arbiter(p), &limit, &avail);
     CHECK(limit == 40 * MiB && avail == 0);
     CHECK(A(p, 1 * MiB, NULL) == NULL);
     for (int i = 0; i < 4; i++) CHECK(finish(&c[i], 10000) == 0);
-    gp_arbiter_view(gp_arbiter_of(p), &limit, &avail);
+    gp_arbiter_view(gp_stack_arbiter(p), &limit, &avail);
     CHECK(avail == 40 * MiB);
     done(p);
 }
@@ -881,37 +923,37 @@ static void test_device_limit(void)
 static int ask_main(char **argv)
 {
     snprintf(g_group, sizeof g_group, "%s", argv[2]);
-    gp_pool *p = tenant(g_group, atoi(argv[3]), argv[4], (unsigned)atoi(argv[6]));
+    gp_stack *p = tenant(g_group, atoi(argv[3]), argv[4], (unsigned)atoi(argv[6]));
     gp_status st;
     void *x = A(p, (uint64_t)atoi(argv[5]) * MiB, &st);
     if (!x) fprintf(stderr, "%s\n", gp_last_error());
-    else gp_free(p, x);
-    gp_pool_destroy(p);
+    else F(p, x);
+    gp_stack_destroy(p);
     return x ? 0 : 1;
 }
 
 /* In a child forked from a tenant: the parent's pool and arbiter are not
  * the child's (nothing the child does changes the parent's entry), and the
  * child can be a tenant of its own. */
-static gp_pool *g_parent_pool;
+static gp_stack *g_parent_pool;
 static gp_arbiter *g_parent_arb;
 
 static int forked_child(int ctl, int out, void *arg)
 {
     (void)ctl, (void)out, (void)arg;
-    gp_arbiter *pa = gp_arbiter_of(g_parent_pool); /* the table starts empty */
-    int bad = pa != NULL;
+    /* The list of stacks starts empty: no yield of the parent's tenant. */
+    int bad = gp_stack_yield_all(64 * MiB) != 0;
     gp_status st;
     void *x = A(g_parent_pool, 1 * MiB, &st); /* the pool refuses it */
     bad += x != NULL || st != GP_ERR_INVALID;
     bad += gp_arbiter_poll(g_parent_arb) != 0 || gp_arbiter_yield(g_parent_arb, 64 * MiB) != 0;
     gp_arbiter_close(g_parent_arb); /* frees the child's copy only */
-    gp_pool *mine = tenant(g_group, LOW, "32MiB", 0);
+    gp_stack *mine = tenant(g_group, LOW, "32MiB", 0);
     bad += A(mine, 2 * MiB, NULL) == NULL;
     gp_group_info g;
     gp_tenant_info t[4];
     bad += !read_group(&g, t, 4) || g.n_tenants != 2 || !find_pid(t, 2, getppid());
-    gp_pool_destroy(mine);
+    gp_stack_destroy(mine);
     return bad;
 }
 
@@ -919,15 +961,15 @@ static void test_fork(void)
 {
     new_group();
     g_parent_pool = tenant(g_group, NORMAL, "32MiB", 0);
-    gp_arbiter *a = g_parent_arb = gp_arbiter_of(g_parent_pool);
+    gp_arbiter *a = g_parent_arb = gp_stack_arbiter(g_parent_pool);
     void *x = A(g_parent_pool, 8 * MiB, NULL);
     child c = spawn(forked_child, NULL);
     CHECK(finish(&c, 20000) == 0);
     gp_group_info g;
     gp_tenant_info t[4];
     CHECK(read_group(&g, t, 4) && g.n_tenants == 1 && t[0].pid == getpid() && t[0].held == 8 * MiB);
-    CHECK(gp_arbiter_of(g_parent_pool) == a); /* the parent's table is its own */
-    gp_free(g_parent_pool, x);
+    CHECK(gp_stack_arbiter(g_parent_pool) == a);
+    F(g_parent_pool, x);
     done(g_parent_pool);
     CHECK(!registry_exists());
 }
@@ -938,18 +980,18 @@ static void test_fork(void)
 static void test_offload_in_a_group(void)
 {
     new_group();
-    gp_pool *p = tenant(g_group, NORMAL, "512MiB", 0);
+    gp_stack *p = tenant(g_group, NORMAL, "512MiB", 0);
     gp_tag t;
     CHECK(gp_tag_intern("tenant_offload", &t) == GP_OK);
     enum { N = 6 };
     unsigned char *x[N];
     for (int i = 0; i < N; i++) {
-        x[i] = gp_arbiter_alloc(gp_arbiter_of(p), p, 3 * MiB, NULL, t, GP_PRIO_DEFAULT, NULL);
+        x[i] = gp_stack_alloc(p, 3 * MiB, NULL, t, GP_PRIO_DEFAULT, NULL);
         CHECK(x[i] != NULL);
         for (size_t k = 0; k < 3 * MiB; k++) x[i][k] = (unsigned char)(k % 251 < 40 ? 0 : k * 7 + i);
     }
-    gp_offloader *o;
-    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    gp_offloader *o = gp_stack_offloader(p, 1);
+    CHECK(o != NULL);
     gp_group_info g;
     gp_tenant_info ti[4];
     gp_stats st;
@@ -957,15 +999,42 @@ static void test_offload_in_a_group(void)
         gp_offload_opts opts = {.keep = 1, .codec = codec, .elem_size = 2};
         gp_offload_result r;
         CHECK(gp_offload_tags(o, &t, 1, &opts, &r) == GP_OK && r.released >= (N - 1) * 3 * MiB);
-        gp_pool_stats(p, &st, 0);
+        gp_pool_stats(gp_stack_pool(p), &st, 0);
         CHECK(read_group(&g, ti, 4) && ti[0].held == st.reserved); /* given back to the group */
         CHECK(gp_restore_tags(o, &t, 1, 0, &r) == GP_OK && r.lost == 0);
         for (int i = 0; i < N; i++)
             for (size_t k = 0; k < 3 * MiB; k += 4099)
                 CHECK(x[i][k] == (unsigned char)(k % 251 < 40 ? 0 : k * 7 + i));
     }
-    gp_offloader_destroy(o);
-    for (int i = 0; i < N; i++) CHECK(gp_free(p, x[i]) == GP_OK);
+    for (int i = 0; i < N; i++) CHECK(F(p, x[i]) == GP_OK);
+    done(p); /* (with its offloader) */
+}
+
+/* An offload the pool's pressure callback makes (an allocation of a higher
+ * priority than an idle offloadable tag's finds the group full) is told to
+ * the registry, as `top` shows it: offloadable before, offloaded after. */
+static void test_pressure_publishes(void)
+{
+    new_group();
+    gp_stack *p = tenant(g_group, NORMAL, "16MiB", 0);
+    gp_offloader *o = gp_stack_offloader(p, 1);
+    gp_tag t;
+    CHECK(o && gp_tag_intern("pressure_low", &t) == GP_OK && gp_offload_register(o, t, LOW, 0) == GP_OK);
+    void *x[3];
+    for (int i = 0; i < 3; i++) CHECK((x[i] = gp_stack_alloc(p, 3 * MiB, NULL, t, LOW, NULL)) != NULL);
+    gp_stack_publish(p);
+    gp_group_info g;
+    gp_tenant_info ti[4];
+    CHECK(read_group(&g, ti, 4) && ti[0].offloadable == 9 * MiB && ti[0].offloaded == 0);
+    gp_status st;
+    void *y = gp_stack_alloc(p, 12 * MiB, NULL, GP_TAG_UNTAGGED, HIGH, &st);
+    CHECK(y != NULL);
+    gp_offload_stats os;
+    gp_offload_stats_get(o, &os);
+    CHECK(os.n_pressure == 1);
+    CHECK(read_group(&g, ti, 4) && ti[0].offloaded == 9 * MiB && ti[0].offloadable == 0);
+    CHECK(F(p, y) == GP_OK);
+    for (int i = 0; i < 3; i++) CHECK(F(p, x[i]) == GP_OK);
     done(p);
 }
 
@@ -990,5 +1059,6 @@ int main(int argc, char **argv)
     test_device_limit();
     test_fork();
     test_offload_in_a_group();
+    test_pressure_publishes();
     return check_done();
 }
