@@ -66,7 +66,11 @@ static int dropped[OWNERS];
  * the loss accepted, and those owners' own restores then report none.
  * Each owner takes its flag after its restore returned (every restore of
  * its records has finished then, each having set the flag before it
- * began) and refills what differs instead of counting it wrong. */
+ * began) and refills what differs instead of counting it wrong.  An
+ * owner sets its own flag too when its accepting restore failed after
+ * bringing back some records with their losses (res.lost counts them: each
+ * record comes back whole or not at all, and those restored before the
+ * failure stay restored), so that its next take refills them. */
 static atomic_int maybe_lost[OWNERS];
 
 /* A restore is about to accept lost bytes on behalf of `except`'s
@@ -182,6 +186,10 @@ static int take(owner *w, int final)
         atomic_fetch_add(&n_lost_restores, 1);
     }
     if (st != GP_OK) {
+        /* (an accepting restore that failed may have restored some records
+         * first, lost bytes and all: the next take must not count those
+         * wrong) */
+        if (accept && res.lost) atomic_store(&maybe_lost[t], 1);
         atomic_fetch_add(&n_restore_fail, 1);
         if (final || !may_fail(st))
             bad("owner %d: %srestore of its tag failed with %s: %s", t, final ? "the final " : "",
