@@ -1,4 +1,4 @@
-"""Build gpupool._C: every csrc/*.c, linked with nothing but libc, pthread,
+"""Build gpupool._C: every C file under csrc/, linked with nothing but libc, pthread,
 libdl and librt; libzstd (optional) is loaded at run time with dlopen.
 
 CUDA is loaded at run time with dlopen; the build needs only cuda.h for types,
@@ -30,7 +30,7 @@ def cuda_include() -> str:
     return inc
 
 
-# libzstd is loaded with dlopen at run time (csrc/codec_host.c declares the
+# libzstd is loaded with dlopen at run time (csrc/codec_zstd.c declares the
 # part of its API it uses), never linked: the extension needs nothing beyond
 # libc, libpthread, libdl and librt, as the manylinux policy asks, and builds
 # without zstd's headers.  GP_BUILD_NO_ZSTD=1 leaves zstd support out.
@@ -65,13 +65,16 @@ class BuildExt(build_ext):
         super().build_extensions()
 
 
+# csrc/ in folders by layer (pool, backend, offload, tenant, python); headers
+# are included by name, so every folder that holds one is on the path.
+HEADERS = sorted(glob.glob("csrc/**/*.h", recursive=True))
 ext = Extension(
     "gpupool._C",
-    sources=sorted(glob.glob("csrc/*.c")),
+    sources=sorted(glob.glob("csrc/**/*.c", recursive=True)),
     # Every header, so that editing one rebuilds the extension (setuptools
     # otherwise compares the .c files alone with a built .so and keeps it).
-    depends=sorted(glob.glob("csrc/*.h")),
-    include_dirs=["csrc"],
+    depends=HEADERS,
+    include_dirs=sorted({os.path.dirname(h) for h in HEADERS}),
     define_macros=macros + [("_GNU_SOURCE", "1")],
     libraries=libraries,
     extra_compile_args=["-std=c11", "-O2", "-fexceptions", "-fvisibility=hidden", "-Wall", "-Wextra",

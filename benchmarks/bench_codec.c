@@ -1,5 +1,5 @@
 /*
- * bench_codec.c -- the host codec (zstd level 1 on byte planes, codec_host.c)
+ * bench_codec.c -- the host codec (zstd level 1 on byte planes, codec_zstd.c)
  * and the chunk checksum (checksum.c) on one CPU thread, through the codec
  * interface as offload uses it on the host backend: 256 MiB of bf16
  * N(0, 0.02) in 512 KiB chunks, compressed into a 160 MiB staging slice by
@@ -9,9 +9,10 @@
  * for planes and, for comparison, plain bytes.
  *
  * Build and run (from the repository root):
- *   cc -O2 -std=c11 -D_GNU_SOURCE -DGP_HAVE_ZSTD -Icsrc -Itests/c benchmarks/bench_codec.c \
- *      csrc/codec.c csrc/codec_host.c csrc/codec_nvcomp.c csrc/checksum.c csrc/error.c \
- *      csrc/backend_host.c -lzstd -lpthread -ldl -o /tmp/bench_codec && /tmp/bench_codec
+ *   cc -O2 -std=c11 -D_GNU_SOURCE -DGP_HAVE_ZSTD -Icsrc -Icsrc/backend -Icsrc/backend/cuda -Icsrc/offload -Icsrc/offload/codec -Icsrc/pool -Icsrc/python -Icsrc/tenant -Itests/c \
+ *      benchmarks/bench_codec.c \
+ *      csrc/offload/codec/codec.c csrc/offload/codec/codec_zstd.c csrc/offload/codec/codec_nvcomp.c csrc/offload/checksum.c csrc/error.c \
+ *      csrc/backend/backend_host.c -lzstd -lpthread -ldl -o /tmp/bench_codec && /tmp/bench_codec
  */
 #include <stdio.h>
 #include <stdlib.h>

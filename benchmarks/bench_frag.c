@@ -18,9 +18,10 @@
  * syncs) that keeping reserved low cost.  The device is 80 GiB, as an H100.
  *
  * Build and run (from the repository root):
- *   cc -O2 -std=c11 -D_GNU_SOURCE -Icsrc benchmarks/bench_frag.c \
- *      csrc/pool.c csrc/pool_offload.c csrc/stream.c csrc/stats.c csrc/check.c csrc/tag.c \
- *      csrc/error.c csrc/config.c csrc/backend_host.c csrc/trace.c csrc/checksum.c \
+ *   cc -O2 -std=c11 -D_GNU_SOURCE -Icsrc -Icsrc/backend -Icsrc/backend/cuda -Icsrc/offload -Icsrc/offload/codec -Icsrc/pool -Icsrc/python -Icsrc/tenant \
+ *      benchmarks/bench_frag.c \
+ *      csrc/pool/pool.c csrc/pool/pool_offload.c csrc/pool/stream.c csrc/pool/stats.c csrc/pool/check.c csrc/pool/tag.c \
+ *      csrc/error.c csrc/config.c csrc/backend/backend_host.c csrc/pool/trace.c csrc/offload/checksum.c \
  *      -lpthread -o /tmp/bench_frag && /tmp/bench_frag
  */
 #include <stdio.h>

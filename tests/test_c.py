@@ -4,7 +4,6 @@ stress test once more under ThreadSanitizer."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,10 +12,14 @@ from typing import List
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# The allocator core: every C file but those of the Python module and the
-# CUDA backend (by what they include).
-_NOT_CORE = re.compile(r'#include [<"](Python\.h|cuda\.h|module\.h|pystack\.h|torch_abi\.h)[>"]')
-CORE = sorted(p.name for p in (ROOT / "csrc").glob("*.c") if not _NOT_CORE.search(p.read_text()))
+CSRC = ROOT / "csrc"
+# The allocator core, by its folders: every C file but those of the Python
+# module (python/) and the CUDA backend (backend/cuda/).
+_NOT_CORE = ("python/", "backend/cuda/")
+CORE = sorted(str(p) for p in CSRC.rglob("*.c") if not p.relative_to(CSRC).as_posix().startswith(_NOT_CORE))
+CUDA_BACKEND = str(CSRC / "backend" / "cuda" / "backend_cuda.c")
+# Headers are included by name: every folder that holds one, and the tests'.
+INCLUDES = [f"-I{d}" for d in sorted({p.parent for p in CSRC.rglob("*.h")})] + [f"-I{ROOT / 'tests' / 'c'}"]
 CC = os.environ.get("CC", "cc")
 
 pytestmark = pytest.mark.skipif(shutil.which(CC) is None, reason=f"no C compiler ({CC})")
@@ -26,8 +29,7 @@ def build(tmp: Path, test: str, sanitize: List[str], extra: List[str] = ()) -> P
     out = tmp / (Path(test).stem + "_" + "_".join(s.split("=")[-1].replace(",", "_") for s in sanitize))
     cmd = [CC, "-std=c11", "-D_GNU_SOURCE", "-g", "-O1", "-Wall", "-Wextra", "-Werror",
            "-Wno-missing-field-initializers", *sanitize, "-fno-omit-frame-pointer",
-           f"-I{ROOT / 'csrc'}", f"-I{ROOT / 'tests' / 'c'}", str(ROOT / "tests" / "c" / test),
-           *[str(ROOT / "csrc" / c) for c in CORE], *extra, "-lpthread", "-ldl", "-o", str(out)]
+           *INCLUDES, str(ROOT / "tests" / "c" / test), *CORE, *extra, "-lpthread", "-ldl", "-o", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"build of {test} failed:\n{' '.join(cmd)}\n{r.stderr}"
     return out

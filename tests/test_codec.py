@@ -16,9 +16,8 @@ import pytest
 
 from gpupool import _C
 from gpupool._nvcomp import register, wheel_dir
+from test_c import CC, INCLUDES, ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-CC = os.environ.get("CC", "cc")
 
 # (ours, nvCOMP's, [(our field, nvCOMP's field)])
 STRUCTS = [
@@ -52,7 +51,7 @@ def test_nvcomp_declarations_match_headers(tmp_path: Path) -> None:
     include = Path(lib).parent / "include" if lib else None
     if include is None or not (include / "nvcomp.h").is_file():
         pytest.skip("the nvidia-libnvcomp-cu13 wheel (with its headers) is not installed")
-    lines = ["#include <stddef.h>", '#include "nvcomp.h"', f'#include "{ROOT / "csrc" / "codec_nvcomp.c"}"']
+    lines = ["#include <stddef.h>", '#include "nvcomp.h"', f'#include "{ROOT / "csrc" / "offload" / "codec" / "codec_nvcomp.c"}"']
     for ours, theirs, fields in STRUCTS:
         lines.append(f"_Static_assert(sizeof({ours}) == sizeof({theirs}) && _Alignof({ours}) == _Alignof({theirs}), "
                      f'"{ours}");')
@@ -64,7 +63,7 @@ def test_nvcomp_declarations_match_headers(tmp_path: Path) -> None:
     src = tmp_path / "abi.c"
     src.write_text("\n".join(lines) + "\n")
     r = subprocess.run([CC, "-std=c11", "-D_GNU_SOURCE", "-fsyntax-only", "-Wall", "-Wextra", "-Werror",
-                        "-Wno-unused-function", "-Wno-missing-field-initializers", f"-I{ROOT / 'csrc'}",
+                        "-Wno-unused-function", "-Wno-missing-field-initializers", *INCLUDES,
                         f"-I{include}", str(src)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 

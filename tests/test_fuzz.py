@@ -12,7 +12,7 @@ from typing import List
 
 import pytest
 
-from test_c import CORE, ROOT
+from test_c import CORE, CSRC, INCLUDES, ROOT
 
 FUZZ = ROOT / "tests" / "fuzz"
 CLANG = os.environ.get("GP_FUZZ_CC", "clang")
@@ -20,11 +20,11 @@ SECONDS = int(os.environ.get("GP_FUZZ_SECONDS", "60"))
 TARGETS = sorted(p.stem for p in FUZZ.glob("fuzz_*.c"))
 FLAGS = ["-std=c11", "-D_GNU_SOURCE", "-g", "-O1", "-Wall", "-Wextra", "-Werror",
          "-Wno-missing-field-initializers", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer",
-         f"-I{ROOT / 'csrc'}", f"-I{ROOT / 'tests' / 'c'}"]
+         *INCLUDES]
 # The integrity checker runs after nearly every operation; its loops would
 # dominate the coverage feedback and the time, and say nothing about which
 # inputs reach new states of the pool: it is built without coverage.
-UNGUIDED = ["check.c"]
+UNGUIDED = [str(CSRC / "pool" / "check.c")]
 # Targets whose codecs compress (zstd on the host backend) when the
 # extension was built with libzstd, as tests/test_c.py builds its offload
 # tests: the compressed paths are fuzzed too.
@@ -68,11 +68,11 @@ def build(tmp: Path, target: str) -> Path:
     objs: List[str] = []
     for c in UNGUIDED:
         obj = tmp / (Path(c).stem + ".o")
-        cmd = [CLANG, *FLAGS, "-fsanitize=address,undefined", "-c", str(ROOT / "csrc" / c), "-o", str(obj)]
+        cmd = [CLANG, *FLAGS, "-fsanitize=address,undefined", "-c", c, "-o", str(obj)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
         objs.append(str(obj))
-    guided = [str(ROOT / "csrc" / c) for c in CORE if c not in UNGUIDED]
+    guided = [c for c in CORE if c not in UNGUIDED]
     cmd = [CLANG, *FLAGS, *zstd, "-fsanitize=fuzzer,address,undefined", str(FUZZ / f"{target}.c"), *guided, *objs,
            *(["-lzstd"] if zstd else []), "-lpthread", "-ldl", "-lm", "-o", str(exe)]
     r = subprocess.run(cmd, capture_output=True, text=True)

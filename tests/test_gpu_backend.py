@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from test_c import CC, CORE, ROOT
+from test_c import CC, CORE, CUDA_BACKEND, INCLUDES, ROOT
 from test_offload_codec_gpu import _cuda_include
 
 pytestmark = pytest.mark.gpu
@@ -20,9 +20,8 @@ def test_cuda_backend_conforms(tmp_path: Path) -> None:
         pytest.skip("cuda.h not found (CUDA_HOME, nvcc's toolkit, /usr/local/cuda)")
     exe = tmp_path / "test_backend_cuda"
     cmd = [CC, "-std=c11", "-D_GNU_SOURCE", "-DGP_TEST_CUDA", "-O1", "-g", "-Wall", "-Wextra", "-Werror",
-           "-Wno-missing-field-initializers", f"-I{ROOT / 'csrc'}", f"-I{ROOT / 'tests' / 'c'}", f"-I{inc}",
-           str(ROOT / "tests" / "c" / "test_backend.c"), *[str(ROOT / "csrc" / c) for c in CORE],
-           str(ROOT / "csrc" / "backend_cuda.c"), "-lpthread", "-ldl", "-o", str(exe)]
+           "-Wno-missing-field-initializers", *INCLUDES, f"-I{inc}",
+           str(ROOT / "tests" / "c" / "test_backend.c"), *CORE, CUDA_BACKEND, "-lpthread", "-ldl", "-o", str(exe)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
     # The host variants too, in the same binary: the suite is one.

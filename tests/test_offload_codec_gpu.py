@@ -21,7 +21,7 @@ from typing import Dict, Optional
 import pytest
 
 from gpupool._nvcomp import wheel_dir
-from test_c import CC, CORE, ROOT
+from test_c import CC, CORE, CUDA_BACKEND, INCLUDES, ROOT
 
 pytestmark = pytest.mark.gpu
 
@@ -52,9 +52,8 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip("cuda.h not found (CUDA_HOME, nvcc's toolkit, /usr/local/cuda)")
     out = tmp_path_factory.mktemp("gpu_codec") / "gpu_codec"
     cmd = [CC, "-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra", "-Werror",
-           "-Wno-missing-field-initializers", f"-I{ROOT / 'csrc'}", f"-I{ROOT / 'tests' / 'c'}", f"-I{inc}",
-           str(ROOT / "tests" / "c" / "gpu_codec.c"), *[str(ROOT / "csrc" / c) for c in CORE],
-           str(ROOT / "csrc" / "backend_cuda.c"), "-lpthread", "-ldl", "-o", str(out)]
+           "-Wno-missing-field-initializers", *INCLUDES, f"-I{inc}",
+           str(ROOT / "tests" / "c" / "gpu_codec.c"), *CORE, CUDA_BACKEND, "-lpthread", "-ldl", "-o", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
     return out

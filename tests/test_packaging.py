@@ -82,7 +82,7 @@ def test_editing_a_header_rebuilds_the_extension() -> None:
     # the .so; with no depends, `pip install .` after editing a header
     # reused the stale build.
     (ext,) = setup_kwargs()["ext_modules"]  # type: ignore[misc]
-    headers = {str(p.relative_to(ROOT)) for p in (ROOT / "csrc").glob("*.h")}
+    headers = {str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.h")}
     assert headers and headers <= set(ext.depends), sorted(headers - set(ext.depends))
     assert not any(lib in ("zstd", "lz4") for lib in ext.libraries), ext.libraries
 

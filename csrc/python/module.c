@@ -212,8 +212,8 @@ static PyObject *m_free_errors(PyObject *self, PyObject *noargs)
 }
 
 /* zstd: the host codec's libzstd, built in and loadable here (it is
- * loaded with dlopen, not linked: codec_host.c). */
-int gp_codec_host_available(void);
+ * loaded with dlopen, not linked: codec_zstd.c). */
+int gp_codec_zstd_available(void);
 
 /* The version is pyproject.toml's, which setup.py passes to the compiler:
  * one number for the package, the extension and gpupool.__version__. */
@@ -225,7 +225,7 @@ static PyObject *m_build_info(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-    return Py_BuildValue("{s:s,s:O,s:s}", "version", GP_VERSION, "zstd", gp_codec_host_available() ? Py_True : Py_False,
+    return Py_BuildValue("{s:s,s:O,s:s}", "version", GP_VERSION, "zstd", gp_codec_zstd_available() ? Py_True : Py_False,
                          "compiler", __VERSION__);
 }
 

@@ -1,5 +1,5 @@
 /*
- * host_store.c -- pinned host slabs and the extents in them (host_store.h).
+ * pinned.c -- pinned host slabs and the extents in them (pinned.h).
  *
  * Each slab keeps its free space as an address-ordered array of holes;
  * alloc takes the first hole that fits (lowest slab first), free puts the
@@ -14,7 +14,7 @@
 
 #include <pthread.h>
 
-#include "host_store.h"
+#include "pinned.h"
 #include "util.h"
 
 #define GP_EXTENT_ALIGN 16u
@@ -30,7 +30,7 @@ typedef struct gp_slab {
     uint64_t free;
 } gp_slab;
 
-struct gp_host_store {
+struct gp_pinned {
     pthread_mutex_t lock;
     gp_backend *be;
     uint64_t limit, slab_size;
@@ -43,13 +43,13 @@ struct gp_host_store {
 
 static uint64_t gp_align16(uint64_t x) { return (x + GP_EXTENT_ALIGN - 1) & ~(uint64_t)(GP_EXTENT_ALIGN - 1); }
 
-gp_status gp_host_store_create(gp_backend *be, uint64_t limit, uint64_t slab, gp_host_store **out)
+gp_status gp_pinned_create(gp_backend *be, uint64_t limit, uint64_t slab, gp_pinned **out)
 {
     *out = NULL;
     if (slab < (1u << 20) || slab % GP_EXTENT_ALIGN)
         return gp_error_set(GP_ERR_INVALID, "gpupool: host slab of %llu bytes: at least 1 MiB, a multiple of 16",
                             (unsigned long long)slab);
-    gp_host_store *hs = calloc(1, sizeof *hs);
+    gp_pinned *hs = calloc(1, sizeof *hs);
     if (!hs) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the host store");
     pthread_mutex_init(&hs->lock, NULL);
     hs->be = be;
@@ -59,7 +59,7 @@ gp_status gp_host_store_create(gp_backend *be, uint64_t limit, uint64_t slab, gp
     return GP_OK;
 }
 
-void gp_host_store_destroy(gp_host_store *hs)
+void gp_pinned_destroy(gp_pinned *hs)
 {
     if (!hs) return;
     for (size_t i = 0; i < hs->n_slabs; i++) {
@@ -71,7 +71,7 @@ void gp_host_store_destroy(gp_host_store *hs)
     free(hs);
 }
 
-static uint64_t gp_free_locked(const gp_host_store *hs)
+static uint64_t gp_free_locked(const gp_pinned *hs)
 {
     uint64_t f = 0;
     for (size_t i = 0; i < hs->n_slabs; i++) f += hs->slabs[i].free;
@@ -80,7 +80,7 @@ static uint64_t gp_free_locked(const gp_host_store *hs)
 
 /* Pin one more slab (the lock is held; pinning takes long, but the store
  * is only used by offloads, which are serialised anyway). */
-static gp_status gp_add_slab(gp_host_store *hs)
+static gp_status gp_add_slab(gp_pinned *hs)
 {
     if (hs->limit && (hs->n_slabs + 1) * hs->slab_size > hs->limit)
         return gp_error_set(GP_ERR_LIMIT, "gpupool: the host limit (GPUPOOL_HOST_LIMIT) of %llu bytes is reached: "
@@ -114,7 +114,7 @@ static gp_status gp_add_slab(gp_host_store *hs)
     return GP_OK;
 }
 
-gp_status gp_host_store_reserve(gp_host_store *hs, uint64_t bytes)
+gp_status gp_pinned_reserve(gp_pinned *hs, uint64_t bytes)
 {
     pthread_mutex_lock(&hs->lock);
     gp_status st = GP_OK;
@@ -128,7 +128,7 @@ gp_status gp_host_store_reserve(gp_host_store *hs, uint64_t bytes)
     return st;
 }
 
-void gp_host_store_settle(gp_host_store *hs, uint64_t bytes)
+void gp_pinned_settle(gp_pinned *hs, uint64_t bytes)
 {
     pthread_mutex_lock(&hs->lock);
     hs->reserved = bytes > hs->reserved ? 0 : hs->reserved - bytes;
@@ -174,7 +174,7 @@ static gp_status gp_hole_insert(gp_slab *s, uint64_t off, uint64_t size)
     return GP_OK;
 }
 
-gp_status gp_host_store_alloc_part(gp_host_store *hs, uint64_t size, uint64_t min, gp_extent *out)
+gp_status gp_pinned_alloc_part(gp_pinned *hs, uint64_t size, uint64_t min, gp_extent *out)
 {
     *out = (gp_extent){0};
     uint64_t need = gp_align16(size);
@@ -214,12 +214,12 @@ out:
     return st;
 }
 
-gp_status gp_host_store_alloc(gp_host_store *hs, uint64_t size, gp_extent *out)
+gp_status gp_pinned_alloc(gp_pinned *hs, uint64_t size, gp_extent *out)
 {
-    return gp_host_store_alloc_part(hs, size, size, out);
+    return gp_pinned_alloc_part(hs, size, size, out);
 }
 
-void gp_host_store_shrink(gp_host_store *hs, gp_extent *e, uint64_t size)
+void gp_pinned_shrink(gp_pinned *hs, gp_extent *e, uint64_t size)
 {
     uint64_t keep = gp_align16(size);
     if (!e->ptr || keep >= e->size) return;
@@ -234,7 +234,7 @@ void gp_host_store_shrink(gp_host_store *hs, gp_extent *e, uint64_t size)
     pthread_mutex_unlock(&hs->lock);
 }
 
-void gp_host_store_free(gp_host_store *hs, gp_extent *e)
+void gp_pinned_free(gp_pinned *hs, gp_extent *e)
 {
     if (!e->ptr) return;
     pthread_mutex_lock(&hs->lock);
@@ -244,22 +244,22 @@ void gp_host_store_free(gp_host_store *hs, gp_extent *e)
     *e = (gp_extent){0};
 }
 
-void gp_host_store_grow_ahead(gp_host_store *hs)
+void gp_pinned_grow_ahead(gp_pinned *hs)
 {
     pthread_mutex_lock(&hs->lock);
     if (gp_free_locked(hs) < hs->reserved + hs->slab_size && gp_add_slab(hs) != GP_OK) gp_error_clear();
     pthread_mutex_unlock(&hs->lock);
 }
 
-void gp_host_store_stats_get(gp_host_store *hs, gp_host_store_stats *out)
+void gp_pinned_stats_get(gp_pinned *hs, gp_pinned_stats *out)
 {
     pthread_mutex_lock(&hs->lock);
-    *out = (gp_host_store_stats){.limit = hs->limit, .slabs = hs->n_slabs * hs->slab_size, .used = hs->used,
+    *out = (gp_pinned_stats){.limit = hs->limit, .slabs = hs->n_slabs * hs->slab_size, .used = hs->used,
                                  .reserved = hs->reserved, .n_pin = hs->n_pin, .pin_seconds = hs->pin_seconds};
     pthread_mutex_unlock(&hs->lock);
 }
 
-size_t gp_host_store_check(gp_host_store *hs, const gp_extent *ext, size_t n_ext, char *msg, size_t n)
+size_t gp_pinned_check(gp_pinned *hs, const gp_extent *ext, size_t n_ext, char *msg, size_t n)
 {
     size_t found = 0;
 #define GP_BAD(...)                                                            \

@@ -14,7 +14,7 @@
 #include <pthread.h>
 
 #include "codec.h"
-#include "host_store.h"
+#include "pinned.h"
 #include "offload.h"
 #include "util.h"
 #include "workq.h"
@@ -132,7 +132,7 @@ struct gp_offloader {
                               the copies wait for came last)             */
     gp_workq *pq;          /* prefetches and background offloads (one
                               thread, in order: they take `op`)          */
-    gp_host_store *hs;
+    gp_pinned *hs;
     gp_stream streams[2];
     int n_streams;
     gp_record *records;

@@ -167,7 +167,7 @@ gp_status gp_offloader_create(gp_pool *pool, uint64_t host_limit, unsigned threa
     o->reclaiming = -1;
     if (nvcomp) snprintf(o->nvcomp, sizeof o->nvcomp, "%s", nvcomp);
     gp_batch_init(&o->prefetches);
-    gp_status st = gp_host_store_create(o->be, host_limit, GP_HOST_SLAB, &o->hs);
+    gp_status st = gp_pinned_create(o->be, host_limit, GP_HOST_SLAB, &o->hs);
     gp_tag own;
     if (st == GP_OK) st = gp_tag_intern("gpupool", &own);
     /* The checksums' device array comes from the pool, once, before any
@@ -204,7 +204,7 @@ void gp_offloader_destroy(gp_offloader *o)
     for (int i = 0; i < o->n_streams; i++) o->be->stream_destroy(o->be, o->streams[i]);
     if (o->sums_dev) gp_free(o->pool, o->sums_dev);
     free(o->sums_host);
-    gp_host_store_destroy(o->hs);
+    gp_pinned_destroy(o->hs);
     gp_batch_destroy(&o->prefetches);
     pthread_cond_destroy(&o->cond);
     pthread_mutex_destroy(&o->lock);
@@ -244,7 +244,7 @@ gp_status gp_offload_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, co
     gp_op_lock(o);
     st = gp_offload_locked(o, tags, n_tags, opts, res);
     gp_op_unlock(o);
-    if (st == GP_OK) gp_host_store_grow_ahead(o->hs);
+    if (st == GP_OK) gp_pinned_grow_ahead(o->hs);
     return st;
 }
 
@@ -446,8 +446,8 @@ gp_status gp_offload_use(gp_offloader *o, gp_tag tag, int busy)
 
 void gp_offload_stats_get(gp_offloader *o, gp_offload_stats *out)
 {
-    gp_host_store_stats hs;
-    gp_host_store_stats_get(o->hs, &hs);
+    gp_pinned_stats hs;
+    gp_pinned_stats_get(o->hs, &hs);
     pthread_mutex_lock(&o->lock);
     *out = o->st;
     pthread_mutex_unlock(&o->lock);

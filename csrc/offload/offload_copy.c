@@ -1,6 +1,6 @@
 /*
  * offload_copy.c -- the data path of offload: plans from the pool
- * (gp_pool_offload_*), bytes through pinned host slabs (host_store.c),
+ * (gp_pool_offload_*), bytes through pinned host slabs (pinned.c),
  * compression (codec.h), checksums on the device (checksum.h), the VMM
  * calls on worker threads (workq.c).
  *
@@ -89,8 +89,8 @@ static void gp_chunks_at_host(gp_piece *p)
 
 void gp_piece_host_free(gp_offloader *o, gp_piece *p)
 {
-    gp_host_store_free(o->hs, &p->host);
-    gp_host_store_free(o->hs, &p->host2);
+    gp_pinned_free(o->hs, &p->host);
+    gp_pinned_free(o->hs, &p->host2);
 }
 
 /* ---------------------------------------------------------------- jobs */
@@ -345,15 +345,15 @@ static gp_status gp_undo_offload(gp_offloader *o, gp_offload_plan *pl, gp_record
 static gp_status gp_piece_room(gp_offloader *o, gp_piece *p)
 {
     p->split = p->n_chunks;
-    gp_status st = gp_host_store_alloc_part(o->hs, p->stored, GP_PART_MIN, &p->host);
+    gp_status st = gp_pinned_alloc_part(o->hs, p->stored, GP_PART_MIN, &p->host);
     if (st != GP_OK || p->host.size >= p->stored) return st;
     uint64_t fit = 0, m = 0;
     while (m < p->n_chunks && fit + gp_codec_pad(p->chunks[m].stored) <= p->host.size)
         fit += gp_codec_pad(p->chunks[m++].stored);
-    gp_host_store_shrink(o->hs, &p->host, fit);
-    if (!m) return gp_host_store_alloc(o->hs, p->stored, &p->host); /* (not even one chunk fit: whole, elsewhere) */
+    gp_pinned_shrink(o->hs, &p->host, fit);
+    if (!m) return gp_pinned_alloc(o->hs, p->stored, &p->host); /* (not even one chunk fit: whole, elsewhere) */
     p->split = m;
-    return gp_host_store_alloc(o->hs, p->stored - fit, &p->host2);
+    return gp_pinned_alloc(o->hs, p->stored - fit, &p->host2);
 }
 
 /* The compressed piece a lane holds: wait for its compression, store its
@@ -424,11 +424,11 @@ static gp_status gp_piece_host(gp_offloader *o, gp_record *r, size_t i)
 {
     gp_piece *p = &r->pieces[i];
     uint64_t min = r->n_pieces < gp_sums_room(o) ? GP_PART_MIN : p->size;
-    gp_status st = gp_host_store_alloc_part(o->hs, p->size, min, &p->host);
+    gp_status st = gp_pinned_alloc_part(o->hs, p->size, min, &p->host);
     if (st == GP_OK && p->host.size < p->size) {
         gp_piece *np = realloc(r->pieces, (r->n_pieces + 1) * sizeof *np);
         if (!np) {
-            gp_host_store_free(o->hs, &p->host);
+            gp_pinned_free(o->hs, &p->host);
             return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for an offload record");
         }
         r->pieces = np;
@@ -524,7 +524,7 @@ static gp_status gp_out_prepare(gp_out *x, const gp_tag *tags, size_t n_tags)
         uint64_t room = 0;
         for (size_t i = 0; i < r->n_pieces; i++) room += gp_codec_pad(r->pieces[i].size);
         if (offered) room += 2 * GP_CODEC_ALIGN * (x->pl->bytes / 4096 + r->n_pieces);
-        if ((st = gp_host_store_reserve(o->hs, room)) != GP_OK) return st;
+        if ((st = gp_pinned_reserve(o->hs, room)) != GP_OK) return st;
         x->reserved = 1;
     }
     /* The streams that used the memory (record_stream ones too) finish. */
@@ -693,7 +693,7 @@ static gp_status gp_offload_steps(gp_offloader *o, const gp_tag *tags, size_t n_
         char why[1024];
         snprintf(why, sizeof why, "%s", gp_last_error());
         gp_lanes_close(x.lane);
-        if (x.reserved) gp_host_store_settle(o->hs, UINT64_MAX);
+        if (x.reserved) gp_pinned_settle(o->hs, UINT64_MAX);
         if (gp_pool_plan_end(o->pool, x.pl, 1) != GP_OK) gp_error_clear();
         gp_record_free(o, x.r);
         free(x.c);
@@ -703,7 +703,7 @@ static gp_status gp_offload_steps(gp_offloader *o, const gp_tag *tags, size_t n_
     st = gp_out_copy(&x);
     gp_batch_destroy(&x.unmaps);
     gp_note(st, x.why, sizeof x.why);
-    if (x.reserved) gp_host_store_settle(o->hs, UINT64_MAX);
+    if (x.reserved) gp_pinned_settle(o->hs, UINT64_MAX);
     if (st == GP_OK && (st = gp_out_finish(&x)) == GP_OK) {
         const gp_record *r = x.r;
         *res = (gp_offload_result){.bytes = r->offloaded, .copied = r->copied, .host_bytes = r->host_bytes,

@@ -1,6 +1,6 @@
 /*
  * codec_impl.h -- what codec.c shares with the implementations of a codec
- * (codec_host.c, codec_nvcomp.c): the codec and job structs, and the batch
+ * (codec_zstd.c, codec_nvcomp.c): the codec and job structs, and the batch
  * every implementation works on.
  *
  * codec.c does everything that does not depend on the compressor: chunk
@@ -87,9 +87,9 @@ struct gp_codec_job {
 
 /* Implementations: fill c's fields (desc, width, in_align, slot, ops) for
  * the codec `c->id`, with `elem_size` the caller's hint. */
-gp_status gp_codec_host_init(gp_codec *c, unsigned elem_size);
+gp_status gp_codec_zstd_init(gp_codec *c, unsigned elem_size);
 gp_status gp_codec_nvcomp_init(gp_codec *c, unsigned elem_size, const char *nvcomp_path);
 /* Whether the build has the host codec (libzstd). */
-int gp_codec_host_available(void);
+int gp_codec_zstd_available(void);
 
 #endif /* GP_CODEC_IMPL_H */

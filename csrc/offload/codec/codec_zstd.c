@@ -1,5 +1,5 @@
 /*
- * codec_host.c -- the codec of the host backend (codec.h): libzstd, level 1,
+ * codec_zstd.c -- the codec of the host backend (codec.h): libzstd, level 1,
  * on byte planes, so that the whole offload path, staging, slices,
  * checksums and failures included, runs without a GPU.
  *
@@ -29,9 +29,9 @@
 
 #ifndef GP_HAVE_ZSTD
 
-int gp_codec_host_available(void) { return 0; }
+int gp_codec_zstd_available(void) { return 0; }
 
-gp_status gp_codec_host_init(gp_codec *c, unsigned elem_size)
+gp_status gp_codec_zstd_init(gp_codec *c, unsigned elem_size)
 {
     (void)c, (void)elem_size;
     return gp_error_set(GP_ERR_INVALID, "codec zstd: gpupool was built without libzstd support (GP_BUILD_NO_ZSTD=1); "
@@ -104,7 +104,7 @@ static void gp_zstd_load(void)
     gp_zstd_ok = 1; /* the handle stays open for the life of the process */
 }
 
-int gp_codec_host_available(void)
+int gp_codec_zstd_available(void)
 {
     pthread_once(&gp_zstd_once, gp_zstd_load);
     return gp_zstd_ok;
@@ -270,9 +270,9 @@ static const gp_codec_ops gp_host_ops = {
     .status_text = gp_host_status_text,
 };
 
-gp_status gp_codec_host_init(gp_codec *c, unsigned elem_size)
+gp_status gp_codec_zstd_init(gp_codec *c, unsigned elem_size)
 {
-    if (!gp_codec_host_available())
+    if (!gp_codec_zstd_available())
         return gp_error_set(GP_ERR_INVALID, "codec zstd: libzstd could not be loaded (%s); install it (Debian and "
                             "Ubuntu: libzstd1, Fedora: libzstd), or use raw or auto", gp_zstd_why);
     /* Planes for the element sizes of tensors; anything else is bytes. */

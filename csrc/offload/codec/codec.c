@@ -2,7 +2,7 @@
  * codec.c -- what every codec shares (codec.h): names, the choice behind
  * "auto", chunk geometry, the staging's layout, the raw fallback, the
  * checks of a chunk table and the copies of stored chunks back to the
- * device.  The compressors themselves are in codec_host.c (zstd on byte
+ * device.  The compressors themselves are in codec_zstd.c (zstd on byte
  * planes) and codec_nvcomp.c (nvCOMP); "raw" is the absence of one.
  */
 #include <stdio.h>
@@ -28,7 +28,7 @@ static int gp_backend_is(const gp_backend *be, const char *name)
 /* What "auto" means on this backend for this element size. */
 static gp_codec_id gp_codec_auto(gp_backend *be, const char *nvcomp_path)
 {
-    if (gp_backend_is(be, "host")) return gp_codec_host_available() ? GP_CODEC_ZSTD : GP_CODEC_RAW;
+    if (gp_backend_is(be, "host")) return gp_codec_zstd_available() ? GP_CODEC_ZSTD : GP_CODEC_RAW;
     if (gp_backend_is(be, "cuda") && gp_nvcomp_load(nvcomp_path) == GP_OK) return GP_CODEC_ANS;
     gp_error_clear(); /* no nvCOMP: raw is the answer, not an error */
     return GP_CODEC_RAW;
@@ -59,7 +59,7 @@ gp_status gp_codec_open(gp_backend *be, const gp_codec_params *params, gp_codec 
             st = gp_error_set(GP_ERR_INVALID, "codec zstd runs on the host backend only (this one is %s); "
                               "on a GPU use ans or bitcomp (nvCOMP), or auto", be->name);
         else
-            st = gp_codec_host_init(c, params->elem_size);
+            st = gp_codec_zstd_init(c, params->elem_size);
         break;
     default: /* ANS, Bitcomp */
         if (!gp_backend_is(be, "cuda"))

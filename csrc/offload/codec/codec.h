@@ -7,7 +7,7 @@
  * device, and brings it back.  Two implementations sit behind this header:
  * nvCOMP on a CUDA device (codec_nvcomp.c: ANS, Bitcomp; the library is
  * loaded with dlopen) and libzstd on byte planes on the host backend
- * (codec_host.c), so that the whole offload path runs in CI.  "raw" stores
+ * (codec_zstd.c), so that the whole offload path runs in CI.  "raw" stores
  * every chunk as it is.
  *
  * The flow of one slice, for a job (below) used by one stream at a time:

@@ -347,7 +347,7 @@ size_t gp_offload_check(gp_offloader *o, char *msg, size_t n)
     }
     qsort(ext, n_ext, sizeof *ext, gp_extent_cmp);
     char sm[256];
-    if (gp_host_store_check(o->hs, ext, n_ext, sm, sizeof sm)) gp_bad(&c, "host store: %s", sm);
+    if (gp_pinned_check(o->hs, ext, n_ext, sm, sizeof sm)) gp_bad(&c, "host store: %s", sm);
 out:
     pthread_mutex_unlock(&o->lock);
     pthread_mutex_unlock(&o->op);
