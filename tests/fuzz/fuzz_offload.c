@@ -482,7 +482,9 @@ static void do_restore(unsigned mask, int accept, int room_known, const char *wh
     M.bg_report = 0;
     int bg_failed = bg && (says("injected") || (st == GP_ERR_LIMIT && says("GPUPOOL_HOST_LIMIT")));
     if (st != GP_OK) {
-        int ok = bg_failed || (faulty() && says("injected")) || (corrupt && (says("corrupt") || says("checksum"))) ||
+        /* (a corrupted copy: the checksum finds it, or the codec first) */
+        int bad_copy = corrupt && (says("corrupt") || says("checksum") || says("did not decompress"));
+        int ok = bg_failed || (faulty() && says("injected")) || bad_copy ||
                  (lost_any && !accept && st == GP_ERR_BACKEND);
         if (st == GP_ERR_OOM || st == GP_ERR_LIMIT) {
             ok = 1;
