@@ -17,7 +17,8 @@ CSRC = ROOT / "csrc"
 # module (python/) and the CUDA backend (backend/cuda/).
 _NOT_CORE = ("python/", "backend/cuda/")
 CORE = sorted(str(p) for p in CSRC.rglob("*.c") if not p.relative_to(CSRC).as_posix().startswith(_NOT_CORE))
-CUDA_BACKEND = str(CSRC / "backend" / "cuda" / "backend_cuda.c")
+# The CUDA backend: the driver calls and the kernels it loads.
+CUDA_BACKEND = sorted(str(p) for p in (CSRC / "backend" / "cuda").glob("*.c"))
 # Headers are included by name: every folder that holds one, and the tests'.
 INCLUDES = [f"-I{d}" for d in sorted({p.parent for p in CSRC.rglob("*.h")})] + [f"-I{ROOT / 'tests' / 'c'}"]
 CC = os.environ.get("CC", "cc")

@@ -21,7 +21,7 @@ def test_cuda_backend_conforms(tmp_path: Path) -> None:
     exe = tmp_path / "test_backend_cuda"
     cmd = [CC, "-std=c11", "-D_GNU_SOURCE", "-DGP_TEST_CUDA", "-O1", "-g", "-Wall", "-Wextra", "-Werror",
            "-Wno-missing-field-initializers", *INCLUDES, f"-I{inc}",
-           str(ROOT / "tests" / "c" / "test_backend.c"), *CORE, CUDA_BACKEND, "-lpthread", "-ldl", "-o", str(exe)]
+           str(ROOT / "tests" / "c" / "test_backend.c"), *CORE, *CUDA_BACKEND, "-lpthread", "-ldl", "-o", str(exe)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
     # The host variants too, in the same binary: the suite is one.

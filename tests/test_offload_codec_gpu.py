@@ -53,7 +53,7 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("gpu_codec") / "gpu_codec"
     cmd = [CC, "-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra", "-Werror",
            "-Wno-missing-field-initializers", *INCLUDES, f"-I{inc}",
-           str(ROOT / "tests" / "c" / "gpu_codec.c"), *CORE, CUDA_BACKEND, "-lpthread", "-ldl", "-o", str(out)]
+           str(ROOT / "tests" / "c" / "gpu_codec.c"), *CORE, *CUDA_BACKEND, "-lpthread", "-ldl", "-o", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
     return out
