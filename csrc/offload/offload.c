@@ -271,20 +271,28 @@ static void gp_bg_done(gp_offloader *o, gp_status st, int report)
     pthread_cond_broadcast(&o->cond);
 }
 
+/* What a restore or prefetch of `tags` wants, returning with the lock held
+ * once the background offloads queued have run (what one takes has no
+ * record before it has). */
+static gp_status gp_want_locked(gp_offloader *o, const gp_tag *tags, size_t n, gp_want *w)
+{
+    gp_status st = gp_check_tags(o, tags, n);
+    if (st == GP_OK) st = gp_want_of(o, tags, n, w);
+    if (st != GP_OK) return st;
+    pthread_mutex_lock(&o->lock);
+    while (o->n_background) pthread_cond_wait(&o->cond, &o->lock);
+    return GP_OK;
+}
+
 gp_status gp_restore_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, int accept_loss,
                           gp_offload_result *res)
 {
     double t0 = gp_now();
     memset(res, 0, sizeof *res);
-    gp_status st = gp_check_tags(o, tags, n_tags);
-    if (st != GP_OK) return st;
     gp_want w;
-    if ((st = gp_want_of(o, tags, n_tags, &w)) != GP_OK) return st;
-    pthread_mutex_lock(&o->lock);
-    /* Background offloads first finish (what they take has no record
-     * before they have run), and report a failure. */
-    while (o->n_background) pthread_cond_wait(&o->cond, &o->lock);
-    st = gp_bg_failure(o);
+    gp_status st = gp_want_locked(o, tags, n_tags, &w);
+    if (st != GP_OK) return st;
+    st = gp_bg_failure(o); /* (a background offload's, reported here) */
     /* Then every record of the tags, each taken by this thread (one that a
      * prefetch or another restore holds is waited for: it comes back
      * restored, or offloaded again for this one to try). */
@@ -343,13 +351,9 @@ static gp_status gp_job_prefetch_record(void *arg)
 
 gp_status gp_prefetch_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags)
 {
-    gp_status st = gp_check_tags(o, tags, n_tags);
-    if (st != GP_OK) return st;
     gp_want w;
-    if ((st = gp_want_of(o, tags, n_tags, &w)) != GP_OK) return st;
-    pthread_mutex_lock(&o->lock);
-    /* What a background offload takes has no record before it has run. */
-    while (o->n_background) pthread_cond_wait(&o->cond, &o->lock);
+    gp_status st = gp_want_locked(o, tags, n_tags, &w);
+    if (st != GP_OK) return st;
     for (gp_record *r = o->records; r && st == GP_OK; r = r->next) {
         /* (Not one whose offload lost bytes: a prefetch cannot accept the
          * loss, and its refusal, reported by whatever restore came next,
