@@ -776,9 +776,30 @@ typedef struct gp_in {
     gp_offload_plan *pl;
     gp_chunk *c;
     size_t n, queued;      /* chunks, and those whose map job was queued */
+    uint8_t *live;         /* per piece: its block is still live (one freed
+                              while offloaded is neither copied nor checked:
+                              a corrupt copy of freed memory kept the run
+                              offloaded for ever)                       */
     gp_lane lane[2];
     char why[1024];        /* the first failure's words               */
 } gp_in;
+
+/* Which of r's pieces lie in the live blocks the plan lists (both in
+ * address order; a piece is a part of one block). */
+static gp_status gp_in_live(gp_in *x)
+{
+    const gp_record *r = x->r;
+    if (!(x->live = calloc(r->n_pieces ? r->n_pieces : 1, 1)))
+        return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a restore");
+    size_t g = 0;
+    for (size_t j = 0; j < r->n_pieces; j++) {
+        const gp_piece *p = &r->pieces[j];
+        while (g < x->pl->n_ranges && x->pl->ranges[g].addr + x->pl->ranges[g].size <= p->addr) g++;
+        x->live[j] = g < x->pl->n_ranges && x->pl->ranges[g].addr <= p->addr &&
+                     p->addr + p->size <= x->pl->ranges[g].addr + x->pl->ranges[g].size;
+    }
+    return GP_OK;
+}
 
 /* The plan, what the record may displace (its blocks' priority now: a
  * retag may have moved them since the offload), the lanes, the chunks;
@@ -798,6 +819,7 @@ static gp_status gp_in_prepare(gp_in *x)
                           "decompressing needs", (unsigned long long)(2 * gp_staging_half(o)));
     if (st == GP_OK && !(x->c = gp_chunks_of(r, &x->n)))
         st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a restore");
+    if (st == GP_OK) st = gp_in_live(x);
     while (st == GP_OK && x->queued < x->n) {
         gp_chunk *k = &x->c[x->queued];
         k->o = o;
@@ -822,7 +844,7 @@ static gp_status gp_in_copy(gp_in *x)
         gp_lane *l = &x->lane[j & 1];
         while (st == GP_OK && ready < x->queued && x->c[ready].addr < p->addr + p->size)
             st = gp_chunk_ready(o, r, x->keep, x->c, ready++, x->queued);
-        if (st != GP_OK || !p->host.ptr) continue;
+        if (st != GP_OK || !p->host.ptr || !x->live[j]) continue;
         if (p->chunks) {
             if ((st = gp_lane_check(o, l)) != GP_OK) break;
             gp_chunks_at_host(p);
@@ -858,7 +880,7 @@ static gp_status gp_in_check(gp_in *x, gp_status st)
     if (st == GP_OK) st = gp_sums_read(o, r->n_pieces);
     for (size_t i = 0; st == GP_OK && i < r->n_pieces; i++) {
         const gp_piece *p = &r->pieces[i];
-        if (p->host.ptr && p->summed && gp_sums_host(o)[i] != p->sum) {
+        if (p->host.ptr && p->summed && x->live[i] && gp_sums_host(o)[i] != p->sum) {
             char tags[256];
             st = gp_error_set(GP_ERR_BACKEND, "gpupool: the host copy of tag %s is corrupt: checksum mismatch in "
                               "the %" PRIu64 " bytes of 0x%" PRIxPTR, gp_tags_text(r, tags, sizeof tags), p->size,
@@ -900,6 +922,7 @@ static gp_status gp_restore_steps(gp_offloader *o, gp_record *r, const gp_tagset
         offloaded = 0;
     }
     free(x.c);
+    free(x.live);
     if (st != GP_OK) return st;
     res->bytes += offloaded;
     res->copied += r->copied;

@@ -469,6 +469,32 @@ static void test_prefetch_failed(void)
     done(p);
 }
 
+/* A block freed while offloaded: its bytes are nobody's, so a corrupt host
+ * copy of them does not keep the rest of the offload away for ever. */
+static void test_freed_corrupt(void)
+{
+    gp_backend *be;
+    gp_pool *p = pool_with(64 * MiB, &be);
+    gp_offloader *o;
+    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    void *gone = gp_alloc(p, 6 * MiB, NULL, T_A, GP_PRIO_NORMAL, NULL);
+    void *kept = gp_alloc(p, 3 * MiB, NULL, T_A, GP_PRIO_NORMAL, NULL);
+    fill(gone, 6 * MiB, 13);
+    fill(kept, 3 * MiB, 14);
+    gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
+    gp_offload_result r;
+    CHECK(gp_offload_tags(o, &T_A, 1, &opts, &r) == GP_OK);
+    CHECK(gp_free(p, gone) == GP_OK);
+    CHECK(gp_offload_corrupt_for_test(o, T_A) == GP_OK); /* (its first piece: the freed block's) */
+    gp_status st = gp_restore_tags(o, &T_A, 1, 0, &r);
+    if (st != GP_OK) fprintf(stderr, "  restore with a freed block's copy corrupt: %s\n", gp_last_error());
+    CHECK(st == GP_OK && state_of(p, kept) == GP_BLOCK_USED && same(kept, 3 * MiB, 14));
+    CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
+    gp_free(p, kept);
+    gp_offloader_destroy(o);
+    done(p);
+}
+
 /* ----------------------------------------------------- retag, codec */
 
 static void test_retag_while_offloaded(void)
@@ -683,7 +709,7 @@ int main(int argc, char **argv)
         {"giveback", test_failed_giveback},   {"together", test_together_or_fail},
         {"nested", test_nested_offload},      {"room", test_room_made},
         {"first_error", test_first_error},    {"prefetch", test_prefetch_during_restore},
-        {"refused_maps", test_prefetch_failed}, {"walk", test_fault_walk},            {"words", test_status_and_words},
+        {"refused_maps", test_prefetch_failed}, {"freed_corrupt", test_freed_corrupt}, {"walk", test_fault_walk},            {"words", test_status_and_words},
         {"lost_prefetched", test_lost_then_prefetched},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
