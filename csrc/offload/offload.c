@@ -35,26 +35,16 @@ static void gp_op_unlock(gp_offloader *o)
 
 /* Restore record r, which this thread holds, and retire it (the op lock
  * is taken here); on failure the caller gives it back. */
-static gp_status gp_restore_held(gp_offloader *o, gp_record *r, const gp_want *w, gp_offload_result *res)
+static gp_status gp_restore_held(gp_offloader *o, gp_record *r, const gp_want *w, int accept_loss,
+                                 gp_offload_result *res)
 {
     gp_tagset keep;
     gp_keep_of(r, w, &keep);
     gp_op_lock(o);
-    gp_status st = gp_restore_record_locked(o, r, &keep, res);
+    gp_status st = gp_restore_record_locked(o, r, &keep, accept_loss, res);
     if (st == GP_OK) gp_record_retire(o, r);
     gp_op_unlock(o);
     return st;
-}
-
-/* Refuse to restore r, which lost bytes when its offload failed, unless
- * the caller accepts the loss. */
-static gp_status gp_loss_refused(const gp_record *r)
-{
-    char tags[256];
-    return gp_error_set(GP_ERR_BACKEND, "gpupool: %" PRIu64 " bytes of tag %s were lost when an offload of it failed "
-                        "and could not be undone; restoring it would bring them back uninitialised, so it stays "
-                        "offloaded: restore with accept_loss to take it back so (or free its memory)", r->lost,
-                        gp_tags_text(r, tags, sizeof tags));
 }
 
 /* ------------------------------------------------------------- pressure */
@@ -309,13 +299,9 @@ gp_status gp_restore_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, in
             pthread_cond_wait(&o->cond, &o->lock);
             continue;
         }
-        if (r->lost && !accept_loss) {
-            st = gp_loss_refused(r);
-            break;
-        }
         gp_record_move(o, r, GP_REC_OFFLOADED, GP_REC_RESTORING);
         pthread_mutex_unlock(&o->lock);
-        st = gp_restore_held(o, r, &w, res);
+        st = gp_restore_held(o, r, &w, accept_loss, res);
         pthread_mutex_lock(&o->lock);
         if (st != GP_OK) gp_record_move(o, r, GP_REC_RESTORING, GP_REC_OFFLOADED);
     }
@@ -337,7 +323,7 @@ static gp_status gp_job_prefetch_record(void *arg)
     gp_offloader *o = pf->o;
     gp_record *r = pf->r;
     gp_offload_result res = {0};
-    gp_status st = gp_restore_held(o, r, &pf->w, &res);
+    gp_status st = gp_restore_held(o, r, &pf->w, 0, &res);
     free(pf);
     pthread_mutex_lock(&o->lock);
     /* A failed one stays offloaded: a restore that wants it tries it again

@@ -107,11 +107,11 @@ gp_status gp_offload_tags_background(gp_offloader *o, const gp_tag *tags, size_t
  * GP_ERR_BACKEND for a device error or a checksum mismatch (named); the
  * memory of that offload then stays offloaded (the tags' offloads
  * restored before it stay restored: each comes back whole or not at all).
- * An offload whose failure lost bytes (res->lost of the failed offload's
- * message) is restored only with `accept_loss` (those bytes come back
- * uninitialised, and res->lost counts them); without it the restore fails
- * with GP_ERR_BACKEND naming the tag and the bytes, and the memory stays
- * offloaded.  When it returns GP_OK, no memory of `tags` is offloaded.
+ * An offload whose failure lost bytes of blocks still live (the failed
+ * offload's message counts them) is restored only with `accept_loss`
+ * (those bytes come back uninitialised, and res->lost counts them);
+ * without it the restore fails with GP_ERR_BACKEND naming the tag and the
+ * bytes, and the memory stays offloaded.  When it returns GP_OK, no memory of `tags` is offloaded.
  * Restoring tags that are not offloaded does nothing. */
 gp_status gp_restore_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, int accept_loss,
                           gp_offload_result *res);

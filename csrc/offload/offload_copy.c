@@ -773,6 +773,8 @@ typedef struct gp_in {
     gp_offloader *o;
     gp_record *r;
     const gp_tagset *keep; /* what making room may not displace      */
+    int accept_loss;
+    uint64_t lost;         /* bytes of live blocks its offload lost    */
     gp_offload_plan *pl;
     gp_chunk *c;
     size_t n, queued;      /* chunks, and those whose map job was queued */
@@ -797,7 +799,16 @@ static gp_status gp_in_live(gp_in *x)
         while (g < x->pl->n_ranges && x->pl->ranges[g].addr + x->pl->ranges[g].size <= p->addr) g++;
         x->live[j] = g < x->pl->n_ranges && x->pl->ranges[g].addr <= p->addr &&
                      p->addr + p->size <= x->pl->ranges[g].addr + x->pl->ranges[g].size;
+        if (x->live[j] && !p->host.ptr && !r->dropped) x->lost += p->size;
     }
+    /* Bytes lost in blocks freed since are nobody's: only live ones need
+     * the caller's consent. */
+    char tags[256];
+    if (x->lost && !x->accept_loss)
+        return gp_error_set(GP_ERR_BACKEND, "gpupool: %" PRIu64 " bytes of tag %s were lost when an offload of it "
+                            "failed and could not be undone; restoring it would bring them back uninitialised, so "
+                            "it stays offloaded: restore with accept_loss to take it back so (or free its memory)",
+                            x->lost, gp_tags_text(r, tags, sizeof tags));
     return GP_OK;
 }
 
@@ -895,9 +906,10 @@ static gp_status gp_in_check(gp_in *x, gp_status st)
  * whole; on a failure what was mapped is given back: the tags stay
  * offloaded, their bytes on the host (a chunk that will not go stays
  * mapped in the run, and the next restore maps only the others). */
-static gp_status gp_restore_steps(gp_offloader *o, gp_record *r, const gp_tagset *keep, gp_offload_result *res)
+static gp_status gp_restore_steps(gp_offloader *o, gp_record *r, const gp_tagset *keep, int accept_loss,
+                                  gp_offload_result *res)
 {
-    gp_in x = {.o = o, .r = r, .keep = keep,
+    gp_in x = {.o = o, .r = r, .keep = keep, .accept_loss = accept_loss,
                .lane = {{.s = o->streams[0], .piece = -1}, {.s = o->streams[1], .piece = -1}}};
     gp_status st = gp_in_prepare(&x);
     if (!x.pl) return st;
@@ -929,18 +941,19 @@ static gp_status gp_restore_steps(gp_offloader *o, gp_record *r, const gp_tagset
     res->host_bytes += r->host_bytes;
     res->released += r->released;
     res->codec = r->codec ? gp_codec_kind(r->codec) : GP_CODEC_RAW;
-    res->lost += r->lost;
+    res->lost += x.lost;
     return GP_OK;
 }
 
-gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, const gp_tagset *keep, gp_offload_result *res)
+gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, const gp_tagset *keep, int accept_loss,
+                                   gp_offload_result *res)
 {
     if (o->depth)
         return gp_error_set(GP_ERR_INVALID, "gpupool: a restore inside another offload or restore");
     o->depth++;
     o->sums_at = 0;
     o->sums_free = r->n_pieces;
-    gp_status st = gp_restore_steps(o, r, keep, res);
+    gp_status st = gp_restore_steps(o, r, keep, accept_loss, res);
     o->depth--;
     return st;
 }

@@ -190,8 +190,10 @@ void gp_piece_host_free(gp_offloader *o, gp_piece *p);
 gp_status gp_offload_locked(gp_offloader *o, const gp_tag *tags, size_t n_tags, const gp_offload_opts *opts,
                             gp_offload_result *res);
 /* Restore record r, which the caller holds (`op` is held), displacing no
- * tag of `keep`. */
-gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, const gp_tagset *keep, gp_offload_result *res);
+ * tag of `keep`; bytes its offload lost in blocks still live are refused
+ * unless `accept_loss`. */
+gp_status gp_restore_record_locked(gp_offloader *o, gp_record *r, const gp_tagset *keep, int accept_loss,
+                                   gp_offload_result *res);
 void gp_offload_copy_free(gp_offloader *o);
 
 /* offload_record.c */
