@@ -283,6 +283,19 @@ gp_status gp_restore_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, in
     gp_status st = gp_want_locked(o, tags, n_tags, &w);
     if (st != GP_OK) return st;
     st = gp_bg_failure(o); /* (a background offload's, reported here) */
+    if (st != GP_OK) {
+        /* Reported once a prefetch of the tags under way has finished too:
+         * nothing of them moves after the call returns. */
+        char why[512];
+        snprintf(why, sizeof why, "%s", gp_last_error());
+        for (int held = 1; held;) {
+            held = 0;
+            for (const gp_record *q = o->records; q && !held; q = q->next)
+                held = q->state != GP_REC_OFFLOADED && gp_record_wanted(q, &w);
+            if (held) pthread_cond_wait(&o->cond, &o->lock);
+        }
+        gp_error_set(st, "%s", why);
+    }
     /* Then every record of the tags, each taken by this thread (one that a
      * prefetch or another restore holds is waited for: it comes back
      * restored, or offloaded again for this one to try). */
