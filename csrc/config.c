@@ -628,6 +628,7 @@ GP_SPEC_PRINTER(host_limit)
 GP_BOOL_OPTION(trace)
 GP_BOOL_OPTION(debug)
 GP_BOOL_OPTION(torch_patch)
+GP_BOOL_OPTION(tenant_swap)
 GP_DURATION_OPTION(reclaim_timeout_ms)
 GP_DURATION_OPTION(tenant_turn_ms)
 
@@ -743,7 +744,13 @@ static int gp_print_share(const gp_config *c, char *buf, size_t len)
       "a percentage such as 50% or a fraction such as 0.5, above 0; 100% (or 1): no pause", \
       "with GPUPOOL_TENANT and yield points: the share of the time that the tenants below " \
       "a busy higher-priority one may compute, together: at their yield points they pause " \
-      "so that it keeps most of the GPU", gp_parse_share, gp_print_share)
+      "so that it keeps most of the GPU", gp_parse_share, gp_print_share)                \
+    X("GPUPOOL_TENANT_SWAP", "tenant_swap", "1", GP_BOOL_TEXT,                            \
+      "with GPUPOOL_TENANT: while this tenant is parked (in an allocation, a restore or a " \
+      "yield point) and a tenant ahead of it in line cannot be served, it may be swapped " \
+      "out whole to host memory and back at the same addresses before the call returns; " \
+      "0 for a process whose threads launch GPU work without allocating while another "  \
+      "one allocates", gp_parse_tenant_swap, gp_print_tenant_swap)
 
 #define GP_INFO(env, key, def, accepted, help, parse, print) {env, key, def, accepted, help},
 static const gp_option_info gp_options[] = {GP_OPTIONS(GP_INFO)};

@@ -133,6 +133,8 @@ typedef struct gp_config {
                                 memory across steps before an equal priority */
     double tenant_share;     /* GPUPOOL_TENANT_SHARE the compute share of the
                                 tenants below a busy higher priority (0, 1] */
+    int tenant_swap;         /* GPUPOOL_TENANT_SWAP the tenant may be swapped
+                                out whole while parked (arbiter.h)          */
     int large_chunk_given;   /* GPUPOOL_LARGE_CHUNK was set: it must be at
                                 least the chunk (the default is raised to it) */
 } gp_config;

@@ -22,6 +22,13 @@ struct gp_stack {
     pthread_mutex_t off_lock;      /* making it                        */
     gp_stack *prev, *next;         /* the process's stacks (g_list)    */
     int listed;
+    /* Swapped out whole (the tenant's, arbiter.h): set from the start of a
+     * swap out until the swap in is done; swap_lock is held by a swap out
+     * under way.  Every allocation checks it on entry and before it
+     * returns (the gate). */
+    _Atomic int away;
+    pthread_mutex_t swap_lock;
+    uint32_t swap_id;
 };
 
 static _Atomic(gp_context_fn) g_context;
@@ -84,6 +91,55 @@ static uint64_t gp_stack_reclaim(void *arg, uint64_t bytes, int level)
     return got;
 }
 
+/* Swap the tenant out whole: every live block of the pool to the host
+ * (its offloader's swap, with GPUPOOL_CODEC), then its cache
+ * unmapped.  From its start every other allocation of the process waits
+ * at the gate (gp_stack_back). */
+static gp_status gp_stack_swap_out(void *arg, uint64_t *released, uint64_t *back)
+{
+    gp_stack *s = arg;
+    gp_offloader *o = gp_stack_offloader(s, 1);
+    if (!o) return gp_error_set(GP_ERR_BACKEND, "gpupool: no offloader to swap with: %s", gp_last_error());
+    pthread_mutex_lock(&s->swap_lock);
+    atomic_store(&s->away, 1);
+    gp_offload_result res;
+    gp_config cfg;
+    gp_pool_config(s->pool, &cfg);
+    uint32_t id = 0;
+    gp_status st = gp_offload_swap_out(o, cfg.codec, &id, &res); /* (GPUPOOL_CODEC: auto by default) */
+    if (st == GP_OK) {
+        s->swap_id = id;
+        *back = res.released;
+        *released = res.released + gp_pool_trim(s->pool, UINT64_MAX);
+    }
+    if (st != GP_OK || !res.released) atomic_store(&s->away, 0); /* (nothing went: nothing comes back) */
+    pthread_mutex_unlock(&s->swap_lock);
+    gp_stack_publish(s);
+    return st;
+}
+
+static gp_status gp_stack_swap_in(void *arg)
+{
+    gp_stack *s = arg;
+    gp_offload_result res;
+    gp_status st = gp_offload_swap_in(gp_stack_offloader(s, 0), s->swap_id, &res);
+    if (st == GP_OK) {
+        s->swap_id = 0;
+        atomic_store(&s->away, 0);
+    }
+    gp_stack_publish(s);
+    return st;
+}
+
+/* The gate: a swap out under way ends first, then the tenant is brought
+ * back (by whichever thread of the process comes first). */
+static gp_status gp_stack_back(gp_stack *s)
+{
+    pthread_mutex_lock(&s->swap_lock);
+    pthread_mutex_unlock(&s->swap_lock);
+    return gp_arbiter_swap_in(s->arb);
+}
+
 /* The pool's pressure callback once the offloader exists: its reclaim (as
  * the offloader's own callback), and what it offloaded told to the
  * registry.  Inside an operation of the offloader (its own allocations)
@@ -137,17 +193,20 @@ gp_status gp_stack_create(gp_backend *be, const char *device_id, const gp_config
         return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the allocator stack");
     }
     pthread_mutex_init(&s->off_lock, NULL);
+    pthread_mutex_init(&s->swap_lock, NULL);
     if (cfg->log == GP_LOG_ALL) st = gp_backend_logged(be, &be);
     if (st == GP_OK && cfg->tenant[0]) st = gp_stack_tenant(&be, device_id, cfg, &s->arb);
     if (st == GP_OK) st = gp_pool_create(be, cfg, &s->pool);
     if (st != GP_OK) { /* (each step destroyed what it was given) */
         pthread_mutex_destroy(&s->off_lock);
+        pthread_mutex_destroy(&s->swap_lock);
         free(s);
         return st;
     }
     if (s->arb) {
         gp_arbiter_bind(s->arb, s->pool);
         gp_arbiter_set_reclaim(s->arb, gp_stack_reclaim, s);
+        if (cfg->tenant_swap) gp_arbiter_set_swap(s->arb, gp_stack_swap_out, gp_stack_swap_in, s);
     }
     gp_list_add(s);
     *out = s;
@@ -159,10 +218,14 @@ void gp_stack_destroy(gp_stack *s)
     if (!s) return;
     gp_list_remove(s);
     /* An answer under way finishes first; later ones only trim. */
-    if (s->arb) gp_arbiter_set_reclaim(s->arb, NULL, NULL);
+    if (s->arb) {
+        gp_arbiter_set_reclaim(s->arb, NULL, NULL);
+        gp_arbiter_set_swap(s->arb, NULL, NULL, NULL);
+    }
     gp_offloader_destroy(atomic_load(&s->off));
     gp_pool_destroy(s->pool); /* the adaptors and the backend, and the tenant's leaving */
     pthread_mutex_destroy(&s->off_lock);
+    pthread_mutex_destroy(&s->swap_lock);
     free(s);
 }
 
@@ -211,11 +274,72 @@ static int gp_context_begin(gp_stack *s)
 
 void *gp_stack_alloc(gp_stack *s, size_t size, gp_stream stream, gp_tag tag, int priority, gp_status *status)
 {
+    gp_status dummy;
+    if (!status) status = &dummy;
+    if (!s->arb) {
+        int ctx = gp_context_begin(s);
+        void *r = gp_alloc(s->pool, size, stream, tag, priority, status);
+        if (ctx) gp_set_context(0);
+        return r;
+    }
+    /* The gate, on the way in and out: no allocation of a process swapped
+     * out returns before its memory is back. */
+    if (atomic_load_explicit(&s->away, memory_order_relaxed) && (*status = gp_stack_back(s)) != GP_OK) return NULL;
     int ctx = gp_context_begin(s);
-    void *r = s->arb ? gp_arbiter_alloc(s->arb, s->pool, size, stream, tag, priority, status)
-                     : gp_alloc(s->pool, size, stream, tag, priority, status);
+    void *r = gp_arbiter_alloc(s->arb, s->pool, size, stream, tag, priority, status);
     if (ctx) gp_set_context(0);
+    if (atomic_load_explicit(&s->away, memory_order_relaxed)) {
+        gp_status st = gp_stack_back(s);
+        if (st != GP_OK) {
+            char why[1024];
+            snprintf(why, sizeof why, "%s", gp_last_error());
+            if (r) gp_free(s->pool, r);
+            *status = gp_error_set(st, "gpupool: this tenant was swapped out and could not come back: %s", why);
+            return NULL;
+        }
+    }
     return r;
+}
+
+typedef struct gp_restore_call {
+    gp_offloader *o;
+    const gp_tag *tags;
+    size_t n;
+    int accept_loss;
+    gp_offload_result *res;
+} gp_restore_call;
+
+static gp_status gp_restore_call_run(void *arg)
+{
+    gp_restore_call *c = arg;
+    return gp_restore_tags(c->o, c->tags, c->n, c->accept_loss, c->res);
+}
+
+gp_status gp_stack_restore(gp_stack *s, const gp_tag *tags, size_t n, int accept_loss, gp_offload_result *res)
+{
+    gp_restore_call c = {gp_stack_offloader(s, 0), tags, n, accept_loss, res};
+    if (!c.o) {
+        memset(res, 0, sizeof *res);
+        return GP_OK; /* nothing was ever offloaded */
+    }
+    if (!s->arb) return gp_restore_call_run(&c);
+    /* What the restore maps: its tags' offloaded bytes, and a large chunk
+     * either side of each run at most (chunks shared with other memory). */
+    uint64_t bytes = 0, limit, avail;
+    gp_config cfg;
+    gp_pool_config(s->pool, &cfg);
+    for (size_t i = 0; i < n; i++) {
+        gp_tag_stats ts;
+        gp_pool_tag_stats(s->pool, tags[i], &ts);
+        bytes += ts.offloaded;
+    }
+    if (!bytes) return gp_restore_call_run(&c);
+    bytes += 2 * cfg.large_chunk;
+    gp_arbiter_view(s->arb, &limit, &avail);
+    gp_status st = avail >= bytes ? gp_restore_call_run(&c) : GP_ERR_OOM;
+    if (st == GP_ERR_OOM) st = gp_arbiter_with_room(s->arb, bytes, gp_restore_call_run, &c);
+    gp_stack_publish(s);
+    return st;
 }
 
 gp_status gp_stack_free(gp_stack *s, void *ptr)

@@ -66,11 +66,24 @@ typedef uint32_t (*gp_context_fn)(void);
 void gp_stack_set_context_source(gp_context_fn fn);
 
 /* Allocate: gp_alloc, under the tenant when the stack has one
- * (gp_arbiter_alloc: answers asks first, waits for the group's memory). */
+ * (gp_arbiter_alloc: answers asks first -- a swap of the whole tenant
+ * among them -- and waits for the group's memory).  A tenant's allocation
+ * passes a gate on the way in and out: while the tenant is swapped out
+ * (by another of its threads), it waits until the memory is back, so that
+ * no thread of the process gets memory to launch work on while the rest
+ * is away.  Threads that launch work without allocating are not seen: see
+ * docs/architecture.md, "Swaps". */
 void *gp_stack_alloc(gp_stack *s, size_t size, gp_stream stream, gp_tag tag, int priority, gp_status *status);
 /* Free: gp_free, then the tenant's poll (a free is an allocator call too:
  * an ask pending is answered here, which may trim or offload). */
 gp_status gp_stack_free(gp_stack *s, void *ptr);
+
+/* gp_restore_tags on the stack's offloader (nothing to do without one),
+ * waiting in line as an allocation does when the tenant's group cannot
+ * give the room now (gp_arbiter_with_room): it may ask others and swap
+ * them out, and fails only when the timeout passed (GP_ERR_OOM, the
+ * group's table in the message) or for a reason of the restore's own. */
+gp_status gp_stack_restore(gp_stack *s, const gp_tag *tags, size_t n, int accept_loss, gp_offload_result *res);
 
 /* Tell the tenant registry what the offloader could offload now and has
  * offloaded (nothing without a tenant or an offloader).  Takes the

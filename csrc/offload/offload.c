@@ -19,13 +19,13 @@
  * not start another operation of the same offloader on the same thread. */
 static _Thread_local gp_offloader *t_operating;
 
-static void gp_op_lock(gp_offloader *o)
+void gp_op_lock(gp_offloader *o)
 {
     pthread_mutex_lock(&o->op);
     t_operating = o;
 }
 
-static void gp_op_unlock(gp_offloader *o)
+void gp_op_unlock(gp_offloader *o)
 {
     t_operating = NULL;
     pthread_mutex_unlock(&o->op);

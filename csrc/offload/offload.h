@@ -166,6 +166,21 @@ typedef struct gp_offload_stats {
 
 void gp_offload_stats_get(gp_offloader *o, gp_offload_stats *out);
 
+/* A whole pool out and back (a tenant swapped out while parked, arbiter.h).
+ * gp_offload_swap_out offloads every live block of the pool that is on
+ * the device (every tag but the offloader's own, with the codec named
+ * `codec` (NULL: auto) where it pays and raw where not), after waiting for all work of the
+ * device, and returns the swap's id in *id (> 0) once it is done: the
+ * memory it released is unmapped.  Memory offloaded before, by the user,
+ * is not part of it, and comes back only when the user restores it.  On
+ * failure (host limit: GP_ERR_LIMIT; a device error) nothing stays
+ * swapped: what it had offloaded is restored, and *id is 0.
+ * gp_offload_swap_in restores every offload the swap made, at the same
+ * addresses, displacing nothing; on failure what came back stays back,
+ * the rest stays swapped (call it again).  Each fills res with its sums. */
+gp_status gp_offload_swap_out(gp_offloader *o, const char *codec, uint32_t *id, gp_offload_result *res);
+gp_status gp_offload_swap_in(gp_offloader *o, uint32_t id, gp_offload_result *res);
+
 /* Whether `tag` has memory offloaded now (any offload holding it). */
 int gp_offload_is_offloaded(gp_offloader *o, gp_tag tag);
 

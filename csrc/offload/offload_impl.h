@@ -89,6 +89,7 @@ typedef struct gp_record {
     uint64_t lost;      /* bytes a failed offload lost (restore says so) */
     int dropped;        /* keep = 0: no piece has a host copy, by choice */
     int priority;       /* the highest of its blocks': what restoring may displace */
+    uint32_t swap;      /* the swap that made it (gp_offload_swap_out), 0: none */
     gp_codec *codec;    /* the codec of its pieces (NULL: raw)        */
     gp_record_state state;
 } gp_record;
@@ -158,6 +159,7 @@ struct gp_offloader {
     gp_status bg_status;
     char bg_error[512];
     gp_offload_stats st;
+    uint32_t swaps;        /* swaps made (their ids), under `op`            */
     /* Compression (under `op`): codecs opened so far (they must outlive
      * the records that used them), the two jobs' device staging (from the
      * pool) and pinned host scratch. */
@@ -217,6 +219,10 @@ void gp_keep_of(const gp_record *r, const gp_want *w, gp_tagset *keep);
 const char *gp_tags_text(const gp_record *r, char *buf, size_t len);
 
 /* offload.c */
+/* Take and give back `op` (this thread then runs an operation: the
+ * pool's pressure callback starts no other on it). */
+void gp_op_lock(gp_offloader *o);
+void gp_op_unlock(gp_offloader *o);
 /* Offload idle registered tags of priority below `below` (none of `keep`,
  * if given), until `needed` bytes were released; `op` is held. */
 gp_status gp_reclaim_locked(gp_offloader *o, uint64_t needed, int below, const gp_tagset *keep,

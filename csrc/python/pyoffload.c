@@ -99,17 +99,14 @@ PyObject *gp_py_restore(gp_pool_object *self, PyObject *args)
 {
     gp_tag tags[16];
     size_t n;
-    gp_offloader *o;
     PyObject *tags_o;
     int accept_loss = 0;
     if (!PyArg_ParseTuple(args, "O|p", &tags_o, &accept_loss) || gp_tags_from(tags_o, tags, 16, &n) < 0)
         return NULL;
-    o = gp_stack_offloader(self->stack, 0);
     gp_offload_result r = {0};
-    if (!o) return gp_result(&r); /* nothing was ever offloaded */
     gp_status st;
-    Py_BEGIN_ALLOW_THREADS
-    st = gp_restore_tags(o, tags, n, accept_loss, &r);
+    Py_BEGIN_ALLOW_THREADS /* (a tenant's restore may wait in line) */
+    st = gp_stack_restore(self->stack, tags, n, accept_loss, &r);
     Py_END_ALLOW_THREADS
     if (st != GP_OK) return gp_raise(st);
     gp_stack_publish(self->stack);

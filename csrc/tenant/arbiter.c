@@ -310,9 +310,11 @@ gp_status gp_arbiter_open(const gp_arbiter_params *pr, gp_arbiter **out)
     a->turn_ns = pr->turn_ms * MS;
     a->share = pr->share > 0 && pr->share <= 1 ? pr->share : 1;
     pthread_mutex_init(&a->answering, NULL);
+    pthread_mutex_init(&a->swapping, NULL);
     gp_arb_shm *r = NULL;
     if ((st = gp_arb_attach(name, 1, GP_ARB_LOCK_WAIT_S, &r)) != GP_OK) {
         pthread_mutex_destroy(&a->answering);
+        pthread_mutex_destroy(&a->swapping);
         free(a);
         return st;
     }
@@ -335,6 +337,7 @@ gp_status gp_arbiter_open(const gp_arbiter_params *pr, gp_arbiter **out)
         gp_arb_unlock(r);
         munmap(r, sizeof *r);
         pthread_mutex_destroy(&a->answering);
+        pthread_mutex_destroy(&a->swapping);
         free(a);
         return st;
     }
@@ -390,6 +393,7 @@ void gp_arbiter_close(gp_arbiter *a)
     }
     munmap(r, sizeof *r);
     pthread_mutex_destroy(&a->answering);
+    pthread_mutex_destroy(&a->swapping);
     free(a);
 }
 

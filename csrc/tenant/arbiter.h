@@ -44,9 +44,11 @@
 
 typedef struct gp_arbiter gp_arbiter;
 
-/* What an asked tenant may give: its cached (free, mapped) memory only, or
- * also idle memory it can offload. */
-enum { GP_RECLAIM_CACHE = 0, GP_RECLAIM_OFFLOAD = 1 };
+/* What an asked tenant may give: its cached (free, mapped) memory only,
+ * also idle memory it can offload, or everything: swapped out whole at its
+ * next safe point (an allocation, a yield point, a wait), and back before
+ * that call returns. */
+enum { GP_RECLAIM_CACHE = 0, GP_RECLAIM_OFFLOAD = 1, GP_RECLAIM_SWAP = 2 };
 
 /* Give back at least `bytes` (more is fine; fewer if that is all there is)
  * at `level`; returns the bytes released.  Called without any arbiter or
@@ -81,6 +83,35 @@ void gp_arbiter_close(gp_arbiter *a);
  * i.e. its cache; a stack installs gp_tenant_reclaim).  Waits for an answer
  * under way; does nothing in a forked child (the parent's tenant). */
 void gp_arbiter_set_reclaim(gp_arbiter *a, gp_reclaim_fn fn, void *arg);
+/* How this tenant is swapped out whole (the stack's: arbiter.h knows no
+ * offloader).  `out` gives back every byte it can -- all device work
+ * waited for, every live block offloaded, the cache unmapped -- and
+ * returns GP_OK with the bytes released and those `in` will map again
+ * (*back: the cache it gave up does not come back), or an error (nothing swapped,
+ * every byte where it was: the host limit is full, a device error).  `in`
+ * brings it all back at the same addresses; an error there is retried.
+ * Both run on the parked thread with no lock held; NULL: never swapped. */
+typedef gp_status (*gp_swap_out_fn)(void *arg, uint64_t *released, uint64_t *back);
+typedef gp_status (*gp_swap_in_fn)(void *arg);
+void gp_arbiter_set_swap(gp_arbiter *a, gp_swap_out_fn out, gp_swap_in_fn in, void *arg);
+/* Bring this tenant back if it is swapped out: wait in line for its room
+ * (without a timeout: it holds nothing meanwhile, and its memory must be
+ * back before its call returns), then `in`, retried twice.  GP_OK when it
+ * is back (or was not away); else `in`'s error, the memory still on the
+ * host (call again).  One thread of the process at a time; the others
+ * wait for it. */
+gp_status gp_arbiter_swap_in(gp_arbiter *a);
+
+/* Wait in line, as an allocation does, until the group can give this
+ * tenant `bytes` more than it holds (asking others, swapping them out),
+ * then run fn(arg) with that room kept for it (a lease: nobody else maps
+ * into it), no lock held; while fn fails with GP_ERR_OOM (the room was
+ * not enough), wait and run it again.  Gives up with GP_ERR_OOM and the
+ * group's table when the timeout (GPUPOOL_RECLAIM_TIMEOUT) passed, time
+ * spent swapped out not counted.  Returns fn's status otherwise.  For what
+ * maps memory other than an allocation: a restore, a prefetch. */
+gp_status gp_arbiter_with_room(gp_arbiter *a, uint64_t bytes, gp_status (*fn)(void *), void *arg);
+
 /* The pool whose memory this tenant holds: the default reclaim trims it,
  * and answers publish its cached bytes. */
 void gp_arbiter_bind(gp_arbiter *a, gp_pool *pool);
@@ -193,7 +224,13 @@ enum { GP_TENANT_COUNT = 0, GP_TENANT_NS = 1 };
     X(n_received, "reclaims_received", GP_TENANT_COUNT) /* answers to its asks */                 \
     X(bytes_received, "bytes_received", GP_TENANT_COUNT)                                          \
     X(lat_median_ns, "latency_median_s", GP_TENANT_NS) /* ask -> answer, of its answers */        \
-    X(lat_max_ns, "latency_max_s", GP_TENANT_NS)
+    X(lat_max_ns, "latency_max_s", GP_TENANT_NS)                                                  \
+    X(swapped, "swapped", GP_TENANT_COUNT)         /* bytes swapped out now */                    \
+    X(n_swap_out, "swaps_out", GP_TENANT_COUNT)                                                   \
+    X(n_swap_in, "swaps_in", GP_TENANT_COUNT)                                                     \
+    X(park_ns, "swapped_s", GP_TENANT_NS)          /* time spent swapped out */                   \
+    X(swap_ns, "swap_s", GP_TENANT_NS)             /* its swaps' latency, out + in, summed */     \
+    X(swap_max_ns, "swap_max_s", GP_TENANT_NS)     /* the longest swap out, or in */
 
 typedef struct gp_tenant_info {
     int pid, priority, slot;

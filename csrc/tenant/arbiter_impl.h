@@ -22,7 +22,7 @@
 #include "util.h"
 
 #define GP_ARB_MAGIC 0x3174696272617067ull /* "gparbit1" */
-#define GP_ARB_VERSION 4
+#define GP_ARB_VERSION 5
 #define GP_ARB_LOCK_WAIT_S 10              /* a live holder longer: an error     */
 #define GP_ARB_INIT_WAIT_NS 2000000000ull  /* a creator still initialising       */
 #define GP_ARB_REAP_NS 100000000ull        /* dead tenants looked for, waiting   */
@@ -32,6 +32,9 @@
 #define GP_ARB_BUSY_NS 1000000000ull       /* a step this much past twice the last
                                               one: its tenant went idle          */
 #define GP_ARB_PAUSE_MAX_NS 5000000000ull  /* the most one step adds to a pause  */
+#define GP_ARB_KEEP_COST 5                /* a swapped-in tenant keeps its room
+                                              against equals for a turn and at
+                                              least this many times its swap    */
 #define MS 1000000ull
 
 typedef struct gp_arb_slot {
@@ -49,6 +52,16 @@ typedef struct gp_arb_slot {
                                    lease - held is room no other tenant
                                    takes, whatever its priority (0: none)   */
     uint64_t heartbeat;
+    /* Swaps (arbiter_swap.c): the bytes it held when swapped out (0: on
+     * the device), whether it can be swapped (a stack with an offloader),
+     * until when equals may not swap it (its room since it got it), and
+     * what its swaps cost.  swap_asked: a swap is asked of it (read
+     * without the lock on its allocation path). */
+    uint64_t swapped;
+    int32_t can_swap, swap_status; /* swap_status: its last swap out's failure (0: none) */
+    _Atomic int32_t swap_asked;
+    uint64_t keep_until, swap_cost_ns;
+    uint64_t n_swap_out, n_swap_in, park_ns, swap_ns, swap_max_ns;
     /* Steps between yield points: the current one's start (0: none), the
      * last one's length, and the time paused for higher priorities. */
     uint64_t step_start, step_ns, pause_ns;
@@ -97,6 +110,14 @@ struct gp_arbiter {
     pthread_mutex_t answering;  /* one thread of the process answers        */
     gp_reclaim_fn reclaim;
     void *reclaim_arg;
+    gp_swap_out_fn swap_out;    /* (under `answering`)                    */
+    gp_swap_in_fn swap_in;
+    void *swap_arg;
+    pthread_mutex_t swapping;   /* one swap in at a time                   */
+    _Atomic int away;           /* swapped out, not yet back                 */
+    uint64_t away_since, away_lease; /* when it went, and its lease then   */
+    _Atomic uint64_t parked_ns; /* time spent swapped out, ever: waits do not
+                                   count it against their timeout          */
     _Atomic(gp_pool *) pool;
     uint64_t next_reap;
     uint64_t step_peak;         /* the most held since the last yield (under the lock) */
@@ -121,13 +142,16 @@ static inline void gp_arb_nap(uint64_t ns)
 
 /* When a tenant with yield points answers: at once, at its next yield
  * point (mid-step), or at once unless the ask is an equal priority's (its
- * turn goes on). */
-enum { GP_ANSWER_NOW, GP_DEFER_ALL, GP_DEFER_EQUAL };
+ * turn goes on).  A swap is answered at once but in a free (GP_DEFER_ALL):
+ * an allocation, a yield point or a wait is where a tenant parks; a free
+ * (PyTorch frees from destructors) is not. */
+enum { GP_ANSWER_NOW, GP_DEFER_ALL, GP_DEFER_EQUAL, GP_DEFER_BUT_SWAP };
 
 /* What one wait knows of each tenant it asked. */
 typedef struct gp_asked {
     int32_t pid;
     int pending;
+    int level;               /* the level it was asked at last        */
     uint32_t seq;            /* the ask_seq its ask made               */
     uint64_t bytes;          /* asked                                  */
     uint64_t not_before;     /* do not ask again before               */
@@ -164,6 +188,16 @@ gp_status gp_arb_wait_begin(gp_arbiter *a, gp_wait *w, uint64_t want, uint64_t l
 gp_status gp_arb_wait_look(gp_arbiter *a, gp_wait *w, uint64_t have, uint64_t *short_b, uint32_t *gen);
 void gp_arb_wait_sleep(gp_arbiter *a, gp_wait *w, uint32_t gen, uint64_t until);
 void gp_arb_wait_end(gp_arbiter *a, gp_wait *w, int ok);
+
+/* arbiter_swap.c */
+/* The swap out of an ask at GP_RECLAIM_SWAP (`answering` is held):
+ * GP_OK with the bytes released, the tenant away. */
+gp_status gp_arb_swap_out(gp_arbiter *a, uint64_t *released);
+/* The tenant got its room at `now`: equals swap it no sooner than its
+ * keep (under the lock). */
+void gp_arb_keep(gp_arbiter *a, uint64_t now);
+/* Whether slot i may be asked to swap for slot me now (under the lock). */
+int gp_arb_swappable(const gp_arb_shm *r, int i, int me, uint64_t now);
 
 /* arbiter_turns.c */
 void gp_arb_step_mark(gp_arbiter *a);

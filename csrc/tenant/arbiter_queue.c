@@ -17,7 +17,8 @@
  * none), then, between equal priorities, one within its turn, then higher
  * priority, then the older want; a tenant that waits for nothing is
  * behind every want of its priority, so it cannot take what an equal
- * waits for. */
+ * waits for.  (A tenant swapped out waits to come back as a step stuck
+ * mid-way if it has yield points, its want made when it went.) */
 int gp_arb_ahead(const gp_arb_shm *r, int j, int i)
 {
     const gp_arb_slot *a = &r->slots[j], *b = &r->slots[i];
@@ -177,15 +178,26 @@ uint64_t gp_arb_answer(gp_arbiter *a, uint64_t gift, int defer, uint64_t since)
     uint64_t bytes = me->ask_bytes, asked_at = me->ask_time;
     int level = me->ask_level;
     gp_arb_unlock(r);
-    if (defer && !gift && bytes && atomic_load(&a->turns) && (defer == GP_DEFER_ALL || level == GP_RECLAIM_CACHE)) {
+    /* Not in a free (GP_DEFER_ALL: not where a tenant parks): there it
+     * gives what it can without swapping, and swaps at its next
+     * allocation if asked again. */
+    int swap = level == GP_RECLAIM_SWAP && a->swap_out && !atomic_load(&a->away) && defer != GP_DEFER_ALL;
+    if (level == GP_RECLAIM_SWAP && !swap) level = GP_RECLAIM_OFFLOAD;
+    if (!swap && defer && !gift && bytes && atomic_load(&a->turns) &&
+        (defer == GP_DEFER_ALL || defer == GP_DEFER_BUT_SWAP || level == GP_RECLAIM_CACHE)) {
         atomic_store(&a->deferred, seq);
         pthread_mutex_unlock(&a->answering);
         return 0;
     }
     gp_pool *pool = atomic_load(&a->pool);
     uint64_t given = 0;
-    if (bytes && a->reclaim) given = a->reclaim(a->reclaim_arg, bytes, level);
-    else if (bytes && pool) given = gp_pool_trim(pool, bytes);
+    int away = 0;
+    if (swap) {
+        if (gp_arb_swap_out(a, &given) == GP_OK) away = 1;
+        else level = GP_RECLAIM_OFFLOAD, given = 0, gp_error_clear(); /* (the host limit: what it can) */
+    }
+    if (!away && bytes && a->reclaim) given = a->reclaim(a->reclaim_arg, bytes, level);
+    else if (!away && bytes && pool) given = gp_pool_trim(pool, bytes);
     if (gift > given && pool) given += gp_pool_trim(pool, gift - given);
     uint64_t cached = 0;
     if (pool) {
@@ -204,21 +216,29 @@ uint64_t gp_arb_answer(gp_arbiter *a, uint64_t gift, int defer, uint64_t since)
             me->bytes_given += given;
             gp_lat_add(me, me->heartbeat - (bytes ? asked_at : since));
         }
-        if (atomic_load(&me->ask_seq) == seq) me->ask_bytes = 0, me->ask_time = 0, me->ask_level = 0;
+        if (atomic_load(&me->ask_seq) == seq) {
+            me->ask_bytes = 0, me->ask_time = 0, me->ask_level = 0;
+            atomic_store(&me->swap_asked, 0);
+        }
         gp_arb_unlock(r);
         gp_arb_changed(r);
     }
     atomic_store(&a->answered, seq);
     pthread_mutex_unlock(&a->answering);
+    /* Parked: back before the call that answered returns (a failure
+     * leaves it away: the stack's next call tries again and reports it). */
+    if (away && gp_arbiter_swap_in(a) != GP_OK) gp_error_clear();
     return given;
 }
 
 uint64_t gp_arb_poll(gp_arbiter *a, int defer)
 {
     if (!a || gp_arb_forked(a)) return 0;
-    uint32_t seq = atomic_load_explicit(&a->r->slots[a->slot].ask_seq, memory_order_relaxed);
+    const gp_arb_slot *me = &a->r->slots[a->slot];
+    uint32_t seq = atomic_load_explicit(&me->ask_seq, memory_order_relaxed);
     if (seq == atomic_load_explicit(&a->answered, memory_order_relaxed) ||
-        (defer && seq == atomic_load_explicit(&a->deferred, memory_order_relaxed)))
+        (defer && seq == atomic_load_explicit(&a->deferred, memory_order_relaxed) &&
+         !(defer != GP_DEFER_ALL && atomic_load_explicit(&me->swap_asked, memory_order_relaxed))))
         return 0;
     return gp_arb_answer(a, 0, defer, 0);
 }
@@ -242,10 +262,25 @@ static void gp_collect(gp_arb_shm *r, gp_arb_slot *me, gp_asked *v, uint64_t now
     }
 }
 
+/* Whether slot i goes before slot k among those asked: the lowest
+ * priority first; between equals one that is parked (waits itself) before
+ * one that computes, the youngest wait first; then the largest holder. */
+static int gp_ask_before(const gp_arb_shm *r, int i, int k)
+{
+    const gp_arb_slot *s = &r->slots[i], *o = &r->slots[k];
+    if (s->priority != o->priority) return s->priority < o->priority;
+    if ((s->want_since != 0) != (o->want_since != 0)) return s->want_since != 0;
+    if (s->want_since != o->want_since) return s->want_since > o->want_since;
+    return s->held > o->held;
+}
+
 /* Ask others for `short_b` bytes (under the lock): lower priorities give
- * cache and idle offloadable memory, the lowest first and then the largest
- * holder; equal priorities give their cache after them; higher priorities
- * are never asked.  What earlier asks of this wait still owe counts. */
+ * cache and idle offloadable memory, the lowest first; equal priorities
+ * give their cache after them; higher priorities are never asked.  A
+ * tenant whose answer left this one short, or whose cache and offloadable
+ * memory could not cover the ask anyway, is asked to swap out whole, if
+ * it may be swapped for this one (gp_arb_swappable).  What earlier asks of
+ * this wait still owe counts. */
 static void gp_ask(gp_arb_shm *r, int me_i, gp_asked *v, uint64_t short_b, uint64_t now)
 {
     const gp_arb_slot *me = &r->slots[me_i];
@@ -257,25 +292,27 @@ static void gp_ask(gp_arb_shm *r, int me_i, gp_asked *v, uint64_t short_b, uint6
             continue;
         }
         if (s->pid != v[i].pid) v[i] = (gp_asked){.pid = s->pid};
-        if (i == me_i || !s->pid || !s->held || s->priority > me->priority || now < v[i].not_before) continue;
+        int swap = gp_arb_swappable(r, i, me_i, now);
+        if (i == me_i || !s->pid || !s->held || s->priority > me->priority || s->swapped) continue;
+        if (now < v[i].not_before && !(swap && v[i].level < GP_RECLAIM_SWAP)) continue;
         int k = n++;
-        for (; k > 0; k--) {
-            const gp_arb_slot *o = &r->slots[order[k - 1]];
-            if (o->priority < s->priority || (o->priority == s->priority && o->held >= s->held)) break;
-            order[k] = order[k - 1];
-        }
+        for (; k > 0 && gp_ask_before(r, i, order[k - 1]); k--) order[k] = order[k - 1];
         order[k] = i;
     }
     for (int k = 0; k < n && short_b; k++) {
-        gp_arb_slot *s = &r->slots[order[k]];
+        int i = order[k];
+        gp_arb_slot *s = &r->slots[i];
         uint64_t ask = short_b < s->held ? short_b : s->held;
         int level = s->priority < me->priority ? GP_RECLAIM_OFFLOAD : GP_RECLAIM_CACHE;
+        uint64_t could = level == GP_RECLAIM_OFFLOAD ? s->cached + s->offloadable : s->cached;
+        if (gp_arb_swappable(r, i, me_i, now) && ((v[i].seq && v[i].level >= level) || could < ask)) level = GP_RECLAIM_SWAP;
         if (s->ask_bytes < ask) s->ask_bytes = ask;
         if (s->ask_level < level) s->ask_level = level;
+        if (level == GP_RECLAIM_SWAP) atomic_store(&s->swap_asked, 1);
         if (!s->ask_time) s->ask_time = now;
         s->ask_from = me_i;
         uint32_t seq = atomic_fetch_add_explicit(&s->ask_seq, 1, memory_order_release) + 1;
-        v[order[k]] = (gp_asked){.pid = s->pid, .pending = 1, .seq = seq, .bytes = ask};
+        v[i] = (gp_asked){.pid = s->pid, .pending = 1, .seq = seq, .bytes = ask, .level = level};
         short_b -= ask;
     }
 }
@@ -314,7 +351,10 @@ gp_status gp_arb_wait_begin(gp_arbiter *a, gp_wait *w, uint64_t want, uint64_t l
 gp_status gp_arb_wait_look(gp_arbiter *a, gp_wait *w, uint64_t have, uint64_t *short_b, uint32_t *gen)
 {
     gp_arb_shm *r = a->r;
-    gp_arb_poll(a, w->defer); /* asked meanwhile */
+    uint64_t p0 = atomic_load(&a->parked_ns);
+    gp_arb_poll(a, w->defer); /* asked meanwhile (it may swap out and back) */
+    /* Time swapped out holds nothing of the group's: no timeout counts it. */
+    if (w->deadline != UINT64_MAX) w->deadline += atomic_load(&a->parked_ns) - p0;
     uint64_t now = gp_now_ns();
     gp_status st = gp_arb_lock(r);
     if (st != GP_OK) return st;
@@ -351,6 +391,7 @@ void gp_arb_wait_end(gp_arbiter *a, gp_wait *w, int ok)
     if (gp_arb_lock(r) != GP_OK) return;
     gp_collect(r, me, w->v, w->t0 + dt);
     if (ok && w->lease) me->lease = w->lease;
+    if (ok && w->counted) gp_arb_keep(a, w->t0 + dt);
     me->wanted = 0, me->want_since = 0, me->want_step = 0;
     if (w->counted) {
         me->wait_ns += dt;
@@ -403,7 +444,8 @@ static void *gp_wait_alloc(gp_arbiter *a, gp_pool *pool, size_t size, gp_stream 
         char report[2048], tenants[2048];
         gp_pool_last_oom(pool, report, sizeof report);
         gp_arbiter_report(a, tenants, sizeof tenants);
-        gp_error_set(GP_ERR_OOM, "%s\n  waited %.2f s for other tenants (GPUPOOL_RECLAIM_TIMEOUT); %s",
+        gp_error_set(GP_ERR_OOM, "%s\n  the timeout passed: waited %.2f s in line for other tenants "
+                     "(GPUPOOL_RECLAIM_TIMEOUT, time swapped out not counted); %s",
                      report, (double)(gp_now_ns() - w.t0) / 1e9, tenants);
     }
     return p;
@@ -414,7 +456,7 @@ void *gp_arbiter_alloc(gp_arbiter *a, gp_pool *pool, size_t size, gp_stream stre
 {
     gp_status dummy;
     if (!status) status = &dummy;
-    gp_arbiter_poll(a);
+    gp_arb_poll(a, GP_DEFER_BUT_SWAP);
     if (a && atomic_load_explicit(&a->step_due, memory_order_relaxed)) gp_arb_step_mark(a);
     void *p = gp_alloc(pool, size, stream, tag, priority, status);
     if (p || *status != GP_ERR_OOM || !a || gp_arb_forked(a)) return p;

@@ -32,6 +32,15 @@ size_t gp_arbiter_report(gp_arbiter *a, char *buf, size_t len)
                                (int)s->priority, gp_fmt_bytes(s->held, b[1], sizeof b[1]),
                                gp_fmt_bytes(s->cached, b[2], sizeof b[2]), gp_fmt_bytes(s->offloadable, b[3], sizeof b[3]),
                                gp_fmt_bytes(s->wanted, b[4], sizeof b[4]));
+        if (s->swapped)
+            at += (size_t)snprintf(buf + at, at < len ? len - at : 0, ", swapped out %s",
+                                   gp_fmt_bytes(s->swapped, b[1], sizeof b[1]));
+        if (!s->can_swap)
+            at += (size_t)snprintf(buf + at, at < len ? len - at : 0, ", cannot be swapped");
+        else if (s->swap_status)
+            at += (size_t)snprintf(buf + at, at < len ? len - at : 0, ", its last swap out failed: %s",
+                                   s->swap_status == GP_ERR_LIMIT ? "its host limit (GPUPOOL_HOST_LIMIT) is full"
+                                                                  : gp_status_str((gp_status)s->swap_status));
     }
     gp_arb_unlock(r);
     return at;
@@ -89,6 +98,8 @@ gp_status gp_arbiter_read(const char *group, const char *device, gp_group_info *
             o->n_given = s->n_given, o->bytes_given = s->bytes_given;
             o->n_received = s->n_received, o->bytes_received = s->bytes_received;
             o->lat_max_ns = s->lat_max_ns;
+            o->swapped = s->swapped, o->n_swap_out = s->n_swap_out, o->n_swap_in = s->n_swap_in;
+            o->park_ns = s->park_ns, o->swap_ns = s->swap_ns, o->swap_max_ns = s->swap_max_ns;
             o->n_lat = s->n_lat < GP_ARB_LAT ? s->n_lat : GP_ARB_LAT;
             uint32_t sorted[GP_ARB_LAT];
             for (uint32_t k = 0; k < o->n_lat; k++) {

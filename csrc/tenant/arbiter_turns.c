@@ -102,7 +102,7 @@ uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need)
     gp_arb_changed(r);
     /* Someone waits ahead of this tenant: its cache goes to them now, at
      * a point where it holds no step's memory. */
-    uint64_t given = gift ? gp_arb_answer(a, gift, GP_DEFER_ALL, since) : gp_arbiter_poll(a);
+    uint64_t given = gift ? gp_arb_answer(a, gift, GP_DEFER_ALL, since) : gp_arb_poll(a, GP_DEFER_BUT_SWAP);
     gp_pause(a, defer);
     if (gp_arb_lock(r) != GP_OK) return given;
     uint64_t lease = need > peak ? need : peak;

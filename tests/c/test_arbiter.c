@@ -409,6 +409,7 @@ static void test_lowest_first(void)
     gp_stack *p = tenant(g_group, HIGH, "48MiB", 5000);
     gp_status st;
     void *x = A(p, 32 * MiB, &st); /* 16 free: 16 more from someone */
+    if (!x) fprintf(stderr, "lowest_first: %s\n", gp_last_error());
     CHECK(x != NULL);
     gp_group_info g;
     gp_tenant_info t[4];
@@ -657,6 +658,7 @@ static int two_halves(int ctl, int out, void *arg)
         nap_ms(3);
         void *y = x ? A(p, 10 * MiB, NULL) : NULL;
         nap_ms(3);
+        if (!x || !y) fprintf(stderr, "two_halves %d failed: %s\n", (int)getpid(), gp_last_error());
         fails += !x || !y;
         if (y) F(p, y);
         if (x) F(p, x);
@@ -1042,23 +1044,25 @@ int main(int argc, char **argv)
 {
     alarm(300); /* a stuck protocol fails the run rather than hanging it */
     if (argc == 7 && strcmp(argv[1], "ask") == 0) return ask_main(argv);
-    test_one_tenant();
-    test_bad_input();
-    test_churn();
-    test_killed_holding_lock();
-    test_lowest_first();
-    test_timeout();
-    test_low_queues();
-    test_high_never_fails();
-    test_equal_share();
-    test_leases();
-    test_turns();
-    test_lease_is_kept();
-    test_stuck_step_first();
-    test_random_steps();
-    test_device_limit();
-    test_fork();
-    test_offload_in_a_group();
-    test_pressure_publishes();
+    const char *only = getenv("GP_TEST_ONLY"); /* (one test, by name, while debugging) */
+#define RUN(t) if (!only || strcmp(only, #t) == 0) t()
+    RUN(test_one_tenant);
+    RUN(test_bad_input);
+    RUN(test_churn);
+    RUN(test_killed_holding_lock);
+    RUN(test_lowest_first);
+    RUN(test_timeout);
+    RUN(test_low_queues);
+    RUN(test_high_never_fails);
+    RUN(test_equal_share);
+    RUN(test_leases);
+    RUN(test_turns);
+    RUN(test_lease_is_kept);
+    RUN(test_stuck_step_first);
+    RUN(test_random_steps);
+    RUN(test_device_limit);
+    RUN(test_fork);
+    RUN(test_offload_in_a_group);
+    RUN(test_pressure_publishes);
     return check_done();
 }

@@ -1,0 +1,156 @@
+/*
+ * offload_swap.c -- a whole pool out to the host and back (offload.h): what
+ * a tenant does when the group swaps it out while it is parked.
+ *
+ * A swap is made of ordinary offload records (at most GP_RECORD_TAGS tags
+ * each), marked with the swap's id, so that everything an offload promises
+ * (checksums, undo, the integrity check) holds for it, and so that a swap
+ * in restores what the swap took and nothing the user offloaded before.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "offload_impl.h"
+
+static void gp_res_add(gp_offload_result *sum, const gp_offload_result *r)
+{
+    sum->bytes += r->bytes;
+    sum->copied += r->copied;
+    sum->host_bytes += r->host_bytes;
+    sum->released += r->released;
+    sum->kept += r->kept;
+    sum->lost += r->lost;
+    sum->codec = r->codec;
+}
+
+/* The tags of the pool with live memory on the device, but the offloader's
+ * own (its checksums and staging serve the swap).  Returns how many. */
+static size_t gp_swap_tags(gp_offloader *o, gp_tag *tags)
+{
+    gp_tag own;
+    if (gp_tag_intern("gpupool", &own) != GP_OK) own = GP_MAX_TAGS;
+    gp_figures *f = malloc(sizeof *f);
+    if (!f) return 0;
+    gp_pool_figures(o->pool, f, 0);
+    size_t n = 0;
+    for (unsigned t = 0; t < f->n_tags; t++)
+        if (t != own && f->tags[t].allocated > f->tags[t].offloaded) tags[n++] = (gp_tag)t;
+    free(f);
+    return n;
+}
+
+/* Restore the records of swap `id` that are offloaded (`op` is held). */
+static gp_status gp_swap_back_locked(gp_offloader *o, uint32_t id, gp_offload_result *res)
+{
+    gp_tagset all;
+    memset(&all, 0xff, sizeof all); /* the room was made for it: it displaces nothing */
+    for (;;) {
+        gp_record *r = NULL;
+        pthread_mutex_lock(&o->lock);
+        for (gp_record *q = o->records; q && !r; q = q->next)
+            if (q->swap == id && q->state == GP_REC_OFFLOADED) r = q;
+        if (r) gp_record_move(o, r, GP_REC_OFFLOADED, GP_REC_RESTORING);
+        pthread_mutex_unlock(&o->lock);
+        if (!r) return GP_OK;
+        gp_status st = gp_restore_record_locked(o, r, &all, 0, res);
+        if (st != GP_OK) {
+            pthread_mutex_lock(&o->lock);
+            gp_record_move(o, r, GP_REC_RESTORING, GP_REC_OFFLOADED);
+            pthread_mutex_unlock(&o->lock);
+            return st;
+        }
+        gp_record_retire(o, r);
+    }
+}
+
+gp_status gp_offload_swap_out(gp_offloader *o, const char *codec, uint32_t *id, gp_offload_result *res)
+{
+    double t0 = gp_now();
+    memset(res, 0, sizeof *res);
+    *id = 0;
+    gp_codec_id kind = GP_CODEC_AUTO;
+    gp_status st = gp_pool_in_process(o->pool);
+    if (st == GP_OK && codec) st = gp_codec_parse(codec, &kind);
+    if (st != GP_OK) return st;
+    gp_tag *tags = malloc(GP_MAX_TAGS * sizeof *tags);
+    if (!tags) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a swap");
+    /* Background offloads first: what they take is theirs to give back. */
+    pthread_mutex_lock(&o->lock);
+    while (o->n_background) pthread_cond_wait(&o->cond, &o->lock);
+    pthread_mutex_unlock(&o->lock);
+    /* Every kernel queued on the pool's memory, on any stream, is done
+     * before its bytes are read (the tenant launches nothing meanwhile). */
+    st = gp_pool_synchronize(o->pool);
+    gp_op_lock(o);
+    uint32_t me = ++o->swaps ? o->swaps : ++o->swaps;
+    size_t n = st == GP_OK ? gp_swap_tags(o, tags) : 0;
+    for (size_t at = 0; at < n && st == GP_OK; at += GP_RECORD_TAGS) {
+        size_t k = n - at < GP_RECORD_TAGS ? n - at : GP_RECORD_TAGS;
+        gp_offload_opts opts = {.keep = 1, .codec = (int)kind};
+        pthread_mutex_lock(&o->lock);
+        for (size_t i = 0; i < k; i++) /* the dtype hint of a registered tag */
+            if (o->reg[tags[at + i]].elem_size) opts.elem_size = o->reg[tags[at + i]].elem_size;
+        pthread_mutex_unlock(&o->lock);
+        gp_offload_result r = {0};
+        pthread_mutex_lock(&o->lock);
+        const gp_record *before = o->records;
+        pthread_mutex_unlock(&o->lock);
+        st = gp_offload_locked(o, tags + at, k, &opts, &r);
+        if (st == GP_ERR_INVALID && !r.bytes) { /* (its blocks were all freed meanwhile) */
+            gp_error_clear();
+            st = GP_OK;
+            continue;
+        }
+        if (st != GP_OK) break;
+        pthread_mutex_lock(&o->lock);
+        if (o->records != before) o->records->swap = me; /* (the newest: published under `op`; none
+                                                            when all its blocks were kept) */
+        pthread_mutex_unlock(&o->lock);
+        gp_res_add(res, &r);
+    }
+    if (st != GP_OK) {
+        /* Whole or not at all: what it took comes back. */
+        char why[512];
+        snprintf(why, sizeof why, "%s", gp_last_error());
+        gp_offload_result back = {0};
+        gp_status st2 = gp_swap_back_locked(o, me, &back);
+        gp_op_unlock(o);
+        free(tags);
+        if (st2 != GP_OK)
+            return gp_error_set(st2, "gpupool: a swap out failed (%s) and restoring what it had taken failed "
+                                     "too: %s", why, gp_last_error());
+        return gp_error_set(st, "gpupool: the swap out failed and was undone: %s", why);
+    }
+    /* The codecs' staging too: a tenant swapped out holds next to nothing
+     * (a restore takes it again, within the room its swap in waits for). */
+    if (o->staging) {
+        gp_tag_stats before, after;
+        gp_tag own;
+        gp_status ts = gp_tag_intern("gpupool", &own);
+        if (ts == GP_OK) gp_pool_tag_stats(o->pool, own, &before);
+        if (ts == GP_OK && gp_free(o->pool, o->staging) == GP_OK) {
+            o->staging = NULL;
+            gp_pool_tag_stats(o->pool, own, &after);
+            res->released += before.allocated - after.allocated;
+        }
+    }
+    gp_op_unlock(o);
+    free(tags);
+    *id = me;
+    res->seconds = gp_now() - t0;
+    return GP_OK;
+}
+
+gp_status gp_offload_swap_in(gp_offloader *o, uint32_t id, gp_offload_result *res)
+{
+    double t0 = gp_now();
+    memset(res, 0, sizeof *res);
+    gp_status st = gp_pool_in_process(o->pool);
+    if (st != GP_OK) return st;
+    if (!id) return gp_error_set(GP_ERR_INVALID, "gpupool: swap id 0 is no swap");
+    gp_op_lock(o);
+    st = gp_swap_back_locked(o, id, res);
+    gp_op_unlock(o);
+    res->seconds = gp_now() - t0;
+    return st;
+}
