@@ -206,7 +206,11 @@ gp_status gp_stack_create(gp_backend *be, const char *device_id, const gp_config
     if (s->arb) {
         gp_arbiter_bind(s->arb, s->pool);
         gp_arbiter_set_reclaim(s->arb, gp_stack_reclaim, s);
-        if (cfg->tenant_swap) gp_arbiter_set_swap(s->arb, gp_stack_swap_out, gp_stack_swap_in, s);
+        /* Its offloader now: when it is asked to swap, the group is full
+         * and the offloader's own memory (its checksums) would not fit. */
+        if (cfg->tenant_swap && gp_stack_offloader(s, 1))
+            gp_arbiter_set_swap(s->arb, gp_stack_swap_out, gp_stack_swap_in, s);
+        gp_error_clear(); /* (without one, it is not swapped: `top` says so) */
     }
     gp_list_add(s);
     *out = s;

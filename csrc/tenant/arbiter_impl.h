@@ -35,6 +35,7 @@
 #define GP_ARB_KEEP_COST 5                /* a swapped-in tenant keeps its room
                                               against equals for a turn and at
                                               least this many times its swap    */
+#define GP_ARB_KEEP_MAX_NS 5000000000ull /* ... but no longer than this          */
 #define MS 1000000ull
 
 typedef struct gp_arb_slot {
@@ -164,6 +165,7 @@ typedef struct gp_wait {
     uint64_t lease;          /* a lease's wait: the held level it waits for
                                 (the want follows held: answers trim it)  */
     int counted;             /* a wait in the tenant's counters            */
+    int step;                /* a step's, mid-way (gp_arb_ahead)           */
     int defer;               /* the asks it leaves for later meanwhile     */
 } gp_wait;
 

@@ -26,6 +26,11 @@ int gp_arb_ahead(const gp_arb_shm *r, int j, int i)
     if (a->want_step != b->want_step) return a->want_step;
     if (a->priority == b->priority && a->in_turn != b->in_turn) return a->in_turn;
     if (a->priority != b->priority) return a->priority > b->priority;
+    /* Between equals, one swapped out comes back after those that hold
+     * memory have been served: it was swapped for them, and one kept from
+     * being swapped again (its keep, against thrashing) must not wait
+     * behind it meanwhile. */
+    if ((a->swapped != 0) != (b->swapped != 0)) return b->swapped != 0;
     if (!b->want_since) return 1;
     if (a->want_since != b->want_since) return a->want_since < b->want_since;
     return j < i;
@@ -335,7 +340,7 @@ gp_status gp_arb_wait_begin(gp_arbiter *a, gp_wait *w, uint64_t want, uint64_t l
     if (st != GP_OK) return st;
     if (lease) want = lease > me->held ? lease - me->held : 0;
     me->wanted = w->want = want;
-    me->want_step = step;
+    me->want_step = w->step = step;
     if (!me->want_since) me->want_since = w->t0;
     me->n_waits += (uint64_t)counted;
     gp_arb_unlock(r);
@@ -365,6 +370,9 @@ gp_status gp_arb_wait_look(gp_arbiter *a, gp_wait *w, uint64_t have, uint64_t *s
     *gen = atomic_load(&r->gen);
     gp_arb_slot *me = &r->slots[a->slot];
     if (w->lease) me->wanted = w->want = w->lease > me->held ? w->lease - me->held : 0;
+    /* (A wait inside this one -- a swap out and back answered meanwhile --
+     * ended its own want: this one's is posted again, behind the others.) */
+    if (!me->wanted && w->want) me->wanted = w->want, me->want_since = now, me->want_step = w->step;
     uint64_t avail = gp_arb_avail(r, a->slot, NULL, NULL) + have;
     *short_b = w->want > avail ? w->want - avail : 0;
     gp_collect(r, me, w->v, now);

@@ -11,6 +11,7 @@
  * other until the timeout.
  */
 #include <stdio.h>
+#include <unistd.h>
 
 #include "arbiter_impl.h"
 #include "error.h"
@@ -83,6 +84,7 @@ void gp_arb_keep(gp_arbiter *a, uint64_t now)
     for (int j = 0; j < GP_ARB_SLOTS; j++)
         if (a->r->slots[j].pid && a->r->slots[j].swap_cost_ns > cost) cost = a->r->slots[j].swap_cost_ns;
     uint64_t keep = GP_ARB_KEEP_COST * cost;
+    if (keep > GP_ARB_KEEP_MAX_NS) keep = GP_ARB_KEEP_MAX_NS;
     a->r->slots[a->slot].keep_until = now + (keep > a->turn_ns ? keep : a->turn_ns);
 }
 

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -20,6 +21,7 @@
 #include <unistd.h>
 
 #include "arbiter.h"
+#include "backend_host.h"
 #include "codec.h"
 #include "offload.h"
 #include "pool_check.h"
@@ -1040,6 +1042,286 @@ static void test_pressure_publishes(void)
     done(p);
 }
 
+/* ------------------------------------------------------------------ swaps */
+
+/* Fill x (n bytes) with a pattern of `seed`; check it. */
+static void stamp(void *x, uint64_t n, unsigned seed)
+{
+    for (uint64_t i = 0; i < n; i += 4096) ((unsigned char *)x)[i] = (unsigned char)(seed * 31 + i / 4096);
+}
+
+static int stamped(const void *x, uint64_t n, unsigned seed)
+{
+    for (uint64_t i = 0; i < n; i += 4096)
+        if (((const unsigned char *)x)[i] != (unsigned char)(seed * 31 + i / 4096)) return 0;
+    return 1;
+}
+
+/* The end of a swapping tenant: its figures, failures and wrong bytes. */
+static int swap_done(int out, gp_stack *p, int fails, int wrong)
+{
+    gp_group_info g;
+    gp_tenant_info t[4];
+    const gp_tenant_info *me = read_group(&g, t, 4) ? find_pid(t, g.n_tenants, getpid()) : NULL;
+    say(out, me ? me->n_swap_out : UINT64_MAX);
+    say(out, me ? me->n_swap_in : UINT64_MAX);
+    say(out, (uint64_t)fails);
+    say(out, (uint64_t)wrong);
+    int bad = !stack_consistent(p);
+    gp_stack_destroy(p);
+    return bad;
+}
+
+/* A job that knows nothing of the arbiter (no yield point): steps whose
+ * peaks are random, 8..20 MiB of a 24 MiB group, holding what they made
+ * (stamped) until the step ends; `arg`: its priority. */
+static int plain_job(int ctl, int out, void *arg)
+{
+    int prio = *(int *)arg, fails = 0, wrong = 0;
+    gp_stack *p = tenant(g_group, prio, "24MiB", 10000);
+    say(out, 1);
+    char go;
+    if (!stopped(ctl, 10000) || read(ctl, &go, 1) != 1) return 1;
+    unsigned seed = (unsigned)getpid();
+    for (int step = 0; step < 40; step++) {
+        void *live[10];
+        uint64_t size[10];
+        int n = 0, parts = 2 + (int)(rand_r(&seed) % 3); /* (at most 20 MiB: it fits alone) */
+        for (int i = 0; i < parts; i++) {
+            size[n] = (2 + rand_r(&seed) % 4) * MiB;
+            if (!(live[n] = A(p, size[n], NULL))) {
+                fprintf(stderr, "plain_job %d failed: %s\n", (int)getpid(), gp_last_error());
+                fails++;
+                break;
+            }
+            stamp(live[n], size[n], (unsigned)(step * 16 + n));
+            n++;
+            nap_ms(1);
+        }
+        for (int i = 0; i < n; i++) wrong += !stamped(live[i], size[i], (unsigned)(step * 16 + i));
+        while (n) F(p, live[--n]);
+    }
+    return swap_done(out, p, fails, wrong);
+}
+
+/* Two or three jobs without yield points whose peaks add up to more than
+ * the group: each step that outgrows what is left waits, and one parked
+ * behind the other is swapped out whole and back; nobody fails (their
+ * timeout, 2 s, is far shorter than the run), no byte changes.  Without
+ * swaps two such steps held half each and waited for each other until the
+ * timeout. */
+static void test_overruns_swap(void)
+{
+    int prios[3] = {NORMAL, NORMAL, LOW};
+    for (int k = 2; k <= 3; k++) {
+        new_group();
+        child c[3];
+        for (int i = 0; i < k; i++) c[i] = spawn(plain_job, &prios[i]);
+        for (int i = 0; i < k; i++) CHECK(hear(&c[i], 10000) == 1);
+        for (int i = 0; i < k; i++) CHECK(write(c[i].ctl, "g", 1) == 1);
+        uint64_t swaps = 0;
+        for (int i = 0; i < k; i++) {
+            uint64_t out = hear(&c[i], 60000), in = hear(&c[i], 1000);
+            CHECK(hear(&c[i], 1000) == 0); /* failures */
+            CHECK(hear(&c[i], 1000) == 0); /* wrong bytes */
+            CHECK(out == in);              /* every swap out came back */
+            CHECK(finish(&c[i], 10000) == 0);
+            swaps += out;
+        }
+        CHECK(swaps > 0); /* (they did contend) */
+        CHECK(!registry_exists());
+    }
+}
+
+/* Whether tenant `pid` is seen swapped out within 2 s (it records its
+ * swap once its memory has gone, after the asker may have gone on): its
+ * figures then. */
+static int swapped_out(int pid, gp_tenant_info *out)
+{
+    for (uint64_t end = now_ms() + 2000; now_ms() < end; nap_ms(5)) {
+        gp_group_info g;
+        gp_tenant_info t[4];
+        const gp_tenant_info *ti = read_group(&g, t, 4) ? find_pid(t, g.n_tenants, pid) : NULL;
+        if (ti && ti->swapped) {
+            *out = *ti;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A low tenant holding 20 MiB of stamped live memory, allocating now and
+ * then: swapped out for a high one, back at its next allocation with
+ * every byte.  `arg`: nonzero to fail its swap out's copies (every one,
+ * from the first) -- it then stays whole, and the high one times out
+ * naming it. */
+static int swap_victim(int ctl, int out, void *arg)
+{
+    int faults = *(int *)arg, wrong = 0;
+    gp_config cfg;
+    gp_config_default(&cfg);
+    cfg.chunk = cfg.large_chunk = 1 * MiB;
+    cfg.small_size = 64 * KiB;
+    cfg.priority = LOW;
+    cfg.reclaim_timeout_ms = 5000;
+    snprintf(cfg.tenant, sizeof cfg.tenant, "%s", g_group);
+    if (gp_config_set(&cfg, "device_limit", "32MiB") != GP_OK) return 3;
+    gp_backend *be;
+    gp_stack *p;
+    if (gp_backend_host_create(1024 * MiB, &be) != GP_OK || gp_stack_create(be, "host", &cfg, &p) != GP_OK) return 2;
+    void *x[4];
+    for (int i = 0; i < 4; i++) {
+        if (!(x[i] = A(p, 5 * MiB, NULL))) return 4;
+        stamp(x[i], 5 * MiB, (unsigned)i);
+    }
+    if (faults) gp_host_fail(be, GP_HOST_COPY, 1, GP_ERR_BACKEND, GP_HOST_FAIL_FROM);
+    say(out, 1);
+    while (!stopped(ctl, 5)) {
+        void *y = A(p, 64 * KiB, NULL); /* its allocations are where it parks */
+        if (y) F(p, y);
+    }
+    if (faults) gp_host_fail(be, GP_HOST_COPY, 0, GP_OK, GP_HOST_FAIL_ONCE);
+    for (int i = 0; i < 4; i++) wrong += !stamped(x[i], 5 * MiB, (unsigned)i);
+    gp_stats s;
+    gp_pool_stats(gp_stack_pool(p), &s, 0);
+    wrong += s.offloaded != 0;
+    for (int i = 0; i < 4; i++) F(p, x[i]);
+    return swap_done(out, p, 0, wrong);
+}
+
+static void test_swap_for_higher(void)
+{
+    for (int faults = 0; faults <= 1; faults++) {
+        new_group();
+        child l = spawn(swap_victim, &faults);
+        CHECK(hear(&l, 10000) == 1);
+        gp_stack *h = tenant(g_group, HIGH, "32MiB", faults ? 1000 : 5000);
+        gp_status st;
+        void *x = A(h, 24 * MiB, &st); /* 12 free: the low one must go whole */
+        if (!x) fprintf(stderr, "swap_for_higher: %s\n", gp_last_error());
+        if (!faults) {
+            CHECK(x != NULL);
+            gp_tenant_info tl;
+            CHECK(swapped_out(l.pid, &tl) && tl.n_swap_out == 1 && tl.swapped >= 20 * MiB && tl.held < 4 * MiB);
+        } else {
+            /* Its swap out failed and was undone: it holds its memory, the
+             * high one says why it timed out. */
+            CHECK(x == NULL && st == GP_ERR_OOM);
+            CHECK(strstr(gp_last_error(), "its last swap out failed") != NULL);
+        }
+        if (x) F(h, x);
+        gp_pool_trim(gp_stack_pool(h), UINT64_MAX);
+        stop(&l);
+        uint64_t out = hear(&l, 10000), in = hear(&l, 1000);
+        CHECK(out == (faults ? 0 : 1) && in == out);
+        CHECK(hear(&l, 1000) == 0); /* failures */
+        CHECK(hear(&l, 1000) == 0); /* wrong bytes: none, and nothing left offloaded */
+        CHECK(finish(&l, 10000) == 0);
+        done(h);
+        CHECK(!registry_exists());
+    }
+}
+
+/* A tenant killed while swapped out: its slot goes (the others take all
+ * the group's memory), its host memory went with its process. */
+static void test_killed_while_swapped(void)
+{
+    new_group();
+    int faults = 0;
+    child l = spawn(swap_victim, &faults);
+    CHECK(hear(&l, 10000) == 1);
+    gp_stack *h = tenant(g_group, HIGH, "32MiB", 5000);
+    void *x = A(h, 24 * MiB, NULL);
+    CHECK(x != NULL);
+    gp_tenant_info tl;
+    CHECK(swapped_out(l.pid, &tl));
+    kill(l.pid, SIGKILL);
+    CHECK(reap(l.pid, 5000) == 128 + SIGKILL);
+    void *y = A(h, 6 * MiB, NULL); /* 31 of 32: the dead one's slot was reclaimed */
+    CHECK(y != NULL);
+    gp_group_info g;
+    gp_tenant_info t[4];
+    CHECK(read_group(&g, t, 4) && g.n_tenants == 1);
+    if (y) F(h, y);
+    F(h, x);
+    done(h);
+    CHECK(!registry_exists());
+}
+
+/* The thread rule: while one thread of a tenant is swapped out, another
+ * thread's allocation waits at the gate, and returns only once the memory
+ * is back (nothing of the pool offloaded when it returns). */
+typedef struct gate_arg {
+    gp_stack *p;
+    int offloaded_seen; /* the pool had memory offloaded when it returned */
+    int got;
+} gate_arg;
+
+static void *gate_thread(void *arg)
+{
+    gate_arg *g = arg;
+    for (int i = 0; i < 400; i++) {
+        void *y = A(g->p, 64 * KiB, NULL);
+        gp_stats s;
+        gp_pool_stats(gp_stack_pool(g->p), &s, 0);
+        g->offloaded_seen += s.offloaded != 0;
+        if (y) {
+            g->got++;
+            F(g->p, y);
+        }
+        nap_ms(1);
+    }
+    return NULL;
+}
+
+static int two_threads(int ctl, int out, void *arg)
+{
+    (void)arg;
+    gp_stack *p = tenant(g_group, LOW, "32MiB", 5000);
+    void *x = A(p, 20 * MiB, NULL);
+    if (!x) return 4;
+    stamp(x, 20 * MiB, 9);
+    gate_arg g = {p, 0, 0};
+    pthread_t th;
+    pthread_create(&th, NULL, gate_thread, &g);
+    say(out, 1);
+    while (!stopped(ctl, 2)) {
+        void *y = A(p, 64 * KiB, NULL);
+        if (y) F(p, y);
+    }
+    pthread_join(th, NULL);
+    say(out, (uint64_t)g.offloaded_seen);
+    say(out, (uint64_t)g.got);
+    int wrong = !stamped(x, 20 * MiB, 9);
+    F(p, x);
+    return swap_done(out, p, 0, wrong);
+}
+
+static void test_swap_threads(void)
+{
+    new_group();
+    child l = spawn(two_threads, NULL);
+    CHECK(hear(&l, 10000) == 1);
+    gp_stack *h = tenant(g_group, HIGH, "32MiB", 5000);
+    for (int round = 0; round < 3; round++) {
+        void *x = A(h, 24 * MiB, NULL);
+        CHECK(x != NULL);
+        nap_ms(50);
+        if (x) F(h, x);
+        gp_pool_trim(gp_stack_pool(h), UINT64_MAX);
+        nap_ms(50);
+    }
+    stop(&l);
+    CHECK(hear(&l, 20000) == 0);   /* the other thread never got memory while some was away */
+    CHECK(hear(&l, 1000) == 400);  /* and every allocation of it succeeded */
+    uint64_t out = hear(&l, 1000), in = hear(&l, 1000);
+    CHECK(out >= 1 && in == out);
+    CHECK(hear(&l, 1000) == 0 && hear(&l, 1000) == 0);
+    CHECK(finish(&l, 10000) == 0);
+    done(h);
+    CHECK(!registry_exists());
+}
+
 int main(int argc, char **argv)
 {
     alarm(300); /* a stuck protocol fails the run rather than hanging it */
@@ -1064,5 +1346,9 @@ int main(int argc, char **argv)
     RUN(test_fork);
     RUN(test_offload_in_a_group);
     RUN(test_pressure_publishes);
+    RUN(test_overruns_swap);
+    RUN(test_swap_for_higher);
+    RUN(test_killed_while_swapped);
+    RUN(test_swap_threads);
     return check_done();
 }
