@@ -22,13 +22,16 @@ from .workloads import ROOT, WORKLOADS, Workload
 from .zygote import Zygote
 
 GIB = float(2**30)
+# Cases of their own, not run per mode (each its own module); only when named in --only.
+CASES = ("tenants",)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The command line."""
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", default=",".join(WORKLOADS),
-                   help=f"comma-separated workloads (default: {','.join(WORKLOADS)})")
+                   help=f"comma-separated workloads (default: {','.join(WORKLOADS)}); also {','.join(CASES)}, "
+                        "only when named (benchmarks/tenants.py: LoRA jobs sharing a GPU as tenants)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated modes (default: {','.join(MODES)})")
     p.add_argument("--reps", type=int, default=3, help="repetitions of each (workload, mode) (default: 3)")
     p.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
@@ -45,8 +48,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args.only = [w for w in args.only.split(",") if w]
     args.modes = [m for m in args.modes.split(",") if m]
     for w in args.only:
-        if w not in WORKLOADS:
-            p.error(f"unknown workload {w!r}; expected some of {', '.join(WORKLOADS)}")
+        if w not in WORKLOADS and w not in CASES:
+            p.error(f"unknown workload {w!r}; expected some of {', '.join((*WORKLOADS, *CASES))}")
+    args.cases = [w for w in args.only if w in CASES]
+    args.only = [w for w in args.only if w in WORKLOADS]
     for m in args.modes:
         if m not in MODES:
             p.error(f"unknown mode {m!r}; expected some of {', '.join(MODES)}")
@@ -326,7 +331,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp:
         zygotes: Dict[str, Zygote] = {}
-        if not args.fresh:
+        if not args.fresh and args.only:
             preload = sorted({m for name in args.only for m in WORKLOADS[name].preload})
             zygotes = {mode: Zygote(preload, mode_env(env, mode), ROOT, Path(tmp) / f"zygote-{mode}.log")
                        for mode in args.modes}
@@ -346,6 +351,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                           flush=True)
         for z in zygotes.values():
             z.close()
+    cases: Dict[str, Dict[str, Any]] = {}
+    if "tenants" in args.cases:  # its own processes, after the workloads (it needs the GPU to itself)
+        from . import tenants
+
+        cases["tenants"] = tenants.run_case(tenants.parse_args(["--reps", str(args.reps)] + ["--quick"] * args.quick),
+                                            show=False)
     if nvml:
         nvml.close()
     summaries = {name: summarize(runs, WORKLOADS[name]) for name in args.only}
@@ -355,7 +366,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(table(WORKLOADS[name], summaries[name], args.modes) + "\n")
         if name == "offload":
             print(offload_table(runs, args.modes) + "\n")
-    verdicts = goals(summaries) + offload_goals(runs)
+    for c in cases.values():
+        print(c["table"] + "\n")
+    verdicts = goals(summaries) + offload_goals(runs) + [v for c in cases.values() for v in c["goals"]]
     if verdicts:
         print("Goals:\n" + "\n".join(verdicts))
     failed = [r for r in runs if "error" in r["result"]]
@@ -365,9 +378,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": info, "args": {k: v for k, v in vars(args).items()}, "runs": runs,
-                       "summary": summaries, "goals": verdicts}, f, indent=2)
+                       "summary": summaries, "cases": cases,
+                       "goals": verdicts}, f, indent=2)
         print(f"wrote {args.json}")
-    return 1 if failed else 0
+    return 1 if failed or any(c["crashed"] for c in cases.values()) else 0
 
 
 if __name__ == "__main__":

@@ -71,6 +71,10 @@ static void nap_ms(unsigned ms)
 /* GPUPOOL_TENANT_TURN of the tenants made next (0: equal priorities
  * alternate at every yield point). */
 static unsigned g_turn_ms;
+/* GPUPOOL_TENANT_SWAP of the tenants made next: off but in the tests of
+ * swaps, so that the others see the protocol below them (and the exact
+ * bytes a tenant holds, without its offloader's). */
+static int g_swap;
 
 /* A tenant: the stack of a host pool of `group` with 1 MiB chunks under
  * the arbiter. */
@@ -79,6 +83,7 @@ static gp_stack *tenant(const char *group, int prio, const char *limit, unsigned
     gp_config cfg;
     gp_config_default(&cfg);
     cfg.tenant_turn_ms = g_turn_ms;
+    cfg.tenant_swap = g_swap;
     cfg.chunk = cfg.large_chunk = 1 * MiB;
     cfg.small_size = 64 * KiB;
     cfg.cache_slack = -1; /* keep cache: what the reclaims must take */
@@ -1312,7 +1317,11 @@ static void test_swap_threads(void)
         nap_ms(50);
     }
     stop(&l);
-    CHECK(hear(&l, 20000) == 0);   /* the other thread never got memory while some was away */
+    /* The other thread got memory while some was away at most where a
+     * swap began right after its allocation had returned (the window
+     * between its return and its look: the rule covers allocations, not
+     * what a thread does after one); without the gate, at every swap. */
+    CHECK(hear(&l, 20000) <= 1);
     CHECK(hear(&l, 1000) == 400);  /* and every allocation of it succeeded */
     uint64_t out = hear(&l, 1000), in = hear(&l, 1000);
     CHECK(out >= 1 && in == out);
@@ -1346,9 +1355,11 @@ int main(int argc, char **argv)
     RUN(test_fork);
     RUN(test_offload_in_a_group);
     RUN(test_pressure_publishes);
+    g_swap = 1;
     RUN(test_overruns_swap);
     RUN(test_swap_for_higher);
     RUN(test_killed_while_swapped);
     RUN(test_swap_threads);
+    g_swap = 0;
     return check_done();
 }
