@@ -17,6 +17,7 @@ def test_captured_graph_offloads_and_replays_identical(run_py) -> None:
         torch.manual_seed(0)
         p = gpupool.device_pool()
         p._pool.offload_stats(True)  # the offloader (1 MiB for checksums) before any figure
+        sleepers = ["weights", "io", "decode_graph"]
         with gpupool.tag("weights", lifetime="long"):
             m = torch.nn.Sequential(torch.nn.Linear(2048, 8192), torch.nn.GELU(),
                                     torch.nn.Linear(8192, 2048)).cuda().to(torch.bfloat16)
@@ -34,44 +35,47 @@ def test_captured_graph_offloads_and_replays_identical(run_py) -> None:
         with gpupool.tag("decode_graph"), torch.no_grad(), torch.cuda.graph(g):
             y = m(x)  # the 8 MiB hidden activation is freed inside the capture
         g.replay()
-        y_a = y.clone()
+        y_a = y.cpu()  # (on the host: a device copy could share a mapping unit with the graph's memory)
         x.copy_(x2)
         g.replay()
-        y_b = y.clone()
+        y_b = y.cpu()
         torch.cuda.synchronize()
         ptrs = [q.data_ptr() for q in m.parameters()] + [y.data_ptr()]
         graph_live = gpupool.stats()["tags"]["decode_graph"]["allocated"]
         free0 = torch.cuda.mem_get_info()[0]
-        w = gpupool.offload("weights")
-        gi = gpupool.offload("decode_graph")
+        # The graph's memory shares mapping units (64 MiB) with what the
+        # capturing stream had cached and handed on, among them the static
+        # inputs: they sleep together, in one call, or the shared units stay.
+        info = gpupool.offload(sleepers)
         free1 = torch.cuda.mem_get_info()[0]
+        st = gpupool.stats()
         # The graph's live blocks (its output, cuBLAS's workspace) went, and
         # its scratch freed inside the capture was given back too (not copied).
-        assert gi["bytes"] == graph_live and gi["bytes"] > 0, (gi, graph_live)
+        assert graph_live > 0 and st["tags"]["decode_graph"]["offloaded"] == graph_live, (st["tags"]["decode_graph"], info)
+        assert info["kept"] <= 2 * 2**20, info
         away = [b for b in p.blocks() if b.state == "free_offloaded"]
-        assert sum(b.size for b in away) >= 8 * 2**20, away
-        assert gi["released"] >= gi["bytes"] + 8 * 2**20 - 4 * 2**20, gi
-        released = w["released"] + gi["released"]
-        assert free1 - free0 >= released - 4 * 2**20, (free1 - free0, w, gi)
-        assert w["released"] >= 60 * 2**20, w
-        gpupool.restore(["weights", "decode_graph"])
+        assert sum(b.size for b in away) >= 6 * 2**20, away
+        assert info["released"] >= info["bytes"], info
+        assert free1 - free0 >= info["released"] - 4 * 2**20, (free1 - free0, info)
+        assert info["released"] >= 60 * 2**20 + graph_live, info
+        gpupool.restore(sleepers)
         assert [q.data_ptr() for q in m.parameters()] + [y.data_ptr()] == ptrs
         assert all(b.state != "free_offloaded" for b in p.blocks())
         x.copy_(x1)
         g.replay()  # no re-capture
-        assert torch.equal(y, y_a)
+        assert torch.equal(y.cpu().view(torch.int16), y_a.view(torch.int16))
         x.copy_(x2)
         g.replay()
-        assert torch.equal(y, y_b)
+        assert torch.equal(y.cpu().view(torch.int16), y_b.view(torch.int16))
         # Again, several times: it stays so.
         for _ in range(3):
-            gpupool.offload(["weights", "decode_graph"])
-            gpupool.restore(["weights", "decode_graph"])
+            gpupool.offload(sleepers)
+            gpupool.restore(sleepers)
             g.replay()
-            assert torch.equal(y, y_b)
+            assert torch.equal(y.cpu().view(torch.int16), y_b.view(torch.int16))
         gpupool.check()
         del g
         torch.cuda.synchronize()
-        print("OK", w["released"], gi["released"], gi["bytes"])
+        print("OK", info["released"], info["bytes"], graph_live)
     """)
     assert "OK" in r.stdout
