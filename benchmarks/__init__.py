@@ -3,6 +3,7 @@
     python -m benchmarks                         # everything: 580 s on an H100 (2026-11-23)
     python -m benchmarks --quick --reps 1        # a smoke run: small sizes, one repetition
     python -m benchmarks --only lora,churn --modes native,gpupool --reps 5 --json results.json
+    python -m benchmarks --only soak,graph --modes gpupool --reps 1   # gpupool only, not in the default run
 
 Each run is a process of its own (a process picks its allocator once),
 forked from a zygote per mode that has imported torch and transformers

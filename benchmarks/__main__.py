@@ -29,9 +29,11 @@ CASES = ("tenants",)
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The command line."""
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", default=",".join(WORKLOADS),
-                   help=f"comma-separated workloads (default: {','.join(WORKLOADS)}); also {','.join(CASES)}, "
-                        "only when named (benchmarks/tenants.py: LoRA jobs sharing a GPU as tenants)")
+    default = ",".join(n for n, w in WORKLOADS.items() if w.in_default)
+    p.add_argument("--only", default=default,
+                   help=f"comma-separated workloads of {','.join(WORKLOADS)} (default: {default}); also "
+                        f"{','.join(CASES)}, only when named (benchmarks/tenants.py: LoRA jobs sharing a GPU "
+                        "as tenants)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated modes (default: {','.join(MODES)})")
     p.add_argument("--reps", type=int, default=3, help="repetitions of each (workload, mode) (default: 3)")
     p.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
@@ -288,6 +290,45 @@ def offload_goals(runs: List[Dict[str, Any]]) -> List[str]:
     return out
 
 
+def _results(runs: List[Dict[str, Any]], name: str) -> List[Dict[str, Any]]:
+    return [r["result"] for r in runs if r["workload"] == name and "error" not in r["result"]]
+
+
+def soak_lines(runs: List[Dict[str, Any]]) -> List[str]:
+    """The soak's figures at cycle 2 and at the last cycle, per run."""
+    out = []
+    for x in _results(runs, "soak"):
+        for label, f in (("cycle 2", x["at2"]), (f"cycle {x['cycles']}", x["last"])):
+            out.append(f"soak {label:10s}: reserved {f['reserved'] / 2**20:.1f} MiB, pinned {f['pinned'] / 2**20:.1f} MiB, "
+                       f"RSS {f['rss'] / 2**20:.1f} MiB, fds {f['fds']}, threads {f['threads']}, "
+                       f"device free {f['device_free'] / 2**20:.1f} MiB")
+        out.append(f"soak: {x['tensors']} tensors, {x['tag_bytes'] / 2**30:.2f} GiB, {x['seconds_per_cycle'] * 1e3:.1f} ms "
+                   f"per cycle")
+    return out
+
+
+def soak_goals(runs: List[Dict[str, Any]]) -> List[str]:
+    """Bytes identical every cycle; every figure flat after cycle 2."""
+    out: List[str] = []
+    for x in _results(runs, "soak"):
+        out.append(f"{'PASS' if x['n_bad'] == 0 else 'FAIL'}  soak: bytes identical every cycle "
+                   f"({x['n_bad']} of {x['cycles']} cycles differed)")
+        grew = {k: x["max_later"][k] - x["at2"][k] for k in ("reserved", "pinned", "rss", "fds", "threads")}
+        out.append(f"{'PASS' if all(x['flat'].values()) else 'FAIL'}  soak: flat after cycle 2 (reserved, pinned, fds, "
+                   f"threads exactly; RSS within 16 MiB): largest rise " + ", ".join(f"{k} {v:+d}" for k, v in grew.items()))
+    return out
+
+
+def graph_goals(runs: List[Dict[str, Any]]) -> List[str]:
+    out: List[str] = []
+    for x in _results(runs, "graph"):
+        w, r = x["wake_median_s"], x["recapture_median_s"]
+        out.append(f"{'PASS' if x['identical'] else 'FAIL'}  graph: identical output after every wake")
+        out.append(f"{'PASS' if w < r else 'FAIL'}  graph: wake {w * 1e3:.1f} ms faster than re-capture "
+                   f"{r * 1e3:.1f} ms ({r / w:.2f}x)")
+    return out
+
+
 def machine() -> Dict[str, Any]:
     """Where the figures come from: GPU, driver, torch (asked of a throwaway process, so that
     this one never creates a CUDA context)."""
@@ -343,6 +384,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 # Rotate the order each repetition, so that no mode always runs first (warm clocks).
                 k = rep % len(args.modes)
                 for mode in args.modes[k:] + args.modes[:k]:
+                    if w.modes and mode not in w.modes:
+                        continue
                     r = run_worker(w, mode, args.quick, args.timeout, nvml, args.nvml_interval, env, Path(tmp),
                                    zygotes.get(mode))
                     runs.append({"workload": name, "mode": mode, "rep": rep, "result": r})
@@ -366,9 +409,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(table(WORKLOADS[name], summaries[name], args.modes) + "\n")
         if name == "offload":
             print(offload_table(runs, args.modes) + "\n")
+        if name == "soak":
+            print("\n".join(soak_lines(runs)) + "\n")
     for c in cases.values():
         print(c["table"] + "\n")
-    verdicts = goals(summaries) + offload_goals(runs) + [v for c in cases.values() for v in c["goals"]]
+    verdicts = (goals(summaries) + offload_goals(runs) + soak_goals(runs) + graph_goals(runs)
+                + [v for c in cases.values() for v in c["goals"]])
     if verdicts:
         print("Goals:\n" + "\n".join(verdicts))
     failed = [r for r in runs if "error" in r["result"]]

@@ -30,6 +30,10 @@ class Workload:
     quick_argv: Tuple[str, ...]
     mode_flag: str  # the worker's option naming the allocator mode
     preload: Tuple[str, ...]  # modules a zygote imports for it (benchmarks/zygote.py)
+    # The modes it runs in (empty: all).  Offloading a tag, or a graph's
+    # memory, is gpupool's alone: PyTorch's modes have nothing to compare.
+    modes: Tuple[str, ...] = ()
+    in_default: bool = True  # run without --only (the soak takes minutes)
 
     def command(self, mode: str, json_path: Path, quick: bool) -> List[str]:
         """The worker's command line for `mode`, writing its results to `json_path`."""
@@ -74,4 +78,16 @@ WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
              ("-m", "benchmarks.frag", "--iters", "240", "--max-tokens", "32768"),
              ("-m", "benchmarks.frag", "--iters", "30", "--max-tokens", "8192"),
              "--mode", ("torch",)),
+    Workload("soak", "1,000 offload/restore cycles of 1 GiB of bf16 tensors 1 KiB..64 MiB and an offloadable "
+             "module; every bit checked each cycle, figures flat after cycle 2",
+             "seconds_per_cycle", "s/cycle", 1.0, False,
+             ("-m", "benchmarks.soak", "--gib", "1", "--cycles", "1000"),
+             ("-m", "benchmarks.soak", "--gib", "0.25", "--cycles", "50"),
+             "--mode", ("torch",), modes=("gpupool",), in_default=False),
+    Workload("graph", "a decode step's CUDA graph sleeps with its weights and KV cache: wake (restore + first "
+             "replay) against re-capture (examples/graph_sleep.py)",
+             "wake_median_s", "ms wake", 1e-3, False,
+             (str(EXAMPLES / "graph_sleep.py"),),
+             (str(EXAMPLES / "graph_sleep.py"), "--layers", "2", "--cycles", "2"),
+             "--allocator", ("torch",), modes=("gpupool",), in_default=False),
 ]}

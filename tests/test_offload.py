@@ -401,3 +401,62 @@ def test_block_retagged_while_offloaded_comes_back_by_its_new_tag() -> None:
     p.retag([a], "after_t")
     info = gpupool.restore("after_t", pool=p)
     assert info["bytes"] == 6 * MiB and p.lookup(a).state == "used" and same(a, 6 * MiB, 21)
+
+
+def test_graph_pool_memory_goes_with_its_tag() -> None:
+    # A captured graph keeps the addresses of every block its capture
+    # allocated, also of those freed inside the capture (their memory is
+    # the graph's scratch).  Offloading the tag the capture allocated under
+    # must give all of it back and map it again at the same addresses.
+    p = pool()
+    static = p.alloc(2 * MiB, tag="gstatic_t")
+    fill(static, 2 * MiB, 1)
+    p._pool.capture_prepare(1)
+    p._pool.capture_begin(9, 1)
+    out = p.alloc(3 * MiB, stream=1, tag="graph_t")  # an output the caller keeps
+    scratch = p.alloc(4 * MiB, stream=1, tag="graph_t")
+    p.free(scratch)  # freed inside the capture: still the graph's
+    with pytest.raises(ValueError, match="captur"):  # a capture may not synchronise
+        gpupool.offload("graph_t", pool=p)
+    p._pool.capture_end(1)
+    fill(out, 3 * MiB, 2)
+    reserved = p.stats()["reserved"]
+    info = gpupool.offload("graph_t", codec="raw", pool=p)
+    assert p.lookup(out).state == "offloaded" and info["bytes"] >= 3 * MiB and info["kept"] == 0
+    # The scratch's chunks left too (it is free: not copied), and the
+    # output's: at least both blocks' whole inner chunks (1 MiB large chunks).
+    assert info["released"] >= 7 * MiB and info["copied"] < 4 * MiB, info
+    assert p.stats()["reserved"] == reserved - info["released"]
+    assert [b.state for b in p.blocks() if b.addr == scratch] == ["free_offloaded"]
+    p.check()
+    back = gpupool.restore("graph_t", pool=p)
+    assert back["bytes"] == info["bytes"] and p.stats()["reserved"] == reserved
+    assert p.lookup(out).state == "used" and same(out, 3 * MiB, 2) and same(static, 2 * MiB, 1)
+    # The scratch is mapped again and still the graph's: no allocation
+    # outside the graph gets it until the graph is released.
+    assert [b.state for b in p.blocks() if b.addr == scratch] == ["free"]
+    assert all(p.alloc(4 * MiB, stream=s) != scratch for s in (1, 3))
+    p.check()
+    p._pool.capture_release(9)
+    assert p.alloc(4 * MiB, stream=1) == scratch
+
+
+def test_graph_pool_with_only_freed_memory_offloads() -> None:
+    # A capture that freed everything it allocated (outputs copied into
+    # static tensors): the tag has no live block, yet the graph's memory
+    # must go and come back.
+    p = pool()
+    p._pool.capture_prepare(1)
+    p._pool.capture_begin(11, 1)
+    a = p.alloc(6 * MiB, stream=1, tag="graph_free_t")
+    p.free(a)
+    p._pool.capture_end(1)
+    reserved = p.stats()["reserved"]
+    info = gpupool.offload("graph_free_t", pool=p)
+    assert info["bytes"] == 0 and info["released"] >= 6 * MiB and p.stats()["reserved"] == reserved - info["released"]
+    assert p.stats()["tags"]["graph_free_t"]["offloaded"] == 0  # no live bytes away
+    gpupool.restore("graph_free_t", pool=p)
+    assert p.stats()["reserved"] == reserved
+    assert [b.state for b in p.blocks() if b.addr == a] == ["free"]
+    p.check()
+    p._pool.capture_release(11)

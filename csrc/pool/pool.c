@@ -683,7 +683,12 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
     }
     /* Only the block handed out joins the graph pool; the tail stays with
      * the stream. */
-    if (gslot >= 0) b->sidx = (uint8_t)gslot;
+    if (gslot >= 0) {
+        b->sidx = (uint8_t)gslot;
+        for (unsigned i = 0; i < GP_MAX_GPOOLS; i++)
+            if (p->gpools[i].live && p->gpools[i].slot == (unsigned)gslot)
+                p->gpools[i].tags[tag / 64] |= 1ull << (tag % 64);
+    }
     b->requested = size;
     p->st.allocated_total += b->size;
     p->st.requested_total += size;

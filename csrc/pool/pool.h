@@ -64,6 +64,10 @@ typedef struct gp_gpool {
     gp_stream capturing[GP_GPOOL_STREAMS]; /* streams capturing into it now */
     unsigned n_capturing;
     int live;
+    /* The tags its captures allocated under: an offload of any of them
+     * takes the pool's free blocks too (pool_offload.c), since every replay
+     * needs them mapped at their addresses. */
+    uint64_t tags[GP_MAX_TAGS / 64];
 } gp_gpool;
 
 /* Kinds of stream slots. */

@@ -198,21 +198,49 @@ static gp_block *gp_back_to(gp_block *b, uintptr_t x)
 typedef struct gp_want {
     const gp_pool *p;
     uint8_t tag[GP_MAX_TAGS];
+    /* Per slot: a graph pool that one of the tags allocated into.  Its free
+     * blocks go with the tags: a captured graph keeps the addresses of the
+     * blocks freed inside its capture (its scratch), so they may leave the
+     * device only with the rest of the graph's memory, and must be mapped
+     * again at the same addresses before a replay. */
+    uint8_t gpool[GP_MAX_STREAMS];
 } gp_want;
 
+/* A live block of the tags, of a stream or of a graph pool. */
 static int gp_cand(const gp_want *w, const gp_block *b)
 {
-    return b->state == GP_BLOCK_USED && w->tag[b->tag] && w->p->slot_kind[b->sidx] == GP_SLOT_STREAM;
+    return b->state == GP_BLOCK_USED && w->tag[b->tag] && w->p->slot_kind[b->sidx] != GP_SLOT_SPARE;
+}
+
+/* A free block of a graph pool that goes with the tags.  Its bytes are not
+ * copied: a replay writes a scratch block before it reads it, as the
+ * capture did (the block was handed out uninitialised). */
+static int gp_gfree(const gp_want *w, const gp_block *b)
+{
+    return b->state == GP_BLOCK_FREE && w->gpool[b->sidx];
 }
 
 /* Whether chunk [x, x + chunk) can be released: every block in it is a
- * candidate or free cache of a stream.  `near` is a block in or after it. */
+ * candidate, free cache of a stream or a graph pool's free block that goes
+ * with the tags.  `near` is a block in or after it. */
 static int gp_chunk_free_of_others(const gp_want *w, const gp_arena *a, gp_block *near, uintptr_t x)
 {
     for (gp_block *y = gp_back_to(near, x); y && y->addr < x + a->chunk; y = y->next)
-        if (!gp_cand(w, y) && !(y->state == GP_BLOCK_FREE && w->p->slot_kind[y->sidx] == GP_SLOT_STREAM))
+        if (!gp_cand(w, y) && !gp_gfree(w, y) &&
+            !(y->state == GP_BLOCK_FREE && w->p->slot_kind[y->sidx] == GP_SLOT_STREAM))
             return 0;
     return 1;
+}
+
+/* The graph pools the tags allocated into (under the pool's lock). */
+static void gp_want_gpools(gp_want *w, const gp_pool *p)
+{
+    memset(w->gpool, 0, sizeof w->gpool);
+    for (unsigned i = 0; i < GP_MAX_GPOOLS; i++) {
+        const gp_gpool *g = &p->gpools[i];
+        for (unsigned t = 0; g->live && t < GP_MAX_TAGS && !w->gpool[g->slot]; t++)
+            if (w->tag[t] && (g->tags[t / 64] >> (t % 64) & 1)) w->gpool[g->slot] = 1;
+    }
 }
 
 gp_status gp_pool_offload_begin(gp_pool *p, const gp_tag *tags, size_t n_tags, gp_offload_plan **out)
@@ -239,14 +267,16 @@ gp_status gp_pool_offload_begin(gp_pool *p, const gp_tag *tags, size_t n_tags, g
                           "device %d (a capture may not synchronise)", p->be->device);
         goto out;
     }
-    /* Pass 1: the runs.  A candidate's inner chunks are its own; its edge
-     * chunks are released when nothing else lives in them. */
+    gp_want_gpools(&w, p);
+    /* Pass 1: the runs.  A candidate's inner chunks are its own (and a
+     * graph pool's free block's that goes with the tags); its edge chunks
+     * are released when nothing else lives in them. */
     size_t n_arena_runs[GP_ARENA_COUNT] = {0};
     for (unsigned k = 0; k < p->n_arenas; k++) {
         gp_arena *a = &p->arenas[k];
         size_t before = pl->n_runs;
         for (gp_block *b = a->first; b; b = b->next) {
-            if (!gp_cand(&w, b)) continue;
+            if (!gp_cand(&w, b) && !gp_gfree(&w, b)) continue;
             uintptr_t lo = gp_chunk_down(a, b->addr), hi = gp_chunk_up(a, b->addr + b->size);
             if (lo != b->addr && !gp_chunk_free_of_others(&w, a, b, lo)) lo += a->chunk;
             if (hi != b->addr + b->size && hi - a->chunk >= lo &&
