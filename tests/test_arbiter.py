@@ -38,10 +38,12 @@ def asker(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("asker"), "test_arbiter.c", ASAN)
 
 
-def host_tenant(group: str, priority: str, limit: str = "32MiB") -> Any:
-    """A host pool in `group`, with 1 MiB chunks and every cached chunk kept."""
+def host_tenant(group: str, priority: str, limit: str = "32MiB", swap: bool = False) -> Any:
+    """A host pool in `group`, with 1 MiB chunks and every cached chunk kept; not swapped
+    unless `swap` (the protocol below swaps, and exact held bytes: its offloader, made
+    with the tenant when it may be swapped, holds 1 MiB)."""
     return gpupool.HostPool(256 * MiB, tenant=group, priority=priority, device_limit=limit, chunk="1MiB",
-                            large_chunk="1MiB", small_size="64KiB", cache_slack="none")
+                            large_chunk="1MiB", small_size="64KiB", cache_slack="none", tenant_swap=swap)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -105,7 +107,8 @@ def test_equal_priority_waits_for_the_end_of_a_turn(group: str, asker: Path) -> 
     priority waits, until its turn (GPUPOOL_TENANT_TURN) is over: each handover
     unmaps and maps a step's memory.  Before, it gave it at the next allocator call."""
     pool = gpupool.HostPool(256 * MiB, tenant=group, priority="normal", device_limit="32MiB", chunk="1MiB",
-                            large_chunk="1MiB", small_size="64KiB", cache_slack="none", tenant_turn="1500ms")
+                            large_chunk="1MiB", small_size="64KiB", cache_slack="none", tenant_turn="1500ms",
+                            tenant_swap=False)
     pool.free(pool.alloc(16 * MiB))
     assert _arbiter.yield_point() == 0  # its turn begins
     turn = time.monotonic()
@@ -203,7 +206,7 @@ def test_report_and_top_show_tenants(group: str) -> None:
     block = pool.alloc(8 * MiB)
     child = subprocess.Popen([sys.executable, "-c", f"""
 import sys, gpupool
-p = gpupool.HostPool(64 << 20, tenant={group!r}, priority="high", limit="16MiB")
+p = gpupool.HostPool(64 << 20, tenant={group!r}, priority="high", limit="16MiB", tenant_swap=False)
 x = p.alloc(4 << 20)
 print("ready", flush=True)
 sys.stdin.read()

@@ -489,6 +489,7 @@ OPTION_SAMPLES = {
     "reclaim_timeout": ["0", "30s", "500ms", "2min"],
     "tenant_turn": ["0", "1s", "250ms"],
     "tenant_share": ["1", "100%", "0.25", "33.3333333%"],
+    "tenant_swap": ["0", "on"],
 }
 
 
