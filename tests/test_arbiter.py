@@ -252,6 +252,35 @@ os.kill(os.getpid(), 9)
     assert (group, "host") not in _arbiter.registries()
 
 
+def registry_path(group: str) -> Path:
+    return Path(f"/dev/shm/gpupool.host.{group}")
+
+
+def test_arguments_are_not_shown(group: str, tmp_path: Path) -> None:
+    """A tenant is named by its program, never its arguments: anyone who may read the
+    registry (top, gpupool.tenants()) would see a --token=... among them."""
+    (tmp_path / "t.py").write_text(f"""
+import sys, gpupool
+p = gpupool.HostPool(64 << 20, tenant={group!r})
+x = p.alloc(4 << 20)
+print("ready", flush=True)
+sys.stdin.read()
+""")
+    child = subprocess.Popen([sys.executable, "t.py", "--token=s3cr3t"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        theirs = only(_arbiter.tenants(group, "host"), child.pid)
+        assert theirs["name"] == Path(sys.executable).name
+        r = cli("top", "--group", group, "--interval", "0.01", "--count", "1")
+        assert f"tenant group '{group}'" in r.stdout and str(child.pid) in r.stdout
+        assert "s3cr3t" not in r.stdout + r.stderr
+        assert b"s3cr3t" not in registry_path(group).read_bytes()
+    finally:
+        child.kill()
+        child.wait(10)
+
+
 def test_bad_options() -> None:
     with pytest.raises(ValueError, match="GPUPOOL_RECLAIM_TIMEOUT='5h'.*ms, s or min"):
         gpupool.HostPool(64 * MiB, tenant="g", reclaim_timeout="5h")

@@ -274,7 +274,18 @@ gp_status gp_arb_attach(const char *name, int create, int lock_s, gp_arb_shm **o
     return gp_error_set(GP_ERR_BACKEND, "gpupool: the tenant registry %s kept being removed", name);
 }
 
-/* The program's command line, as `top` names a tenant by default. */
+/* A name as `top` shows it: one line of a table, without control
+ * characters (a terminal would act on them). */
+static void gp_name_set(char *dst, size_t n, const char *src)
+{
+    snprintf(dst, n, "%s", src);
+    for (char *c = dst; *c; c++)
+        if ((unsigned char)*c < ' ' || *c == 0x7f) *c = ' ';
+}
+
+/* The program's name (the base of argv[0]), as `top` names a tenant by
+ * default: never its arguments, which anyone who may read the registry
+ * would see (a --token=... among them). */
 static void gp_default_name(char *buf, size_t n)
 {
     char cmd[256];
@@ -283,13 +294,8 @@ static void gp_default_name(char *buf, size_t n)
     ssize_t k = fd >= 0 ? read(fd, cmd, sizeof cmd - 1) : -1;
     if (fd >= 0) close(fd);
     if (k <= 0) return;
-    cmd[k] = '\0';
-    const char *base = strrchr(cmd, '/') ? strrchr(cmd, '/') + 1 : cmd;
-    size_t at = (size_t)snprintf(buf, n, "%s", base);
-    for (ssize_t i = (ssize_t)strlen(cmd) + 1; i < k && at + 1 < n; i += (ssize_t)strlen(cmd + i) + 1)
-        at += (size_t)snprintf(buf + at, n - at, " %s", cmd + i);
-    for (char *c = buf; *c; c++)
-        if ((unsigned char)*c < ' ') *c = ' '; /* one line in a table */
+    cmd[k] = '\0'; /* argv[0] ends at its NUL, or here when longer than cmd */
+    gp_name_set(buf, n, strrchr(cmd, '/') ? strrchr(cmd, '/') + 1 : cmd);
 }
 
 gp_status gp_arbiter_open(const gp_arbiter_params *pr, gp_arbiter **out)
@@ -352,7 +358,7 @@ gp_status gp_arbiter_open(const gp_arbiter_params *pr, gp_arbiter **out)
     s->priority = pr->priority;
     s->quota = pr->quota;
     s->heartbeat = gp_now_ns();
-    if (pr->name) snprintf(s->name, sizeof s->name, "%s", pr->name);
+    if (pr->name) gp_name_set(s->name, sizeof s->name, pr->name);
     else gp_default_name(s->name, sizeof s->name);
     r->n_registered++;
     a->r = r;

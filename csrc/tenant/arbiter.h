@@ -57,7 +57,8 @@ typedef struct gp_arbiter_params {
     const char *group;    /* GPUPOOL_TENANT: 1..63 of [A-Za-z0-9_.-]           */
     const char *device;   /* the device's identity, the same in every process:
                              a CUDA device UUID, "host": 1..63 of [A-Za-z0-9_-] */
-    const char *name;     /* shown by `top`; NULL: the program's name          */
+    const char *name;     /* shown by `top`; NULL: the program's name (the base
+                             of argv[0], never its arguments)                  */
     int priority;         /* 0..GP_PRIO_MAX, higher wins                       */
     uint64_t quota;       /* this tenant's own cap (its pool limit), 0: none;
                              shown, the pool enforces it                       */
