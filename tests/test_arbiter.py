@@ -281,6 +281,30 @@ sys.stdin.read()
         child.wait(10)
 
 
+def test_registry_open_to_others_is_refused(group: str) -> None:
+    """A registry another user could open (here: made 0666 after its creation) is
+    neither joined nor read, and the error says what is wrong and the way out."""
+    pool = host_tenant(group, "low")
+    assert registry_path(group).stat().st_mode & 0o7777 == 0o600
+    os.chmod(registry_path(group), 0o666)
+    try:
+        r = subprocess.run([sys.executable, "-c", f"""
+import gpupool
+gpupool.HostPool(64 << 20, tenant={group!r})
+"""], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert r.returncode == 1
+        assert f"/gpupool.host.{group} is owned by uid {os.geteuid()} with mode 0666" in r.stderr
+        assert "mode 0600 is accepted" in r.stderr and f"rm /dev/shm/gpupool.host.{group}" in r.stderr
+        with pytest.raises(ValueError, match="with mode 0666"):
+            _arbiter.tenants(group, "host")
+        out = cli("top", "--group", group, "--interval", "0.01", "--count", "1").stdout
+        assert "with mode 0666" in out and "limit 32.00 MiB" not in out  # no table of it
+    finally:
+        os.chmod(registry_path(group), 0o600)
+    assert len(_arbiter.tenants(group, "host")["tenants"]) == 1
+    del pool
+
+
 def test_bad_options() -> None:
     with pytest.raises(ValueError, match="GPUPOOL_RECLAIM_TIMEOUT='5h'.*ms, s or min"):
         gpupool.HostPool(64 * MiB, tenant="g", reclaim_timeout="5h")

@@ -148,6 +148,39 @@ int gp_arb_reap(gp_arb_shm *r)
     return n;
 }
 
+/* ------------------------------------------------------- trusting it */
+
+/* The user a registry must belong to: this process's effective uid, or
+ * the one a test set (gp_arbiter_debug_owner). */
+static long gp_arb_uid_override = -1;
+
+static unsigned long gp_arb_uid(void)
+{
+    return gp_arb_uid_override >= 0 ? (unsigned long)gp_arb_uid_override : (unsigned long)geteuid();
+}
+
+/* Whether the object open on `fd` is this user's alone: owned by our
+ * effective uid, mode exactly 0600.  Checked on the open descriptor, after
+ * opening (a check of the name before opening could be of another object
+ * than the one opened).  Anyone else who can open it can read every
+ * tenant's slot, hold its lock (every join waits, then fails) or write
+ * figures that refuse every ask; and once ours and 0600, nobody but this
+ * user (and root) can do any of that. */
+static gp_status gp_owner_check(int fd, const char *name)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return gp_error_set(GP_ERR_BACKEND, "gpupool: cannot look at the tenant registry %s: %s", name,
+                            strerror(errno));
+    if ((unsigned long)st.st_uid == gp_arb_uid() && (st.st_mode & 07777) == 0600) return GP_OK;
+    return gp_error_set(GP_ERR_INVALID,
+                        "gpupool: the tenant registry %s is owned by uid %lu with mode %04o; only one owned "
+                        "by this user (uid %lu) with mode 0600 is accepted, since anyone else who can open "
+                        "it could read its tenants or stall and starve them: remove it (rm /dev/shm%s, as "
+                        "its owner or root) once no tenant of it runs, or use another GPUPOOL_TENANT group",
+                        name, (unsigned long)st.st_uid, (unsigned)(st.st_mode & 07777), gp_arb_uid(), name);
+}
+
 static gp_status gp_lock_within(gp_arb_shm *r, int seconds)
 {
     struct timespec ts;
@@ -244,19 +277,34 @@ gp_status gp_arb_attach(const char *name, int create, int lock_s, gp_arb_shm **o
     for (int attempt = 0; attempt < 100; attempt++) {
         int created = 0;
         int fd = create ? shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600) : -1;
-        if (fd >= 0) created = 1;
-        else if (create && errno != EEXIST)
+        if (fd >= 0) {
+            created = 1;
+            /* 0600 whatever the umask: a joiner accepts nothing else. */
+            if (fchmod(fd, 0600) != 0) {
+                gp_status st = gp_error_set(GP_ERR_BACKEND, "gpupool: cannot set the mode of the tenant "
+                                            "registry %s to 0600: %s", name, strerror(errno));
+                close(fd);
+                shm_unlink(name);
+                return st;
+            }
+        } else if (create && errno != EEXIST)
             return gp_error_set(GP_ERR_BACKEND, "gpupool: cannot create the tenant registry %s: %s", name,
                                 strerror(errno));
         else if ((fd = shm_open(name, O_RDWR | O_CLOEXEC, 0)) < 0) {
             if (errno == ENOENT && create) continue; /* removed between the two opens */
             if (errno == ENOENT)
                 return gp_error_set(GP_ERR_FOREIGN, "gpupool: no tenant registry %s", name);
+            if (errno == EACCES)
+                return gp_error_set(GP_ERR_INVALID, "gpupool: the tenant registry %s is not this user's "
+                                    "(uid %lu): only one owned by this user with mode 0600 is accepted; "
+                                    "use another GPUPOOL_TENANT group, or have its owner remove it "
+                                    "(rm /dev/shm%s) once no tenant of it runs", name, gp_arb_uid(), name);
             return gp_error_set(GP_ERR_BACKEND, "gpupool: cannot open the tenant registry %s: %s", name,
                                 strerror(errno));
         }
         gp_arb_shm *r = NULL;
-        gp_status st = gp_map_shm(fd, name, created, &r);
+        gp_status st = gp_owner_check(fd, name);
+        if (st == GP_OK) st = gp_map_shm(fd, name, created, &r);
         close(fd);
         if (st != GP_OK) return st;
         if ((st = gp_lock_within(r, lock_s)) != GP_OK) {
@@ -429,5 +477,7 @@ gp_status gp_arbiter_unlink(const char *group, const char *device)
 /* ------------------------------------------------------------ test hooks */
 
 gp_status gp_arbiter_debug_lock(gp_arbiter *a) { return gp_arb_lock(a->r); }
+
+void gp_arbiter_debug_owner(long uid) { gp_arb_uid_override = uid; }
 
 void gp_arbiter_debug_unlock(gp_arbiter *a) { gp_arb_unlock(a->r); }

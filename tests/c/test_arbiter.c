@@ -15,6 +15,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1038,6 +1039,82 @@ static void test_pressure_publishes(void)
     done(p);
 }
 
+/* ----------------------------------------------- a registry nobody else uses */
+
+static mode_t registry_mode(uid_t *uid)
+{
+    char path[200], name[160];
+    gp_arbiter_shm_name(g_group, "host", name, sizeof name);
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    struct stat st;
+    if (stat(path, &st) != 0) return 0;
+    if (uid) *uid = st.st_uid;
+    return st.st_mode & 07777;
+}
+
+static int registry_fchmod(mode_t mode)
+{
+    char name[160];
+    gp_arbiter_shm_name(g_group, "host", name, sizeof name);
+    int fd = shm_open(name, O_RDONLY, 0);
+    int ok = fd >= 0 && fchmod(fd, mode) == 0;
+    if (fd >= 0) close(fd);
+    return ok;
+}
+
+/* Only a registry of this user with mode 0600 is joined or read: anyone
+ * else who could open it could read its tenants, hold its lock or write
+ * figures that refuse every ask.  (Before: one made 0666 by another user
+ * was joined without a word.) */
+static void test_registry_is_ours(void)
+{
+    gp_arbiter_params pr = {.group = new_group(), .device = "host", .priority = 1, .total = 64 * MiB};
+    char name[160], msg[1024];
+    gp_arbiter_shm_name(g_group, "host", name, sizeof name);
+    /* Made 0600 whatever the umask (0277 would leave 0400). */
+    mode_t old = umask(0277);
+    gp_arbiter *first, *a;
+    CHECK(gp_arbiter_open(&pr, &first) == GP_OK);
+    umask(old);
+    uid_t uid = (uid_t)-1;
+    CHECK(registry_mode(&uid) == 0600 && uid == geteuid());
+    /* Opened up to everyone: refused to a joiner and to a reader, naming
+     * the object, its owner and mode, what is accepted and the way out. */
+    CHECK(registry_fchmod(0666));
+    CHECK(gp_arbiter_open(&pr, &a) == GP_ERR_INVALID);
+    snprintf(msg, sizeof msg, "%s", gp_last_error());
+    CHECK(strstr(msg, name) && strstr(msg, "mode 0666") && strstr(msg, "mode 0600 is accepted") &&
+          strstr(msg, "rm /dev/shm"));
+    gp_group_info g;
+    gp_tenant_info t[4];
+    CHECK(gp_arbiter_read(g_group, "host", &g, t, 4) == GP_ERR_INVALID && strstr(gp_last_error(), "mode 0666"));
+    CHECK(registry_fchmod(0640));
+    CHECK(gp_arbiter_open(&pr, &a) == GP_ERR_INVALID && strstr(gp_last_error(), "mode 0640"));
+    CHECK(registry_fchmod(0600));
+    CHECK(gp_arbiter_open(&pr, &a) == GP_OK);
+    gp_arbiter_close(a);
+    /* Another user's: as if this process were another uid... */
+    char theirs[64];
+    snprintf(theirs, sizeof theirs, "owned by uid %lu", (unsigned long)geteuid());
+    gp_arbiter_debug_owner((long)geteuid() + 1000);
+    CHECK(gp_arbiter_open(&pr, &a) == GP_ERR_INVALID && strstr(gp_last_error(), theirs) &&
+          strstr(gp_last_error(), name));
+    CHECK(gp_arbiter_read(g_group, "host", &g, t, 4) == GP_ERR_INVALID && strstr(gp_last_error(), theirs));
+    gp_arbiter_debug_owner(-1);
+    /* ... and, as root, really another uid's. */
+    if (geteuid() == 0) {
+        int fd = shm_open(name, O_RDWR, 0);
+        CHECK(fd >= 0 && fchown(fd, 4242, (gid_t)-1) == 0);
+        CHECK(gp_arbiter_open(&pr, &a) == GP_ERR_INVALID && strstr(gp_last_error(), "owned by uid 4242"));
+        CHECK(gp_arbiter_read(g_group, "host", &g, t, 4) == GP_ERR_INVALID);
+        CHECK(fchown(fd, 0, (gid_t)-1) == 0);
+        close(fd);
+    }
+    CHECK(read_group(&g, t, 4) && g.n_tenants == 1);
+    gp_arbiter_close(first);
+    CHECK(!registry_exists());
+}
+
 int main(int argc, char **argv)
 {
     alarm(300); /* a stuck protocol fails the run rather than hanging it */
@@ -1060,5 +1137,6 @@ int main(int argc, char **argv)
     test_fork();
     test_offload_in_a_group();
     test_pressure_publishes();
+    test_registry_is_ours();
     return check_done();
 }
