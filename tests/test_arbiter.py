@@ -305,6 +305,34 @@ gpupool.HostPool(64 << 20, tenant={group!r})
     del pool
 
 
+def test_corrupt_registry_is_an_error(group: str, asker: Path) -> None:
+    """A slot holding 1 TiB in a 32 MiB group (written straight into the shared memory) is
+    a corrupt registry: the reader, top and a running tenant's next map say so, naming the
+    slot and the field -- no sum of it, no wait."""
+    pool = host_tenant(group, "low")
+    block = pool.alloc(4 * MiB)
+    poke = subprocess.run([str(asker), "poke", group, str(os.getpid()), str(1 << 40)],
+                          env=dict(os.environ, **ASAN_ENV), capture_output=True, text=True, timeout=60)
+    assert poke.returncode == 0, poke.stderr
+    what = f"pid {os.getpid()}): held = 1099511627776 bytes (1.00 TiB), above the group's limit of 32.00 MiB"
+    try:
+        with pytest.raises(RuntimeError, match="is corrupt") as e:
+            _arbiter.tenants(group, "host")
+        assert what in str(e.value) and f"rm /dev/shm/gpupool.host.{group}" in str(e.value)
+        out = cli("top", "--group", group, "--interval", "0.01", "--count", "1").stdout
+        assert what in out and "TiB held" not in out and "limit 32.00 MiB, held" not in out
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="is corrupt") as e:
+            pool.alloc(8 * MiB)  # a map: the registry's figures
+        assert what in str(e.value) and time.monotonic() - t0 < 1
+    finally:
+        subprocess.run([str(asker), "poke", group, str(os.getpid()), poke.stdout.strip()],
+                       env=dict(os.environ, **ASAN_ENV), timeout=60, check=True)
+    pool.free(pool.alloc(8 * MiB))
+    pool.free(block)
+    assert only(_arbiter.tenants(group, "host"), os.getpid())["held"] == 12 * MiB
+
+
 def test_bad_options() -> None:
     with pytest.raises(ValueError, match="GPUPOOL_RECLAIM_TIMEOUT='5h'.*ms, s or min"):
         gpupool.HostPool(64 * MiB, tenant="g", reclaim_timeout="5h")

@@ -7,7 +7,7 @@
  * /gpupool.<device>.<group>, this user's alone (mode 0600; any other is
  * refused): pid, program name (never its arguments), priority, quota, bytes
  * held (mapped), cached, offloadable and offloaded, bytes wanted, heartbeat,
- * counters.  A
+ * counters, each checked before anything sums them.  A
  * robust process-shared mutex guards it: a tenant killed while holding it
  * wedges nobody (the next locker repairs), and entries of dead processes
  * are reclaimed.  No group, no registry, no cost.
@@ -78,8 +78,14 @@ typedef struct gp_arbiter_params {
  * not this user's alone -- owned by another uid, or of a mode other than
  * 0600 (the message names the object, its owner and mode, what is accepted
  * and how to remove it); GP_ERR_TOO_MANY when GP_ARB_SLOTS tenants are
- * registered; GP_ERR_BACKEND when shared memory fails (the message names
- * the object). */
+ * registered; GP_ERR_BACKEND when shared memory fails, or for a corrupt
+ * registry: a figure that cannot be (a slot's held, cached, offloadable,
+ * lease or wanted above the group's memory, a used slot's pid below 1, a
+ * priority out of range, counts that contradict each other).  The message
+ * names the object and the slot and field.  A registry found corrupt later
+ * fails every call of its tenants that takes its lock in the same way: an
+ * allocation that needs a map (gp_arbiter_take) fails with that error at
+ * once, never waits; gp_arbiter_close still leaves it. */
 gp_status gp_arbiter_open(const gp_arbiter_params *params, gp_arbiter **out);
 /* Unregister; the last tenant out removes the registry.  NULL is fine. */
 void gp_arbiter_close(gp_arbiter *a);
@@ -225,7 +231,8 @@ typedef struct gp_group_info {
 /* A consistent copy of a registry without joining it (dead tenants are
  * reclaimed first): the group, and up to `max` tenants by slot.
  * GP_ERR_INVALID for bad ids, and for a registry not this user's alone;
- * GP_ERR_FOREIGN when no such registry exists. */
+ * GP_ERR_FOREIGN when no such registry exists; GP_ERR_BACKEND for a corrupt
+ * one (as gp_arbiter_open: nothing of it is copied). */
 gp_status gp_arbiter_read(const char *group, const char *device, gp_group_info *g,
                           gp_tenant_info *t, size_t max);
 /* Remove a registry whatever its tenants (tests, a stale object). */

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "arbiter.h"
+#include "arbiter_impl.h" /* the registry's layout: tests write into it */
 #include "codec.h"
 #include "offload.h"
 #include "pool_check.h"
@@ -1041,6 +1042,18 @@ static void test_pressure_publishes(void)
 
 /* ----------------------------------------------- a registry nobody else uses */
 
+/* The registry of g_group, mapped as any process of this user could. */
+static gp_arb_shm *map_registry(void)
+{
+    char name[160];
+    gp_arbiter_shm_name(g_group, "host", name, sizeof name);
+    int fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0) return NULL;
+    void *m = mmap(NULL, sizeof(gp_arb_shm), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    return m == MAP_FAILED ? NULL : m;
+}
+
 static mode_t registry_mode(uid_t *uid)
 {
     char path[200], name[160];
@@ -1115,10 +1128,122 @@ static void test_registry_is_ours(void)
     CHECK(!registry_exists());
 }
 
+/* Hold 4 MiB until told to stop. */
+static int hold4(int ctl, int out, void *arg)
+{
+    (void)arg;
+    gp_stack *p = tenant(g_group, LOW, "32MiB", 0);
+    void *x = A(p, 4 * MiB, NULL);
+    say(out, x != NULL);
+    stopped(ctl, 30000);
+    F(p, x);
+    gp_stack_destroy(p);
+    return 0;
+}
+
+/* A figure that cannot be is a corrupt registry: a joiner, a reader and a
+ * running tenant's next map get an error naming the object, the slot and
+ * the field, at once -- never a sum of it, never a wait.  (Before: a slot
+ * holding 1 TiB in a 32 MiB group was summed: every ask waited out its
+ * timeout and failed, `top` showed the sum.) */
+static void test_corrupt_registry(void)
+{
+    new_group();
+    gp_stack *p = tenant(g_group, NORMAL, "32MiB", 2000);
+    child c = spawn(hold4, NULL);
+    CHECK(hear(&c, 10000) == 1);
+    gp_arb_shm *r = map_registry();
+    CHECK(r != NULL);
+    if (!r) return;
+    int k = -1;
+    for (int i = 0; i < GP_ARB_SLOTS; i++)
+        if (r->slots[i].pid == c.pid) k = i;
+    CHECK(k >= 0);
+    if (k < 0) return;
+    gp_arb_slot *s = &r->slots[k];
+    char name[160], where[64];
+    gp_arbiter_shm_name(g_group, "host", name, sizeof name);
+    snprintf(where, sizeof where, "slot %d (pid %d)", k, (int)c.pid);
+    gp_arbiter_params pr = {.group = g_group, .device = "host", .priority = 1, .total = 1024 * MiB};
+    gp_group_info g;
+    gp_tenant_info t[4];
+    gp_arbiter *a;
+    gp_status st;
+    /* What each spoiling of the slot below puts in the message. */
+    const char *cases[] = {"held = 1099511627776 bytes (1.00 TiB), above the group's limit of 32.00 MiB",
+                           "pid = -5", "priority = 999", "wanted = 18446744073709551615 bytes"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gp_arb_slot keep = *s; /* (its lock-free words stay as they are) */
+        if (i == 0) s->held = 1ull << 40;
+        if (i == 1) s->pid = -5;
+        if (i == 2) s->priority = 999;
+        if (i == 3) s->wanted = UINT64_MAX;
+        if (i == 1) snprintf(where, sizeof where, "slot %d (pid -5)", k);
+        else snprintf(where, sizeof where, "slot %d (pid %d)", k, (int)c.pid);
+        uint64_t t0 = now_ms();
+        CHECK(gp_arbiter_open(&pr, &a) == GP_ERR_BACKEND);
+        CHECK(strstr(gp_last_error(), name) && strstr(gp_last_error(), "is corrupt") &&
+              strstr(gp_last_error(), where) && strstr(gp_last_error(), cases[i]) &&
+              strstr(gp_last_error(), "rm /dev/shm"));
+        CHECK(gp_arbiter_read(g_group, "host", &g, t, 4) == GP_ERR_BACKEND && strstr(gp_last_error(), where) &&
+              strstr(gp_last_error(), cases[i]));
+        /* A running tenant: a map fails with it, not after the timeout. */
+        void *x = A(p, 8 * MiB, &st);
+        CHECK(x == NULL && st == GP_ERR_BACKEND && strstr(gp_last_error(), "is corrupt") &&
+              strstr(gp_last_error(), cases[i]));
+        CHECK(now_ms() - t0 < 1000);
+        s->pid = keep.pid, s->held = keep.held, s->priority = keep.priority, s->wanted = keep.wanted;
+        /* Repaired: all is as before. */
+        CHECK((x = A(p, 8 * MiB, &st)) != NULL);
+        const gp_tenant_info *theirs = read_group(&g, t, 4) ? find_pid(t, g.n_tenants, c.pid) : NULL;
+        CHECK(g.n_tenants == 2 && theirs && theirs->held == 4 * MiB);
+        CHECK(F(p, x) == GP_OK);
+        gp_pool_trim(gp_stack_pool(p), UINT64_MAX); /* the next round's map is a map */
+    }
+    munmap(r, sizeof *r);
+    CHECK(finish(&c, 10000) == 0);
+    done(p);
+    CHECK(!registry_exists());
+}
+
+/* A want beyond the group's memory is published as the group's memory: a
+ * figure the check accepts (a hopeless request is no corrupt registry). */
+static void test_huge_want(void)
+{
+    new_group();
+    gp_stack *p = tenant(g_group, NORMAL, "32MiB", 300);
+    gp_status st;
+    CHECK(A(p, 64 * MiB, &st) == NULL && st == GP_ERR_OOM);
+    gp_group_info g;
+    gp_tenant_info t[4];
+    CHECK(read_group(&g, t, 4) && t[0].n_wait_fail == 1);
+    CHECK(gp_arbiter_yield(gp_stack_arbiter(p), 1ull << 62) == 0);
+    CHECK(read_group(&g, t, 4) && t[0].lease == 0);
+    done(p);
+}
+
+/* test_arbiter poke GROUP PID HELD: write HELD into the held figure of
+ * PID's slot of the host registry of GROUP, as a stray write would
+ * (tests/test_arbiter.py); prints what was there. */
+static int poke_main(char **argv)
+{
+    snprintf(g_group, sizeof g_group, "%s", argv[2]);
+    gp_arb_shm *r = map_registry();
+    if (!r) return 2;
+    for (int i = 0; i < GP_ARB_SLOTS; i++)
+        if (r->slots[i].pid == atoi(argv[3])) {
+            printf("%llu\n", (unsigned long long)r->slots[i].held);
+            r->slots[i].held = strtoull(argv[4], NULL, 10);
+            return 0;
+        }
+    return 3;
+}
+
 int main(int argc, char **argv)
 {
     alarm(300); /* a stuck protocol fails the run rather than hanging it */
     if (argc == 7 && strcmp(argv[1], "ask") == 0) return ask_main(argv);
+    if (argc == 5 && strcmp(argv[1], "poke") == 0) return poke_main(argv);
     test_one_tenant();
     test_bad_input();
     test_churn();
@@ -1138,5 +1263,7 @@ int main(int argc, char **argv)
     test_offload_in_a_group();
     test_pressure_publishes();
     test_registry_is_ours();
+    test_corrupt_registry();
+    test_huge_want();
     return check_done();
 }
