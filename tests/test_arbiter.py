@@ -255,6 +255,87 @@ os.kill(os.getpid(), 9)
     assert (group, "host") not in _arbiter.registries()
 
 
+def registry_path(group: str) -> Path:
+    return Path(f"/dev/shm/gpupool.host.{group}")
+
+
+def test_arguments_are_not_shown(group: str, tmp_path: Path) -> None:
+    """A tenant is named by its program, never its arguments: anyone who may read the
+    registry (top, gpupool.tenants()) would see a --token=... among them."""
+    (tmp_path / "t.py").write_text(f"""
+import sys, gpupool
+p = gpupool.HostPool(64 << 20, tenant={group!r})
+x = p.alloc(4 << 20)
+print("ready", flush=True)
+sys.stdin.read()
+""")
+    child = subprocess.Popen([sys.executable, "t.py", "--token=s3cr3t"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        theirs = only(_arbiter.tenants(group, "host"), child.pid)
+        assert theirs["name"] == Path(sys.executable).name
+        r = cli("top", "--group", group, "--interval", "0.01", "--count", "1")
+        assert f"tenant group '{group}'" in r.stdout and str(child.pid) in r.stdout
+        assert "s3cr3t" not in r.stdout + r.stderr
+        assert b"s3cr3t" not in registry_path(group).read_bytes()
+    finally:
+        child.kill()
+        child.wait(10)
+
+
+def test_registry_open_to_others_is_refused(group: str) -> None:
+    """A registry another user could open (here: made 0666 after its creation) is
+    neither joined nor read, and the error says what is wrong and the way out."""
+    pool = host_tenant(group, "low")
+    assert registry_path(group).stat().st_mode & 0o7777 == 0o600
+    os.chmod(registry_path(group), 0o666)
+    try:
+        r = subprocess.run([sys.executable, "-c", f"""
+import gpupool
+gpupool.HostPool(64 << 20, tenant={group!r})
+"""], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert r.returncode == 1
+        assert f"/gpupool.host.{group} is owned by uid {os.geteuid()} with mode 0666" in r.stderr
+        assert "mode 0600 is accepted" in r.stderr and f"rm /dev/shm/gpupool.host.{group}" in r.stderr
+        with pytest.raises(ValueError, match="with mode 0666"):
+            _arbiter.tenants(group, "host")
+        out = cli("top", "--group", group, "--interval", "0.01", "--count", "1").stdout
+        assert "with mode 0666" in out and "limit 32.00 MiB" not in out  # no table of it
+    finally:
+        os.chmod(registry_path(group), 0o600)
+    assert len(_arbiter.tenants(group, "host")["tenants"]) == 1
+    del pool
+
+
+def test_corrupt_registry_is_an_error(group: str, asker: Path) -> None:
+    """A slot holding 1 TiB in a 32 MiB group (written straight into the shared memory) is
+    a corrupt registry: the reader, top and a running tenant's next map say so, naming the
+    slot and the field -- no sum of it, no wait."""
+    pool = host_tenant(group, "low")
+    block = pool.alloc(4 * MiB)
+    poke = subprocess.run([str(asker), "poke", group, str(os.getpid()), str(1 << 40)],
+                          env=dict(os.environ, **ASAN_ENV), capture_output=True, text=True, timeout=60)
+    assert poke.returncode == 0, poke.stderr
+    what = f"pid {os.getpid()}): held = 1099511627776 bytes (1.00 TiB), above the group's limit of 32.00 MiB"
+    try:
+        with pytest.raises(RuntimeError, match="is corrupt") as e:
+            _arbiter.tenants(group, "host")
+        assert what in str(e.value) and f"rm /dev/shm/gpupool.host.{group}" in str(e.value)
+        out = cli("top", "--group", group, "--interval", "0.01", "--count", "1").stdout
+        assert what in out and "TiB held" not in out and "limit 32.00 MiB, held" not in out
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="is corrupt") as e:
+            pool.alloc(8 * MiB)  # a map: the registry's figures
+        assert what in str(e.value) and time.monotonic() - t0 < 1
+    finally:
+        subprocess.run([str(asker), "poke", group, str(os.getpid()), poke.stdout.strip()],
+                       env=dict(os.environ, **ASAN_ENV), timeout=60, check=True)
+    pool.free(pool.alloc(8 * MiB))
+    pool.free(block)
+    assert only(_arbiter.tenants(group, "host"), os.getpid())["held"] == 12 * MiB
+
+
 def test_bad_options() -> None:
     with pytest.raises(ValueError, match="GPUPOOL_RECLAIM_TIMEOUT='5h'.*ms, s or min"):
         gpupool.HostPool(64 * MiB, tenant="g", reclaim_timeout="5h")

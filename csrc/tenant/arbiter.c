@@ -93,6 +93,10 @@ static uint64_t gp_start_time(int pid, char *state)
 static int gp_alive(const gp_arb_slot *s)
 {
     char state = 0;
+    /* Not a process: kill(-n, 0) would ask about a process group, and a
+     * slot that says so is corrupt, which gp_arb_check names (a reap that
+     * cleared it would hide it). */
+    if (s->pid < 0) return 1;
     uint64_t t = gp_start_time(s->pid, &state);
     if (t) return state != 'Z' && state != 'X' && (!s->start_time || s->start_time == t);
     return kill(s->pid, 0) == 0 || errno == EPERM;
@@ -148,6 +152,128 @@ int gp_arb_reap(gp_arb_shm *r)
     return n;
 }
 
+/* ------------------------------------------------------- trusting it */
+
+/* The user a registry must belong to: this process's effective uid, or
+ * the one a test set (gp_arbiter_debug_owner). */
+static long gp_arb_uid_override = -1;
+
+static unsigned long gp_arb_uid(void)
+{
+    return gp_arb_uid_override >= 0 ? (unsigned long)gp_arb_uid_override : (unsigned long)geteuid();
+}
+
+/* Whether the object open on `fd` is this user's alone: owned by our
+ * effective uid, mode exactly 0600.  Checked on the open descriptor, after
+ * opening (a check of the name before opening could be of another object
+ * than the one opened).  Anyone else who can open it can read every
+ * tenant's slot, hold its lock (every join waits, then fails) or write
+ * figures that refuse every ask; and once ours and 0600, nobody but this
+ * user (and root) can do any of that. */
+static gp_status gp_owner_check(int fd, const char *name)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return gp_error_set(GP_ERR_BACKEND, "gpupool: cannot look at the tenant registry %s: %s", name,
+                            strerror(errno));
+    if ((unsigned long)st.st_uid == gp_arb_uid() && (st.st_mode & 07777) == 0600) return GP_OK;
+    return gp_error_set(GP_ERR_INVALID,
+                        "gpupool: the tenant registry %s is owned by uid %lu with mode %04o; only one owned "
+                        "by this user (uid %lu) with mode 0600 is accepted, since anyone else who can open "
+                        "it could read its tenants or stall and starve them: remove it (rm /dev/shm%s, as "
+                        "its owner or root) once no tenant of it runs, or use another GPUPOOL_TENANT group",
+                        name, (unsigned long)st.st_uid, (unsigned)(st.st_mode & 07777), gp_arb_uid(), name);
+}
+
+/* The bytes a slot's figure may hold: the group's memory (its limit, else
+ * the device), and never above GP_DEVICE_MAX, so that a sum over every
+ * slot stays far below 2^64. */
+uint64_t gp_arb_bound(const gp_arb_shm *r)
+{
+    uint64_t cap = gp_arb_cap(r);
+    return cap && cap < GP_DEVICE_MAX ? cap : GP_DEVICE_MAX;
+}
+
+static int gp_has_nul(const char *s, size_t n) { return memchr(s, '\0', n) != NULL; }
+
+/* Whether every figure of the registry can be: under its lock, before
+ * anything sums or shows the slots.  Every locker goes through here
+ * (gp_arb_lock, and joining and reading in gp_arb_attach), so a slot that
+ * a bug or a stray write filled with nonsense (held = 1 TiB in a 32 MiB
+ * group refused every ask; `top` summed it into millions of TiB) is an
+ * error naming the slot and the field, never a sum.  Not the hot path:
+ * gp_arbiter_poll takes no lock.  `name`: the object (NULL: made from the
+ * registry's group and device). */
+gp_status gp_arb_check(const gp_arb_shm *r, const char *name)
+{
+    char obj[160], why[256] = "", b[2][32];
+    int bad = -1; /* the slot, or GP_ARB_SLOTS for the group's own fields */
+    uint64_t bound = gp_arb_bound(r);
+    if (!gp_has_nul(r->group, sizeof r->group) || !gp_has_nul(r->device, sizeof r->device)) {
+        bad = GP_ARB_SLOTS;
+        snprintf(why, sizeof why, "its group or device name has no end");
+    } else if (r->n_reaped > r->n_registered) {
+        bad = GP_ARB_SLOTS;
+        snprintf(why, sizeof why, "it reaped %llu tenants of %llu ever registered",
+                 (unsigned long long)r->n_reaped, (unsigned long long)r->n_registered);
+    }
+    uint64_t live = 0;
+    for (int i = 0; i < GP_ARB_SLOTS && bad < 0; i++) {
+        const gp_arb_slot *s = &r->slots[i];
+        if (!s->pid) continue;
+        live++;
+        /* One line a figure: its value, and whether it can be. */
+        struct {
+            const char *field;
+            uint64_t v, max;
+        } f[] = {
+            {"held", s->held, bound},        {"cached", s->cached, bound},
+            {"offloadable", s->offloadable, bound}, {"lease", s->lease, bound},
+            {"wanted", s->wanted, bound},    {"ask_bytes", s->ask_bytes, bound},
+            {"offloaded", s->offloaded, GP_DEVICE_MAX},
+        };
+        if (s->pid < 0)
+            snprintf(why, sizeof why, "pid = %d (a used slot's pid is above 0)", (int)s->pid);
+        else if (s->priority < 0 || s->priority > GP_PRIO_MAX)
+            snprintf(why, sizeof why, "priority = %d (accepted: 0..%d)", (int)s->priority, GP_PRIO_MAX);
+        else if ((uint32_t)s->want_step > 1 || (uint32_t)s->in_turn > 1 || (uint32_t)s->ask_level > 1)
+            snprintf(why, sizeof why, "want_step = %d, in_turn = %d, ask_level = %d (each 0 or 1)",
+                     (int)s->want_step, (int)s->in_turn, (int)s->ask_level);
+        else if (s->n_wait_fail > s->n_waits)
+            snprintf(why, sizeof why, "%llu failed waits of %llu waits", (unsigned long long)s->n_wait_fail,
+                     (unsigned long long)s->n_waits);
+        else if (!gp_has_nul(s->name, sizeof s->name))
+            snprintf(why, sizeof why, "a name with no end");
+        for (size_t k = 0; !why[0] && k < sizeof f / sizeof f[0]; k++)
+            if (f[k].v > f[k].max)
+                snprintf(why, sizeof why, "%s = %llu bytes (%s), above the %s of %s", f[k].field,
+                         (unsigned long long)f[k].v, gp_fmt_bytes(f[k].v, b[0], sizeof b[0]),
+                         f[k].max == bound && bound == gp_arb_cap(r) ? (r->limit ? "group's limit" : "device's memory")
+                                                                     : "most a device has",
+                         gp_fmt_bytes(f[k].max, b[1], sizeof b[1]));
+        if (why[0]) bad = i;
+    }
+    if (bad < 0 && live > r->n_registered) {
+        bad = GP_ARB_SLOTS;
+        snprintf(why, sizeof why, "%llu tenants live of %llu ever registered", (unsigned long long)live,
+                 (unsigned long long)r->n_registered);
+    }
+    if (bad < 0) return GP_OK;
+    if (!name) {
+        if (gp_has_nul(r->group, sizeof r->group) && gp_has_nul(r->device, sizeof r->device))
+            snprintf(obj, sizeof obj, "/gpupool.%s.%s", r->device, r->group);
+        else snprintf(obj, sizeof obj, "(its names are unreadable: see ls /dev/shm/gpupool.*)");
+        name = obj;
+    }
+    char where[64];
+    if (bad == GP_ARB_SLOTS) snprintf(where, sizeof where, "the group's figures");
+    else snprintf(where, sizeof where, "slot %d (pid %d)", bad, (int)r->slots[bad].pid);
+    return gp_error_set(GP_ERR_BACKEND,
+                        "gpupool: the tenant registry %s is corrupt: %s: %s; no tenant joins it, allocates "
+                        "through it or reads it while it is: stop the group's tenants and remove it "
+                        "(rm /dev/shm%s)", name, where, why, name);
+}
+
 static gp_status gp_lock_within(gp_arb_shm *r, int seconds)
 {
     struct timespec ts;
@@ -167,17 +293,22 @@ static gp_status gp_lock_within(gp_arb_shm *r, int seconds)
     }
     if (rc == ETIMEDOUT) {
         int owner = r->owner, alive = owner > 0 && (kill(owner, 0) == 0 || errno == EPERM);
-        return gp_error_set(GP_ERR_BACKEND, "gpupool: the tenant registry of group '%s' on %s has been "
+        return gp_error_set(GP_ERR_BACKEND, "gpupool: the tenant registry of group '%.63s' on %.63s has been "
                             "locked for %d s by process %d, %s", r->group, r->device, seconds, owner,
                             alive ? "which is alive (stopped? stuck?)"
                                   : "which is gone without releasing it: remove the registry (python -m "
                                     "gpupool top lists it) once its tenants have stopped");
     }
-    return gp_error_set(GP_ERR_BACKEND, "gpupool: cannot lock the tenant registry of group '%s': %s",
+    return gp_error_set(GP_ERR_BACKEND, "gpupool: cannot lock the tenant registry of group '%.63s': %s",
                         r->group, strerror(rc));
 }
 
-gp_status gp_arb_lock(gp_arb_shm *r) { return gp_lock_within(r, GP_ARB_LOCK_WAIT_S); }
+gp_status gp_arb_lock(gp_arb_shm *r)
+{
+    gp_status st = gp_lock_within(r, GP_ARB_LOCK_WAIT_S);
+    if (st == GP_OK && (st = gp_arb_check(r, NULL)) != GP_OK) gp_arb_unlock(r);
+    return st;
+}
 
 void gp_arb_unlock(gp_arb_shm *r)
 {
@@ -244,19 +375,34 @@ gp_status gp_arb_attach(const char *name, int create, int lock_s, gp_arb_shm **o
     for (int attempt = 0; attempt < 100; attempt++) {
         int created = 0;
         int fd = create ? shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600) : -1;
-        if (fd >= 0) created = 1;
-        else if (create && errno != EEXIST)
+        if (fd >= 0) {
+            created = 1;
+            /* 0600 whatever the umask: a joiner accepts nothing else. */
+            if (fchmod(fd, 0600) != 0) {
+                gp_status st = gp_error_set(GP_ERR_BACKEND, "gpupool: cannot set the mode of the tenant "
+                                            "registry %s to 0600: %s", name, strerror(errno));
+                close(fd);
+                shm_unlink(name);
+                return st;
+            }
+        } else if (create && errno != EEXIST)
             return gp_error_set(GP_ERR_BACKEND, "gpupool: cannot create the tenant registry %s: %s", name,
                                 strerror(errno));
         else if ((fd = shm_open(name, O_RDWR | O_CLOEXEC, 0)) < 0) {
             if (errno == ENOENT && create) continue; /* removed between the two opens */
             if (errno == ENOENT)
                 return gp_error_set(GP_ERR_FOREIGN, "gpupool: no tenant registry %s", name);
+            if (errno == EACCES)
+                return gp_error_set(GP_ERR_INVALID, "gpupool: the tenant registry %s is not this user's "
+                                    "(uid %lu): only one owned by this user with mode 0600 is accepted; "
+                                    "use another GPUPOOL_TENANT group, or have its owner remove it "
+                                    "(rm /dev/shm%s) once no tenant of it runs", name, gp_arb_uid(), name);
             return gp_error_set(GP_ERR_BACKEND, "gpupool: cannot open the tenant registry %s: %s", name,
                                 strerror(errno));
         }
         gp_arb_shm *r = NULL;
-        gp_status st = gp_map_shm(fd, name, created, &r);
+        gp_status st = gp_owner_check(fd, name);
+        if (st == GP_OK) st = gp_map_shm(fd, name, created, &r);
         close(fd);
         if (st != GP_OK) return st;
         if ((st = gp_lock_within(r, lock_s)) != GP_OK) {
@@ -264,6 +410,11 @@ gp_status gp_arb_attach(const char *name, int create, int lock_s, gp_arb_shm **o
             return st;
         }
         if (!r->dead) {
+            if ((st = gp_arb_check(r, name)) != GP_OK) {
+                gp_arb_unlock(r);
+                munmap(r, sizeof *r);
+                return st;
+            }
             *out = r;
             return GP_OK;
         }
@@ -274,7 +425,18 @@ gp_status gp_arb_attach(const char *name, int create, int lock_s, gp_arb_shm **o
     return gp_error_set(GP_ERR_BACKEND, "gpupool: the tenant registry %s kept being removed", name);
 }
 
-/* The program's command line, as `top` names a tenant by default. */
+/* A name as `top` shows it: one line of a table, without control
+ * characters (a terminal would act on them). */
+static void gp_name_set(char *dst, size_t n, const char *src)
+{
+    snprintf(dst, n, "%s", src);
+    for (char *c = dst; *c; c++)
+        if ((unsigned char)*c < ' ' || *c == 0x7f) *c = ' ';
+}
+
+/* The program's name (the base of argv[0]), as `top` names a tenant by
+ * default: never its arguments, which anyone who may read the registry
+ * would see (a --token=... among them). */
 static void gp_default_name(char *buf, size_t n)
 {
     char cmd[256];
@@ -283,13 +445,8 @@ static void gp_default_name(char *buf, size_t n)
     ssize_t k = fd >= 0 ? read(fd, cmd, sizeof cmd - 1) : -1;
     if (fd >= 0) close(fd);
     if (k <= 0) return;
-    cmd[k] = '\0';
-    const char *base = strrchr(cmd, '/') ? strrchr(cmd, '/') + 1 : cmd;
-    size_t at = (size_t)snprintf(buf, n, "%s", base);
-    for (ssize_t i = (ssize_t)strlen(cmd) + 1; i < k && at + 1 < n; i += (ssize_t)strlen(cmd + i) + 1)
-        at += (size_t)snprintf(buf + at, n - at, " %s", cmd + i);
-    for (char *c = buf; *c; c++)
-        if ((unsigned char)*c < ' ') *c = ' '; /* one line in a table */
+    cmd[k] = '\0'; /* argv[0] ends at its NUL, or here when longer than cmd */
+    gp_name_set(buf, n, strrchr(cmd, '/') ? strrchr(cmd, '/') + 1 : cmd);
 }
 
 gp_status gp_arbiter_open(const gp_arbiter_params *pr, gp_arbiter **out)
@@ -355,7 +512,7 @@ gp_status gp_arbiter_open(const gp_arbiter_params *pr, gp_arbiter **out)
     s->priority = pr->priority;
     s->quota = pr->quota;
     s->heartbeat = gp_now_ns();
-    if (pr->name) snprintf(s->name, sizeof s->name, "%s", pr->name);
+    if (pr->name) gp_name_set(s->name, sizeof s->name, pr->name);
     else gp_default_name(s->name, sizeof s->name);
     r->n_registered++;
     a->r = r;
@@ -377,7 +534,9 @@ void gp_arbiter_close(gp_arbiter *a)
         return;
     }
     gp_arbiter_bind(a, NULL);
-    if (gp_arb_lock(r) == GP_OK) {
+    /* Without gp_arb_check: a tenant leaves even a corrupt registry, and
+     * the last one out removes it. */
+    if (gp_lock_within(r, GP_ARB_LOCK_WAIT_S) == GP_OK) {
         gp_slot_clear(&r->slots[a->slot]);
         gp_arb_reap(r);
         int live = 0;
@@ -427,5 +586,7 @@ gp_status gp_arbiter_unlink(const char *group, const char *device)
 /* ------------------------------------------------------------ test hooks */
 
 gp_status gp_arbiter_debug_lock(gp_arbiter *a) { return gp_arb_lock(a->r); }
+
+void gp_arbiter_debug_owner(long uid) { gp_arb_uid_override = uid; }
 
 void gp_arbiter_debug_unlock(gp_arbiter *a) { gp_arb_unlock(a->r); }

@@ -4,8 +4,10 @@
  *
  * Processes that set the same group (GPUPOOL_TENANT) on the same device
  * register as tenants in a POSIX shared-memory registry,
- * /gpupool.<device>.<group>: pid, name, priority, quota, bytes held (mapped),
- * cached, offloadable and offloaded, bytes wanted, heartbeat, counters.  A
+ * /gpupool.<device>.<group>, this user's alone (mode 0600; any other is
+ * refused): pid, program name (never its arguments), priority, quota, bytes
+ * held (mapped), cached, offloadable and offloaded, bytes wanted, heartbeat,
+ * counters, each checked before anything sums them.  A
  * robust process-shared mutex guards it: a tenant killed while holding it
  * wedges nobody (the next locker repairs), and entries of dead processes
  * are reclaimed.  No group, no registry, no cost.
@@ -59,7 +61,8 @@ typedef struct gp_arbiter_params {
     const char *group;    /* GPUPOOL_TENANT: 1..63 of [A-Za-z0-9_.-]           */
     const char *device;   /* the device's identity, the same in every process:
                              a CUDA device UUID, "host": 1..63 of [A-Za-z0-9_-] */
-    const char *name;     /* shown by `top`; NULL: the program's name          */
+    const char *name;     /* shown by `top`; NULL: the program's name (the base
+                             of argv[0], never its arguments)                  */
     int priority;         /* 0..GP_PRIO_MAX, higher wins                       */
     uint64_t quota;       /* this tenant's own cap (its pool limit), 0: none;
                              shown, the pool enforces it                       */
@@ -70,11 +73,21 @@ typedef struct gp_arbiter_params {
     double share;         /* GPUPOOL_TENANT_SHARE (gp_arbiter_yield), (0, 1]    */
 } gp_arbiter_params;
 
-/* Register in the group's registry, made if absent.  The first tenant of
- * an empty registry sets the group's limit; a later one must give the same
- * or 0 (GP_ERR_INVALID names both).  GP_ERR_INVALID for a bad group or
- * device id, GP_ERR_TOO_MANY when GP_ARB_SLOTS tenants are registered,
- * GP_ERR_BACKEND when shared memory fails (the message names the object). */
+/* Register in the group's registry, made if absent (mode 0600 whatever the
+ * umask).  The first tenant of an empty registry sets the group's limit; a
+ * later one must give the same or 0 (GP_ERR_INVALID names both).
+ * GP_ERR_INVALID for a bad group or device id, and for a registry that is
+ * not this user's alone -- owned by another uid, or of a mode other than
+ * 0600 (the message names the object, its owner and mode, what is accepted
+ * and how to remove it); GP_ERR_TOO_MANY when GP_ARB_SLOTS tenants are
+ * registered; GP_ERR_BACKEND when shared memory fails, or for a corrupt
+ * registry: a figure that cannot be (a slot's held, cached, offloadable,
+ * lease or wanted above the group's memory, a used slot's pid below 1, a
+ * priority out of range, counts that contradict each other).  The message
+ * names the object and the slot and field.  A registry found corrupt later
+ * fails every call of its tenants that takes its lock in the same way: an
+ * allocation that needs a map (gp_arbiter_take) fails with that error at
+ * once, never waits; gp_arbiter_close still leaves it. */
 gp_status gp_arbiter_open(const gp_arbiter_params *params, gp_arbiter **out);
 /* Unregister; the last tenant out removes the registry.  NULL is fine. */
 void gp_arbiter_close(gp_arbiter *a);
@@ -254,7 +267,9 @@ typedef struct gp_group_info {
 
 /* A consistent copy of a registry without joining it (dead tenants are
  * reclaimed first): the group, and up to `max` tenants by slot.
- * GP_ERR_INVALID for bad ids; GP_ERR_FOREIGN when no such registry exists. */
+ * GP_ERR_INVALID for bad ids, and for a registry not this user's alone;
+ * GP_ERR_FOREIGN when no such registry exists; GP_ERR_BACKEND for a corrupt
+ * one (as gp_arbiter_open: nothing of it is copied). */
 gp_status gp_arbiter_read(const char *group, const char *device, gp_group_info *g,
                           gp_tenant_info *t, size_t max);
 /* Remove a registry whatever its tenants (tests, a stale object). */
@@ -269,5 +284,9 @@ size_t gp_arbiter_report(gp_arbiter *a, char *buf, size_t len);
  * of an update would), and let it go. */
 gp_status gp_arbiter_debug_lock(gp_arbiter *a);
 void gp_arbiter_debug_unlock(gp_arbiter *a);
+/* Test hook: the user a registry must belong to (see gp_arbiter_open) is
+ * taken to be `uid` rather than this process's effective uid (-1: back to
+ * it), so that a test without root can meet another user's registry. */
+void gp_arbiter_debug_owner(long uid);
 
 #endif /* GP_ARBITER_H */

@@ -173,9 +173,25 @@ typedef struct gp_wait {
 void gp_arb_changed(gp_arb_shm *r);
 void gp_arb_sleep(gp_arb_shm *r, uint32_t seen, uint64_t ns);
 int gp_arb_reap(gp_arb_shm *r);
+/* The registry's lock, taken within GP_ARB_LOCK_WAIT_S, and its figures
+ * checked (gp_arb_check): an error leaves it unlocked. */
 gp_status gp_arb_lock(gp_arb_shm *r);
 void gp_arb_unlock(gp_arb_shm *r);
 gp_status gp_arb_attach(const char *name, int create, int lock_s, gp_arb_shm **out);
+/* Whether every figure of the registry can be (under its lock); the error
+ * names the object (`name`, NULL: made from the registry), the slot and the
+ * field.  gp_arb_lock and gp_arb_attach call it. */
+gp_status gp_arb_check(const gp_arb_shm *r, const char *name);
+/* The most bytes a slot's figure may hold: the group's memory, at most
+ * GP_DEVICE_MAX. */
+uint64_t gp_arb_bound(const gp_arb_shm *r);
+/* `v`, no larger than a slot's figure may be (what a want publishes: one
+ * beyond the group's memory is never met, whatever it says). */
+static inline uint64_t gp_arb_clamp(const gp_arb_shm *r, uint64_t v)
+{
+    uint64_t b = gp_arb_bound(r);
+    return v < b ? v : b;
+}
 
 /* arbiter_queue.c: accounting, answering, waiting */
 int gp_arb_ahead(const gp_arb_shm *r, int j, int i);

@@ -339,7 +339,7 @@ gp_status gp_arb_wait_begin(gp_arbiter *a, gp_wait *w, uint64_t want, uint64_t l
     gp_status st = gp_arb_lock(r);
     if (st != GP_OK) return st;
     if (lease) want = lease > me->held ? lease - me->held : 0;
-    me->wanted = w->want = want;
+    me->wanted = gp_arb_clamp(r, w->want = want); /* (gp_arb_check's bound) */
     me->want_step = w->step = step;
     if (!me->want_since) me->want_since = w->t0;
     me->n_waits += (uint64_t)counted;
@@ -369,10 +369,10 @@ gp_status gp_arb_wait_look(gp_arbiter *a, gp_wait *w, uint64_t have, uint64_t *s
     }
     *gen = atomic_load(&r->gen);
     gp_arb_slot *me = &r->slots[a->slot];
-    if (w->lease) me->wanted = w->want = w->lease > me->held ? w->lease - me->held : 0;
+    if (w->lease) me->wanted = gp_arb_clamp(r, w->want = w->lease > me->held ? w->lease - me->held : 0);
     /* (A wait inside this one -- a swap out and back answered meanwhile --
      * ended its own want: this one's is posted again, behind the others.) */
-    if (!me->wanted && w->want) me->wanted = w->want, me->want_since = now, me->want_step = w->step;
+    if (!me->wanted && w->want) me->wanted = gp_arb_clamp(r, w->want), me->want_since = now, me->want_step = w->step;
     uint64_t avail = gp_arb_avail(r, a->slot, NULL, NULL) + have;
     *short_b = w->want > avail ? w->want - avail : 0;
     gp_collect(r, me, w->v, now);

@@ -74,7 +74,10 @@ def tenants(group: str, device: str) -> Optional[Dict[str, Any]]:
     registered, reaped, tenants: [{pid, name, priority, quota, held, cached,
     offloadable, offloaded, lease, wanted, waiting_s, seen_s, waits, wait_failures,
     reclaims_given, bytes_given, reclaims_received, bytes_received,
-    latency_median_s, latency_max_s, latencies_s, ...}]}``."""
+    latency_median_s, latency_max_s, latencies_s, ...}]}``.  ValueError for a
+    registry that is not this user's alone (another owner, a mode other than
+    0600); RuntimeError for a corrupt one (a figure that cannot be: the
+    message names the slot and the field)."""
     return _C.tenant_read(group, device)
 
 

@@ -16,12 +16,14 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "arbiter.h"
 #include "backend_host.h"
+#include "arbiter_impl.h" /* the registry's layout: tests write into it */
 #include "codec.h"
 #include "offload.h"
 #include "pool_check.h"
@@ -1329,12 +1331,210 @@ static void test_swap_threads(void)
     CHECK(finish(&l, 10000) == 0);
     done(h);
     CHECK(!registry_exists());
+/* ----------------------------------------------- a registry nobody else uses */
+
+/* The registry of g_group, mapped as any process of this user could. */
+static gp_arb_shm *map_registry(void)
+{
+    char name[160];
+    gp_arbiter_shm_name(g_group, "host", name, sizeof name);
+    int fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0) return NULL;
+    void *m = mmap(NULL, sizeof(gp_arb_shm), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    return m == MAP_FAILED ? NULL : m;
+}
+
+static mode_t registry_mode(uid_t *uid)
+{
+    char path[200], name[160];
+    gp_arbiter_shm_name(g_group, "host", name, sizeof name);
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    struct stat st;
+    if (stat(path, &st) != 0) return 0;
+    if (uid) *uid = st.st_uid;
+    return st.st_mode & 07777;
+}
+
+static int registry_fchmod(mode_t mode)
+{
+    char name[160];
+    gp_arbiter_shm_name(g_group, "host", name, sizeof name);
+    int fd = shm_open(name, O_RDONLY, 0);
+    int ok = fd >= 0 && fchmod(fd, mode) == 0;
+    if (fd >= 0) close(fd);
+    return ok;
+}
+
+/* Only a registry of this user with mode 0600 is joined or read: anyone
+ * else who could open it could read its tenants, hold its lock or write
+ * figures that refuse every ask.  (Before: one made 0666 by another user
+ * was joined without a word.) */
+static void test_registry_is_ours(void)
+{
+    gp_arbiter_params pr = {.group = new_group(), .device = "host", .priority = 1, .total = 64 * MiB};
+    char name[160], msg[1024];
+    gp_arbiter_shm_name(g_group, "host", name, sizeof name);
+    /* Made 0600 whatever the umask (0277 would leave 0400). */
+    mode_t old = umask(0277);
+    gp_arbiter *first, *a;
+    CHECK(gp_arbiter_open(&pr, &first) == GP_OK);
+    umask(old);
+    uid_t uid = (uid_t)-1;
+    CHECK(registry_mode(&uid) == 0600 && uid == geteuid());
+    /* Opened up to everyone: refused to a joiner and to a reader, naming
+     * the object, its owner and mode, what is accepted and the way out. */
+    CHECK(registry_fchmod(0666));
+    CHECK(gp_arbiter_open(&pr, &a) == GP_ERR_INVALID);
+    snprintf(msg, sizeof msg, "%s", gp_last_error());
+    CHECK(strstr(msg, name) && strstr(msg, "mode 0666") && strstr(msg, "mode 0600 is accepted") &&
+          strstr(msg, "rm /dev/shm"));
+    gp_group_info g;
+    gp_tenant_info t[4];
+    CHECK(gp_arbiter_read(g_group, "host", &g, t, 4) == GP_ERR_INVALID && strstr(gp_last_error(), "mode 0666"));
+    CHECK(registry_fchmod(0640));
+    CHECK(gp_arbiter_open(&pr, &a) == GP_ERR_INVALID && strstr(gp_last_error(), "mode 0640"));
+    CHECK(registry_fchmod(0600));
+    CHECK(gp_arbiter_open(&pr, &a) == GP_OK);
+    gp_arbiter_close(a);
+    /* Another user's: as if this process were another uid... */
+    char theirs[64];
+    snprintf(theirs, sizeof theirs, "owned by uid %lu", (unsigned long)geteuid());
+    gp_arbiter_debug_owner((long)geteuid() + 1000);
+    CHECK(gp_arbiter_open(&pr, &a) == GP_ERR_INVALID && strstr(gp_last_error(), theirs) &&
+          strstr(gp_last_error(), name));
+    CHECK(gp_arbiter_read(g_group, "host", &g, t, 4) == GP_ERR_INVALID && strstr(gp_last_error(), theirs));
+    gp_arbiter_debug_owner(-1);
+    /* ... and, as root, really another uid's. */
+    if (geteuid() == 0) {
+        int fd = shm_open(name, O_RDWR, 0);
+        CHECK(fd >= 0 && fchown(fd, 4242, (gid_t)-1) == 0);
+        CHECK(gp_arbiter_open(&pr, &a) == GP_ERR_INVALID && strstr(gp_last_error(), "owned by uid 4242"));
+        CHECK(gp_arbiter_read(g_group, "host", &g, t, 4) == GP_ERR_INVALID);
+        CHECK(fchown(fd, 0, (gid_t)-1) == 0);
+        close(fd);
+    }
+    CHECK(read_group(&g, t, 4) && g.n_tenants == 1);
+    gp_arbiter_close(first);
+    CHECK(!registry_exists());
+}
+
+/* Hold 4 MiB until told to stop. */
+static int hold4(int ctl, int out, void *arg)
+{
+    (void)arg;
+    gp_stack *p = tenant(g_group, LOW, "32MiB", 0);
+    void *x = A(p, 4 * MiB, NULL);
+    say(out, x != NULL);
+    stopped(ctl, 30000);
+    F(p, x);
+    gp_stack_destroy(p);
+    return 0;
+}
+
+/* A figure that cannot be is a corrupt registry: a joiner, a reader and a
+ * running tenant's next map get an error naming the object, the slot and
+ * the field, at once -- never a sum of it, never a wait.  (Before: a slot
+ * holding 1 TiB in a 32 MiB group was summed: every ask waited out its
+ * timeout and failed, `top` showed the sum.) */
+static void test_corrupt_registry(void)
+{
+    new_group();
+    gp_stack *p = tenant(g_group, NORMAL, "32MiB", 2000);
+    child c = spawn(hold4, NULL);
+    CHECK(hear(&c, 10000) == 1);
+    gp_arb_shm *r = map_registry();
+    CHECK(r != NULL);
+    if (!r) return;
+    int k = -1;
+    for (int i = 0; i < GP_ARB_SLOTS; i++)
+        if (r->slots[i].pid == c.pid) k = i;
+    CHECK(k >= 0);
+    if (k < 0) return;
+    gp_arb_slot *s = &r->slots[k];
+    char name[160], where[64];
+    gp_arbiter_shm_name(g_group, "host", name, sizeof name);
+    snprintf(where, sizeof where, "slot %d (pid %d)", k, (int)c.pid);
+    gp_arbiter_params pr = {.group = g_group, .device = "host", .priority = 1, .total = 1024 * MiB};
+    gp_group_info g;
+    gp_tenant_info t[4];
+    gp_arbiter *a;
+    gp_status st;
+    /* What each spoiling of the slot below puts in the message. */
+    const char *cases[] = {"held = 1099511627776 bytes (1.00 TiB), above the group's limit of 32.00 MiB",
+                           "pid = -5", "priority = 999", "wanted = 18446744073709551615 bytes"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gp_arb_slot keep = *s; /* (its lock-free words stay as they are) */
+        if (i == 0) s->held = 1ull << 40;
+        if (i == 1) s->pid = -5;
+        if (i == 2) s->priority = 999;
+        if (i == 3) s->wanted = UINT64_MAX;
+        if (i == 1) snprintf(where, sizeof where, "slot %d (pid -5)", k);
+        else snprintf(where, sizeof where, "slot %d (pid %d)", k, (int)c.pid);
+        uint64_t t0 = now_ms();
+        CHECK(gp_arbiter_open(&pr, &a) == GP_ERR_BACKEND);
+        CHECK(strstr(gp_last_error(), name) && strstr(gp_last_error(), "is corrupt") &&
+              strstr(gp_last_error(), where) && strstr(gp_last_error(), cases[i]) &&
+              strstr(gp_last_error(), "rm /dev/shm"));
+        CHECK(gp_arbiter_read(g_group, "host", &g, t, 4) == GP_ERR_BACKEND && strstr(gp_last_error(), where) &&
+              strstr(gp_last_error(), cases[i]));
+        /* A running tenant: a map fails with it, not after the timeout. */
+        void *x = A(p, 8 * MiB, &st);
+        CHECK(x == NULL && st == GP_ERR_BACKEND && strstr(gp_last_error(), "is corrupt") &&
+              strstr(gp_last_error(), cases[i]));
+        CHECK(now_ms() - t0 < 1000);
+        s->pid = keep.pid, s->held = keep.held, s->priority = keep.priority, s->wanted = keep.wanted;
+        /* Repaired: all is as before. */
+        CHECK((x = A(p, 8 * MiB, &st)) != NULL);
+        const gp_tenant_info *theirs = read_group(&g, t, 4) ? find_pid(t, g.n_tenants, c.pid) : NULL;
+        CHECK(g.n_tenants == 2 && theirs && theirs->held == 4 * MiB);
+        CHECK(F(p, x) == GP_OK);
+        gp_pool_trim(gp_stack_pool(p), UINT64_MAX); /* the next round's map is a map */
+    }
+    munmap(r, sizeof *r);
+    CHECK(finish(&c, 10000) == 0);
+    done(p);
+    CHECK(!registry_exists());
+}
+
+/* A want beyond the group's memory is published as the group's memory: a
+ * figure the check accepts (a hopeless request is no corrupt registry). */
+static void test_huge_want(void)
+{
+    new_group();
+    gp_stack *p = tenant(g_group, NORMAL, "32MiB", 300);
+    gp_status st;
+    CHECK(A(p, 64 * MiB, &st) == NULL && st == GP_ERR_OOM);
+    gp_group_info g;
+    gp_tenant_info t[4];
+    CHECK(read_group(&g, t, 4) && t[0].n_wait_fail == 1);
+    CHECK(gp_arbiter_yield(gp_stack_arbiter(p), 1ull << 62) == 0);
+    CHECK(read_group(&g, t, 4) && t[0].lease == 0);
+    done(p);
+}
+
+/* test_arbiter poke GROUP PID HELD: write HELD into the held figure of
+ * PID's slot of the host registry of GROUP, as a stray write would
+ * (tests/test_arbiter.py); prints what was there. */
+static int poke_main(char **argv)
+{
+    snprintf(g_group, sizeof g_group, "%s", argv[2]);
+    gp_arb_shm *r = map_registry();
+    if (!r) return 2;
+    for (int i = 0; i < GP_ARB_SLOTS; i++)
+        if (r->slots[i].pid == atoi(argv[3])) {
+            printf("%llu\n", (unsigned long long)r->slots[i].held);
+            r->slots[i].held = strtoull(argv[4], NULL, 10);
+            return 0;
+        }
+    return 3;
 }
 
 int main(int argc, char **argv)
 {
     alarm(300); /* a stuck protocol fails the run rather than hanging it */
     if (argc == 7 && strcmp(argv[1], "ask") == 0) return ask_main(argv);
+    if (argc == 5 && strcmp(argv[1], "poke") == 0) return poke_main(argv);
     const char *only = getenv("GP_TEST_ONLY"); /* (one test, by name, while debugging) */
 #define RUN(t) if (!only || strcmp(only, #t) == 0) t()
     RUN(test_one_tenant);
@@ -1361,5 +1561,8 @@ int main(int argc, char **argv)
     RUN(test_killed_while_swapped);
     RUN(test_swap_threads);
     g_swap = 0;
+    RUN(test_registry_is_ours);
+    RUN(test_corrupt_registry);
+    RUN(test_huge_want);
     return check_done();
 }
