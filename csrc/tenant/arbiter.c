@@ -236,9 +236,11 @@ gp_status gp_arb_check(const gp_arb_shm *r, const char *name)
             snprintf(why, sizeof why, "pid = %d (a used slot's pid is above 0)", (int)s->pid);
         else if (s->priority < 0 || s->priority > GP_PRIO_MAX)
             snprintf(why, sizeof why, "priority = %d (accepted: 0..%d)", (int)s->priority, GP_PRIO_MAX);
-        else if ((uint32_t)s->want_step > 1 || (uint32_t)s->in_turn > 1 || (uint32_t)s->ask_level > 1)
-            snprintf(why, sizeof why, "want_step = %d, in_turn = %d, ask_level = %d (each 0 or 1)",
-                     (int)s->want_step, (int)s->in_turn, (int)s->ask_level);
+        else if ((uint32_t)s->want_step > 1 || (uint32_t)s->in_turn > 1 || (uint32_t)s->can_swap > 1 ||
+                 (uint32_t)s->ask_level > GP_RECLAIM_SWAP)
+            snprintf(why, sizeof why, "want_step = %d, in_turn = %d, can_swap = %d (each 0 or 1), ask_level = %d "
+                     "(0..%d)", (int)s->want_step, (int)s->in_turn, (int)s->can_swap, (int)s->ask_level,
+                     GP_RECLAIM_SWAP);
         else if (s->n_wait_fail > s->n_waits)
             snprintf(why, sizeof why, "%llu failed waits of %llu waits", (unsigned long long)s->n_wait_fail,
                      (unsigned long long)s->n_waits);

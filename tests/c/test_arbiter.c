@@ -1331,6 +1331,8 @@ static void test_swap_threads(void)
     CHECK(finish(&l, 10000) == 0);
     done(h);
     CHECK(!registry_exists());
+}
+
 /* ----------------------------------------------- a registry nobody else uses */
 
 /* The registry of g_group, mapped as any process of this user could. */
