@@ -326,6 +326,62 @@ def graph_goals(runs: List[Dict[str, Any]]) -> List[str]:
         out.append(f"{'PASS' if x['identical'] else 'FAIL'}  graph: identical output after every wake")
         out.append(f"{'PASS' if w < r else 'FAIL'}  graph: wake {w * 1e3:.1f} ms faster than re-capture "
                    f"{r * 1e3:.1f} ms ({r / w:.2f}x)")
+
+
+def _cold_cases(runs: List[Dict[str, Any]], mode: str) -> Dict[str, List[Dict[str, Any]]]:
+    """The cold offload's cases of `mode`, by case, over the repetitions."""
+    out: Dict[str, List[Dict[str, Any]]] = {}
+    for r in runs:
+        if r["workload"] == "offload_cold" and r["mode"] == mode and "error" not in r["result"]:
+            for c in r["result"]["cold"]:
+                out.setdefault(c["case"], []).append(c)
+    return out
+
+
+def cold_table(runs: List[Dict[str, Any]], modes: Sequence[str]) -> str:
+    """The cold offload's figures per mode and case: median [min-max] over the repetitions."""
+    lines = ["| mode | case | GiB | out GB/s [min-max] | pinned D2H GB/s | out / pinned | pinned before MiB "
+             "| slabs pinned in the call | RSS growth MiB | same bytes |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for mode in modes:
+        for case, per in _cold_cases(runs, mode).items():
+            def med(k: str) -> float:
+                return statistics.median(float(x[k]) for x in per)
+
+            gb = [x["offload_gbps"] for x in per]
+            lines.append(f"| {mode} | {case} | {per[-1]['gib']:g} | {med('offload_gbps'):.1f} [{min(gb):.1f}-"
+                         f"{max(gb):.1f}] | {med('pinned_d2h_gbps'):.1f} | {med('vs_pinned'):.2f} "
+                         f"| {med('pinned_before') / 2**20:.0f} | {med('pins'):.0f} | {med('rss_grew') / 2**20:.0f} "
+                         f"| {all(x['same_bytes'] for x in per)} |")
+    tms = sorted({r["result"].get("tms", "") for r in runs if r["workload"] == "offload_cold"
+                  and "error" not in r["result"]})
+    lines.append(f"\ntorch_memory_saver: {', '.join(t for t in tms if t) or 'not installed'}")
+    return "\n".join(lines)
+
+
+def cold_goals(runs: List[Dict[str, Any]]) -> List[str]:
+    """The cold offload's goals, from the gpupool runs."""
+    out: List[str] = []
+    cases = _cold_cases(runs, "gpupool")
+
+    def check(ok: bool, text: str) -> None:
+        out.append(f"{'PASS' if ok else 'FAIL'}  {text}")
+
+    def spread(per: List[Dict[str, Any]], k: str, fmt: str) -> str:
+        xs = [float(x[k]) for x in per]
+        return f"{statistics.median(xs):{fmt}} [{min(xs):{fmt}}-{max(xs):{fmt}}, {len(xs)} reps]"
+
+    if "none" in cases:
+        per = cases["none"]
+        check(statistics.median(x["offload_gbps"] for x in per) >= 20.0,
+              f"offload_cold gpupool {per[-1]['gib']:g} GiB raw, fresh process, no preparation: "
+              f"{spread(per, 'offload_gbps', '.1f')} GB/s (goal >= 20)")
+    if "ready" in cases:
+        per = cases["ready"]
+        check(statistics.median(x["vs_pinned"] for x in per) >= 0.85,
+              f"offload_cold gpupool {per[-1]['gib']:g} GiB raw, made offloadable before: "
+              f"{spread(per, 'vs_pinned', '.2f')}x the pinned copy (goal >= 0.85)")
+    for case, per in cases.items():
+        check(all(x["same_bytes"] for x in per), f"offload_cold gpupool {case}: data_ptr unchanged and bytes identical")
     return out
 
 
@@ -411,9 +467,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(offload_table(runs, args.modes) + "\n")
         if name == "soak":
             print("\n".join(soak_lines(runs)) + "\n")
+        if name == "offload_cold":
+            print(cold_table(runs, args.modes) + "\n")
     for c in cases.values():
         print(c["table"] + "\n")
-    verdicts = (goals(summaries) + offload_goals(runs) + soak_goals(runs) + graph_goals(runs)
+    verdicts = (goals(summaries) + offload_goals(runs) + cold_goals(runs) + soak_goals(runs) + graph_goals(runs)
                 + [v for c in cases.values() for v in c["goals"]])
     if verdicts:
         print("Goals:\n" + "\n".join(verdicts))

@@ -19,6 +19,7 @@
 
 #include "codec.h"
 #include "error.h"
+#include "util.h"
 
 /* POSIX leaves this declaration to the program. */
 extern char **environ;
@@ -529,6 +530,22 @@ static int gp_print_placement(const gp_config *c, char *buf, size_t len)
  * 32 MiB), below which nothing could ever be offloaded. */
 #define GP_HOST_LIMIT_MIN (32 * MiB)
 
+/* A host reserve is pinned within the host limit: one above it could
+ * never be pinned whole, refused whichever of the two is given last. */
+static int gp_host_reserve_conflict(const gp_config *c, char *why, size_t n)
+{
+    uint64_t ram = gp_host_ram();
+    uint64_t reserve = gp_size_resolve(c->host_reserve, ram), limit = gp_size_resolve(c->host_limit, ram);
+    if (!reserve || !limit || reserve <= limit) return 0;
+    char r[32], l[32];
+    gp_spec_print(c->host_reserve, r, sizeof r);
+    gp_spec_print(c->host_limit, l, sizeof l);
+    /* (Short: `why` holds 192 bytes.) */
+    snprintf(why, n, "GPUPOOL_HOST_RESERVE=%s (%llu bytes) is above GPUPOOL_HOST_LIMIT=%s (%llu bytes); "
+                     "give at most the limit", r, (unsigned long long)reserve, l, (unsigned long long)limit);
+    return GP_CONFLICT;
+}
+
 static int gp_parse_host_limit(gp_config *c, const char *v, char *why, size_t n)
 {
     gp_size_spec s;
@@ -537,7 +554,20 @@ static int gp_parse_host_limit(gp_config *c, const char *v, char *why, size_t n)
         return snprintf(why, n, "it is less than 32MiB, the pinned slab offload allocates: nothing could be "
                                 "offloaded; give at least 32MiB, or none"), -1;
     c->host_limit = s;
-    return 0;
+    return gp_host_reserve_conflict(c, why, n);
+}
+
+static int gp_parse_host_reserve(gp_config *c, const char *v, char *why, size_t n)
+{
+    if (gp_spec_parse(&c->host_reserve, v, why, n) != 0) return -1;
+    return gp_host_reserve_conflict(c, why, n);
+}
+
+/* (Nothing prints as 0, the default: a reserve is an amount, not a cap.) */
+static int gp_print_host_reserve(const gp_config *c, char *buf, size_t len)
+{
+    gp_size_spec s = c->host_reserve;
+    return s.bytes || s.fraction > 0 ? gp_spec_print(s, buf, len) : snprintf(buf, len, "0");
 }
 
 
@@ -720,6 +750,12 @@ static int gp_print_share(const gp_config *c, char *buf, size_t len)
       "cap on the pinned host memory that offloaded memory may take; a percentage or "    \
       "fraction is of the host's physical memory", gp_parse_host_limit,                  \
       gp_print_host_limit)                                                                \
+    X("GPUPOOL_HOST_RESERVE", "host_reserve", "0",                                        \
+      GP_SIZE_TEXT ", at most GPUPOOL_HOST_LIMIT; 0 or none for nothing",                  \
+      "host memory pinned in the background when the offloader is made, so that the "     \
+      "first offloads find it ready (pinning is slower than the copies); a percentage or " \
+      "fraction is of the host's physical memory", gp_parse_host_reserve,                 \
+      gp_print_host_reserve)                                                              \
     X("GPUPOOL_DEBUG", "debug", "0", GP_BOOL_TEXT,                                        \
       "check the pool's integrity every " GP_XSTR(GP_DEBUG_EVERY) " allocations and frees " \
       "(slow); abort with the violation on stderr if it is corrupt",                      \

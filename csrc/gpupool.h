@@ -123,6 +123,8 @@ typedef struct gp_config {
     int placement;           /* GPUPOOL_PLACEMENT   GP_PLACE_* (lifetime|none) */
     gp_size_spec host_limit; /* GPUPOOL_HOST_LIMIT  pinned host memory for
                                 offload; a fraction is of the host's RAM   */
+    gp_size_spec host_reserve; /* GPUPOOL_HOST_RESERVE pinned in the
+                                background when the offloader is made     */
     int debug;               /* GPUPOOL_DEBUG       gp_pool_check every
                                 GP_DEBUG_EVERY allocs+frees; abort if corrupt */
     gp_size_spec device_limit; /* GPUPOOL_DEVICE_LIMIT the device as the tenant

@@ -14,6 +14,7 @@
 
 #include "error.h"
 #include "stack.h"
+#include "util.h"
 
 struct gp_stack {
     gp_pool *pool;
@@ -237,12 +238,6 @@ gp_pool *gp_stack_pool(const gp_stack *s) { return s->pool; }
 
 gp_arbiter *gp_stack_arbiter(const gp_stack *s) { return s->arb; }
 
-static uint64_t gp_host_ram(void)
-{
-    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
-    return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
-}
-
 gp_offloader *gp_stack_offloader(gp_stack *s, int create)
 {
     gp_offloader *o = atomic_load_explicit(&s->off, memory_order_acquire);
@@ -253,6 +248,8 @@ gp_offloader *gp_stack_offloader(gp_stack *s, int create)
         gp_pool_config(s->pool, &cfg);
         if (gp_offloader_create(s->pool, gp_size_resolve(cfg.host_limit, gp_host_ram()),
                                 (unsigned)cfg.offload_threads, cfg.nvcomp, &o) == GP_OK) {
+            /* (Pinned in the background: the offloader is ready now.) */
+            gp_offload_reserve_host(o, gp_size_resolve(cfg.host_reserve, gp_host_ram()));
             atomic_store_explicit(&s->off, o, memory_order_release);
             gp_pool_set_pressure(s->pool, gp_stack_pressure, s);
         }

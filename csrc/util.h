@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <time.h>
+#include <unistd.h>
 
 /* The monotonic clock in nanoseconds.  CLOCK_MONOTONIC: a vDSO call (tens
  * of ns), system-wide (comparable across processes, as the tenant registry
@@ -31,6 +32,14 @@ static inline double gp_now(void)
 
 /* `b` bytes for people: "1.50 GiB", "512 B" (what gpupool.format_bytes
  * writes too).  Returns buf. */
+/* The host's physical memory in bytes (0: unknown): what a host size given
+ * as a fraction (GPUPOOL_HOST_LIMIT, GPUPOOL_HOST_RESERVE) is of. */
+static inline uint64_t gp_host_ram(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+}
+
 static inline const char *gp_fmt_bytes(uint64_t b, char *buf, size_t len)
 {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

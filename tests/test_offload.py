@@ -460,3 +460,83 @@ def test_graph_pool_with_only_freed_memory_offloads() -> None:
     assert [b.state for b in p.blocks() if b.addr == a] == ["free"]
     p.check()
     p._pool.capture_release(11)
+
+
+def settled(p: gpupool.HostPool, timeout: float = 30.0) -> dict:
+    """The offloader's figures once background pinning has finished."""
+    end = time.monotonic() + timeout
+    while True:
+        off = p._pool.offload_stats()
+        if off["host_pinning"] == 0 or time.monotonic() > end:
+            return off
+        time.sleep(0.005)
+
+
+def test_a_tag_made_offloadable_is_pinned_ahead_within_the_limit() -> None:
+    p = pool(host_limit="96MiB")
+    a = p.alloc(40 * MiB, tag="ahead_t")
+    fill(a, 40 * MiB, 60)
+    assert settled(p)["host_slabs"] == 0
+    p._pool.offload_register(tag_id("ahead_t"), 0)
+    off = settled(p)
+    assert off["host_slabs"] == 64 * MiB and off["n_pin"] == 2, off  # 40 MiB in 32 MiB slabs
+    gpupool.offload("ahead_t", codec="raw", pool=p)
+    assert p._pool.offload_stats()["n_pin"] <= 3  # its slabs were ready (at most one grown ahead after)
+    gpupool.restore("ahead_t", pool=p)
+    assert same(a, 40 * MiB, 60)
+    # More than the limit: pinned up to it, never past it.
+    b = p.alloc(200 * MiB, tag="big_t")
+    fill(b, 200 * MiB, 61)
+    p._pool.offload_register(tag_id("big_t"), 0)
+    off = settled(p)
+    assert off["host_slabs"] == 96 * MiB and off["host_slabs"] + off["host_pinning"] <= off["host_limit"], off
+    with pytest.raises(MemoryError, match="host limit"):
+        gpupool.offload("big_t", codec="raw", pool=p)
+    assert same(b, 200 * MiB, 61) and p.lookup(b).state == "used"
+    p.check()
+
+
+def test_host_reserve_is_pinned_at_start_and_checked_against_the_limit() -> None:
+    p = pool(host_reserve="128MiB")
+    off = settled(p)
+    assert off["host_slabs"] == 128 * MiB and off["n_pin"] == 4, off
+    a = p.alloc(60 * MiB, tag="res_t")
+    fill(a, 60 * MiB, 62)
+    gpupool.offload("res_t", codec="raw", pool=p)
+    assert p._pool.offload_stats()["n_pin"] == 4  # the reserve's slabs
+    gpupool.restore("res_t", pool=p)
+    assert same(a, 60 * MiB, 62)
+    with pytest.raises(ValueError, match=r"GPUPOOL_HOST_RESERVE=128MiB .* above GPUPOOL_HOST_LIMIT=64MiB"):
+        gpupool.HostPool(256 * MiB, host_limit="64MiB", host_reserve="128MiB")
+    # Destroyed while pinning its reserve: no hang, nothing left.
+    for _ in range(3):
+        q = pool(host_reserve="1GiB")
+        del q
+
+
+@pytest.mark.parametrize("fn", ["host_register", "host_populate"])
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_host_that_refuses_to_pin_leaves_the_offloader_working(fn: str, ahead: bool) -> None:
+    p = pool(512 * MiB)
+    a = p.alloc(70 * MiB, tag="refuse_t")
+    fill(a, 70 * MiB, 63)
+    # Once: whoever pins the slab next (the copy that needs it) pins it.
+    p._pool._host_fail_for_test(fn, 1)
+    if ahead:
+        p._pool.offload_register(tag_id("refuse_t"), 0)
+        settled(p)
+    gpupool.offload("refuse_t", codec="raw", pool=p)
+    gpupool.restore("refuse_t", pool=p)
+    assert same(a, 70 * MiB, 63)
+    # From now on: the offload fails undone, every byte in place.
+    b = p.alloc(200 * MiB, tag="refuse2_t")  # (more than the slabs held: some must be pinned)
+    fill(b, 200 * MiB, 64)
+    p._pool._host_fail_for_test(fn, 1, True)
+    with pytest.raises((RuntimeError, MemoryError), match="injected failure.*undone"):
+        gpupool.offload("refuse2_t", codec="raw", pool=p)
+    assert p.lookup(b).state == "used" and same(b, 200 * MiB, 64)
+    p._pool._host_fail_for_test(fn, 0)
+    gpupool.offload("refuse2_t", codec="raw", pool=p)
+    gpupool.restore("refuse2_t", pool=p)
+    assert same(b, 200 * MiB, 64) and same(a, 70 * MiB, 63)
+    p.check()

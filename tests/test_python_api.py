@@ -484,6 +484,7 @@ OPTION_SAMPLES = {
     "large_chunk": ["2MiB", "128MiB"],
     "cache_slack": ["0", "0%", "none", "0.000000001", "5%", "33.3333333%"],
     "host_limit": ["50%", "0.000000001", "64GiB", "none"],
+    "host_reserve": ["0", "12.5%", "1GiB", "none"],
     "debug": ["0", "yes"],
     "device_limit": ["24GiB", "0.3", "none"],
     "reclaim_timeout": ["0", "30s", "500ms", "2min"],

@@ -74,6 +74,17 @@ enum { GP_COPY_D2H = 0, GP_COPY_H2D = 1, GP_COPY_D2D = 2, GP_COPY_BY_KERNEL = 4 
      * host_free gives back exactly one earlier host_alloc (same ptr and size). */                    \
     X(gp_status, host_alloc, HOST_ALLOC, (gp_backend *be, uint64_t size, void **ptr), (be, size, ptr)) \
     X(void, host_free, HOST_FREE, (gp_backend *be, void *ptr, uint64_t size), (be, ptr, size))       \
+    /* The fast way to the same (pinned.c's slabs): host memory the caller                          \
+     * mapped itself (anonymous, page-aligned) has its pages faulted in by                           \
+     * host_populate, which several threads may call at once on parts of                             \
+     * it (one thread populates at a fifth of the machine's rate, and                                 \
+     * pinning unpopulated memory populates it on one thread), then is                                \
+     * page-locked for the device by host_register (CUDA: cuMemHostRegister,                         \
+     * which then only pins) until host_unregister (same ptr and size; the                            \
+     * caller unmaps it after).  GP_ERR_NOMEM when the host has no memory.  */                        \
+    X(gp_status, host_populate, HOST_POPULATE, (gp_backend *be, void *ptr, uint64_t size), (be, ptr, size)) \
+    X(gp_status, host_register, HOST_REGISTER, (gp_backend *be, void *ptr, uint64_t size), (be, ptr, size)) \
+    X(void, host_unregister, HOST_UNREGISTER, (gp_backend *be, void *ptr, uint64_t size), (be, ptr, size)) \
     /* A stream of the backend's own, ordered with no other stream. */                                \
     X(gp_status, stream_create, STREAM_CREATE, (gp_backend *be, gp_stream *out), (be, out))          \
     X(void, stream_destroy, STREAM_DESTROY, (gp_backend *be, gp_stream stream), (be, stream))        \

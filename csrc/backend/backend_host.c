@@ -28,6 +28,7 @@
 
 #include "backend_host.h"
 #include "checksum.h"
+#include "host_pages.h"
 
 /* A list of address ranges: reservations, mappings (with their handle),
  * pinned host buffers. */
@@ -61,7 +62,7 @@ typedef struct host_backend {
     uint64_t next_handle, next_stream;
     host_fault faults[GP_HOST_FN_COUNT];
     gp_host_counters c;
-    host_ranges reserved, maps, pinned;
+    host_ranges reserved, maps, pinned, registered;
     host_event *events; /* event id = index + 1; dead slots are reused */
     size_t n_events;
     gp_stream capturing[HOST_MAX_CAPTURING];
@@ -499,6 +500,51 @@ static void host_host_free(gp_backend *be, void *ptr, uint64_t size)
     pthread_mutex_unlock(&h->lock);
 }
 
+/* Populating is the host's work on either backend; only the fault point
+ * is the host backend's own. */
+static gp_status host_host_populate(gp_backend *be, void *ptr, uint64_t size)
+{
+    gp_status st = host_fault_check(HOST(be), GP_HOST_HOST_POPULATE);
+    return st == GP_OK ? gp_host_pages_populate(ptr, size) : st;
+}
+
+/* Nothing to lock on the host: the range is only tracked, so that an
+ * unregister of what was not registered, or a destroy that leaves a
+ * registration behind, is caught. */
+static gp_status host_host_register(gp_backend *be, void *ptr, uint64_t size)
+{
+    host_backend *h = HOST(be);
+    pthread_mutex_lock(&h->lock);
+    gp_status st = host_fault_locked(h, GP_HOST_HOST_REGISTER);
+    if (st == GP_OK && (!ptr || !size))
+        st = gp_error_set(GP_ERR_INVALID, "host host_register: %p+%llu is empty", ptr, (unsigned long long)size);
+    if (st == GP_OK && host_ranges_cover(&h->registered, (uintptr_t)ptr, size)) {
+        host_misuse("host host_register: %p+%llu overlaps a registered range", ptr, (unsigned long long)size);
+        st = gp_error_set(GP_ERR_INVALID, "host host_register: %p+%llu is registered already", ptr,
+                          (unsigned long long)size);
+    }
+    if (st == GP_OK && (st = host_ranges_add(&h->registered, (uintptr_t)ptr, size, 0)) == GP_OK) {
+        h->c.n_host_register++;
+        h->c.host_registered += size;
+    }
+    pthread_mutex_unlock(&h->lock);
+    return st;
+}
+
+static void host_host_unregister(gp_backend *be, void *ptr, uint64_t size)
+{
+    host_backend *h = HOST(be);
+    pthread_mutex_lock(&h->lock);
+    size_t i = host_ranges_find(&h->registered, (uintptr_t)ptr);
+    if (i == h->registered.n || h->registered.v[i].size != size) {
+        host_misuse("host host_unregister: %p+%llu was not registered as such", ptr, (unsigned long long)size);
+    } else {
+        host_ranges_del(&h->registered, i);
+        h->c.host_registered -= size;
+    }
+    pthread_mutex_unlock(&h->lock);
+}
+
 static gp_status host_stream_create(gp_backend *be, gp_stream *out)
 {
     host_backend *h = HOST(be);
@@ -616,16 +662,17 @@ static gp_status host_in_context(gp_backend *be, gp_status (*fn)(void *arg), voi
 static void host_destroy(gp_backend *be)
 {
     host_backend *h = HOST(be);
-    if (h->maps.n || h->reserved.n || h->pinned.n || h->c.events_live || h->c.streams_live)
+    if (h->maps.n || h->reserved.n || h->pinned.n || h->registered.n || h->c.events_live || h->c.streams_live)
         host_misuse("host destroy: %zu mappings (%llu bytes), %zu reservations, %zu pinned buffers, "
-                    "%llu events and %llu streams are left", h->maps.n, (unsigned long long)h->c.mapped,
-                    h->reserved.n, h->pinned.n, (unsigned long long)h->c.events_live,
-                    (unsigned long long)h->c.streams_live);
+                    "%zu registered ranges, %llu events and %llu streams are left", h->maps.n,
+                    (unsigned long long)h->c.mapped, h->reserved.n, h->pinned.n, h->registered.n,
+                    (unsigned long long)h->c.events_live, (unsigned long long)h->c.streams_live);
     for (size_t i = 0; i < h->reserved.n; i++) munmap((void *)h->reserved.v[i].addr, h->reserved.v[i].size);
     for (size_t i = 0; i < h->pinned.n; i++) munmap((void *)h->pinned.v[i].addr, h->pinned.v[i].size);
     free(h->reserved.v);
     free(h->maps.v);
     free(h->pinned.v);
+    free(h->registered.v); /* (the caller maps what it registers: not ours to unmap) */
     free(h->events);
     pthread_mutex_destroy(&h->lock);
     free(h);

@@ -13,8 +13,8 @@
 
 /* The backend functions that can fail, for fault injection: every
  * operation of GP_BACKEND_OPS that returns a status (unreserve,
- * event_release, host_free, stream_destroy and destroy return nothing and
- * cannot fail), in the list's order: GP_HOST_RESERVE, GP_HOST_MAP, ... */
+ * event_release, host_free, host_unregister, stream_destroy and destroy
+ * return nothing and cannot fail), in the list's order: GP_HOST_RESERVE, GP_HOST_MAP, ... */
 typedef enum gp_host_fn {
 #define GP_HOST_FN_ENUM(ret, name, NAME, params, args) GP_BACKEND_IF_STATUS_##ret(GP_HOST_##NAME,)
     GP_BACKEND_OPS(GP_HOST_FN_ENUM)
@@ -33,6 +33,8 @@ typedef struct gp_host_counters {
     uint64_t events_live;     /* recorded and not yet released */
     uint64_t mapped;         /* bytes mapped now */
     uint64_t n_host_alloc, host_bytes; /* host_alloc calls; bytes held now */
+    uint64_t n_host_register, host_registered; /* host_register calls that
+                                                  succeeded; bytes registered now */
     uint64_t n_copy, copy_bytes;       /* copy calls and bytes copied      */
     uint64_t streams_live;             /* stream_create minus destroy      */
     /* Per function: every call, failing or not, and the failures injected. */

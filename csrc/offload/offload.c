@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "offload_impl.h"
 
@@ -157,7 +158,11 @@ gp_status gp_offloader_create(gp_pool *pool, uint64_t host_limit, unsigned threa
     o->reclaiming = -1;
     if (nvcomp) snprintf(o->nvcomp, sizeof o->nvcomp, "%s", nvcomp);
     gp_batch_init(&o->prefetches);
-    gp_status st = gp_pinned_create(o->be, host_limit, GP_HOST_SLAB, &o->hs);
+    /* Pinning threads: one per core, up to GP_PIN_THREADS (each pins
+     * slabs of its own; more than the cores only contend). */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned pin_threads = cores < 1 ? 1 : cores > GP_PIN_THREADS ? GP_PIN_THREADS : (unsigned)cores;
+    gp_status st = gp_pinned_create(o->be, host_limit, GP_HOST_SLAB, pin_threads, &o->hs);
     gp_tag own;
     if (st == GP_OK) st = gp_tag_intern("gpupool", &own);
     /* The checksums' device array comes from the pool, once, before any
@@ -419,6 +424,28 @@ gp_status gp_offload_tags_background(gp_offloader *o, const gp_tag *tags, size_t
     return st;
 }
 
+/* Host room for what may be offloaded next: the live bytes on the device
+ * of every offloadable tag (their raw size: compressed they take less),
+ * or the reserve asked for at start if larger, queued to be pinned in the
+ * background, within the host limit. */
+static void gp_prepare_host(gp_offloader *o)
+{
+    uint8_t reg[GP_MAX_TAGS];
+    pthread_mutex_lock(&o->lock);
+    for (unsigned t = 0; t < GP_MAX_TAGS; t++) reg[t] = o->reg[t].prio >= 0;
+    uint64_t want = o->host_reserve;
+    pthread_mutex_unlock(&o->lock);
+    uint64_t live = 0;
+    unsigned nt = gp_tag_count();
+    for (unsigned t = 0; t < nt; t++) {
+        if (!reg[t]) continue;
+        gp_tag_stats ts;
+        gp_pool_tag_stats(o->pool, (gp_tag)t, &ts);
+        live += ts.allocated > ts.offloaded ? ts.allocated - ts.offloaded : 0;
+    }
+    gp_pinned_prepare(o->hs, live > want ? live : want);
+}
+
 gp_status gp_offload_register(gp_offloader *o, gp_tag tag, int priority, unsigned elem_size)
 {
     if (tag >= gp_tag_count() || priority < -1 || priority > GP_PRIO_MAX)
@@ -430,7 +457,17 @@ gp_status gp_offload_register(gp_offloader *o, gp_tag tag, int priority, unsigne
     o->reg[tag].elem_size = elem_size;
     o->reg[tag].last_use = ++o->clock;
     pthread_mutex_unlock(&o->lock);
+    /* (No lock held: it asks the pool, and the store only queues.) */
+    if (priority >= 0) gp_prepare_host(o);
     return GP_OK;
+}
+
+void gp_offload_reserve_host(gp_offloader *o, uint64_t bytes)
+{
+    pthread_mutex_lock(&o->lock);
+    o->host_reserve = bytes;
+    pthread_mutex_unlock(&o->lock);
+    gp_prepare_host(o);
 }
 
 gp_status gp_offload_use(gp_offloader *o, gp_tag tag, int busy)
@@ -455,6 +492,7 @@ void gp_offload_stats_get(gp_offloader *o, gp_offload_stats *out)
     *out = o->st;
     pthread_mutex_unlock(&o->lock);
     out->host_slabs = hs.slabs;
+    out->host_pinning = hs.pinning;
     out->host_limit = hs.limit;
     out->n_pin = hs.n_pin;
 }

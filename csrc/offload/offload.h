@@ -20,6 +20,11 @@
  * back what it had mapped, so the tags stay offloaded and their bytes safe
  * on the host.
  *
+ * Host memory is pinned ahead where it can be: when a tag becomes
+ * offloadable its live bytes (and GPUPOOL_HOST_RESERVE's, at start) are
+ * pinned in the background, within the host limit; an offload's own slabs
+ * are pinned on several threads while the first are copied into.
+ *
  * Offloadable tags (gp_offload_register) are what the pool's pressure
  * callback may offload on its own: when an allocation of priority P finds
  * the device or the limit full, idle registered tags of priority below P
@@ -127,6 +132,12 @@ gp_status gp_prefetch_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags);
  * lower goes first); 0 <= priority <= GP_PRIO_MAX, or -1 to unregister.
  * `elem_size` is the dtype hint its offloads under pressure compress with. */
 gp_status gp_offload_register(gp_offloader *o, gp_tag tag, int priority, unsigned elem_size);
+/* Keep `bytes` of host memory pinned ahead of offloads (GPUPOOL_HOST_RESERVE),
+ * within the host limit: pinned in the background from now on (returns
+ * at once); offloads use these slabs first.  Registering a tag offloadable
+ * does the same for the live bytes of the offloadable tags. */
+void gp_offload_reserve_host(gp_offloader *o, uint64_t bytes);
+
 /* Mark `tag` in use (busy != 0: never offloaded under pressure from its
  * return on; a pressure offload of it under way is waited for, so that a
  * restore after it leaves the tag on the device) or idle (its last use is
@@ -149,6 +160,7 @@ void gp_offload_figures(gp_offloader *o, uint64_t *offloadable, uint64_t *offloa
 #define GP_OFFLOAD_STATS_FIELDS(X)                                              \
     X(host_bytes)  /* bytes of offloaded data on the host now */               \
     X(host_slabs)  /* pinned host memory held (slabs) */                       \
+    X(host_pinning) /* host slabs being pinned in the background */          \
     X(host_limit)                                                              \
     X(n_offload)   /* calls that moved memory out */                           \
     X(n_restore)   /* ... and back */                                          \

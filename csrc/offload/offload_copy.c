@@ -371,6 +371,9 @@ static gp_status gp_lane_store(gp_offloader *o, gp_record *r, gp_lane *l)
     p->n_chunks = n;
     p->stored = stored;
     if (st == GP_OK) st = gp_piece_room(o, p);
+    /* (Slabs are pinned in the background: each copy waits for its own.) */
+    if (st == GP_OK) st = gp_pinned_ready(o->hs, &p->host);
+    if (st == GP_OK) st = gp_pinned_ready(o->hs, &p->host2);
     /* Chunks that lie back to back in the staging and on the host (the
      * gathered ones, runs of raw ones) go in one copy. */
     uint64_t off = 0;
@@ -569,8 +572,9 @@ static gp_status gp_out_copy(gp_out *x)
             l->piece = (long)j;
             l->close_lo = closed;
             l->close_hi = due;
-        } else if ((st = o->be->copy(o->be, p->host.ptr, (const void *)p->addr, p->size, GP_COPY_D2H, l->s)) ==
-                   GP_OK) {
+        } else if ((st = gp_pinned_ready(o->hs, &p->host)) == GP_OK &&
+                   (st = o->be->copy(o->be, p->host.ptr, (const void *)p->addr, p->size, GP_COPY_D2H, l->s)) ==
+                       GP_OK) {
             p->copied = 1;
             for (size_t k = closed; k < due && st == GP_OK; k++) st = gp_chunk_close(o, r, &c[k], lane, &x->unmaps);
         }

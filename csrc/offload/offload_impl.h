@@ -29,6 +29,9 @@
 /* Slab of pinned host memory: a few per GiB (pinning cost is per byte),
  * small enough that the store holds little more than it must. */
 #define GP_HOST_SLAB (32ull << 20)
+/* Threads that pin slabs (pinned.c): at most one per core, and no more
+ * than this (the H100 machine's 16 cores populated at 40.8 GB/s). */
+#define GP_PIN_THREADS 16u
 /* Checksums one offload or restore may compute (a device array of this
  * many words, taken from the pool once): 2 TiB in GP_PIECE_MAX pieces,
  * 256 GiB of 2 MiB chunks. */
@@ -134,6 +137,7 @@ struct gp_offloader {
     gp_workq *pq;          /* prefetches and background offloads (one
                               thread, in order: they take `op`)          */
     gp_pinned *hs;
+    uint64_t host_reserve; /* host bytes to keep pinned ahead (GPUPOOL_HOST_RESERVE) */
     gp_stream streams[2];
     int n_streams;
     gp_record *records;

@@ -5,6 +5,14 @@
  * alloc takes the first hole that fits (lowest slab first), free puts the
  * extent back and merges it with the holes beside it.  Offloads are few and
  * their extents large (MiBs), so the arrays stay short.
+ *
+ * A slab is added mapped but not pinned (hostmem.c), so that extents can
+ * be handed out at once, and queued to the store's pinning threads; a
+ * copy into an extent waits for its slab (gp_pinned_ready), and pins it
+ * itself if no thread has started on it.  So an offload's slabs are
+ * pinned on several threads while the first ones are already copied into,
+ * and slabs asked for ahead (gp_pinned_prepare) are pinned with nobody
+ * waiting.  No lock is held while pinning.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -14,8 +22,10 @@
 
 #include <pthread.h>
 
+#include "hostmem.h"
 #include "pinned.h"
 #include "util.h"
+#include "workq.h"
 
 #define GP_EXTENT_ALIGN 16u
 
@@ -23,38 +33,66 @@ typedef struct gp_hole {
     uint64_t off, size;
 } gp_hole;
 
+/* A slab's pinning: queued to the pinning threads, pinned by one of them
+ * or by a copy that needs it, ready; or not pinned (its job failed, could
+ * not be queued, or was cancelled): the next copy into it pins it. */
+typedef enum gp_slab_state {
+    GP_SLAB_QUEUED,
+    GP_SLAB_PINNING,
+    GP_SLAB_READY,
+    GP_SLAB_UNPINNED
+} gp_slab_state;
+
 typedef struct gp_slab {
     char *base;
     gp_hole *holes;
     size_t n_holes, cap_holes;
     uint64_t free;
+    gp_slab_state state;
 } gp_slab;
 
 struct gp_pinned {
     pthread_mutex_t lock;
+    pthread_cond_t cond;  /* a slab's pinning ended */
     gp_backend *be;
     uint64_t limit, slab_size;
-    gp_slab *slabs;
+    gp_slab *slabs;       /* (moves when it grows: threads name a slab by index) */
     size_t n_slabs, cap_slabs;
     uint64_t used, reserved;
     uint64_t n_pin;
     double pin_seconds;
+    gp_workq *pinq;       /* the pinning threads                          */
+    gp_batch pins;        /* their jobs (never waited for: destroy joins) */
+    int stop;             /* destroy: queued jobs pin nothing             */
 };
+
+/* A pinning job: slab k of hs. */
+typedef struct gp_pin_job {
+    gp_pinned *hs;
+    size_t k;
+} gp_pin_job;
 
 static uint64_t gp_align16(uint64_t x) { return (x + GP_EXTENT_ALIGN - 1) & ~(uint64_t)(GP_EXTENT_ALIGN - 1); }
 
-gp_status gp_pinned_create(gp_backend *be, uint64_t limit, uint64_t slab, gp_pinned **out)
+gp_status gp_pinned_create(gp_backend *be, uint64_t limit, uint64_t slab, unsigned threads, gp_pinned **out)
 {
     *out = NULL;
-    if (slab < (1u << 20) || slab % GP_EXTENT_ALIGN)
-        return gp_error_set(GP_ERR_INVALID, "gpupool: host slab of %llu bytes: at least 1 MiB, a multiple of 16",
+    if (slab < GP_HOSTMEM_ALIGN || slab % GP_HOSTMEM_ALIGN)
+        return gp_error_set(GP_ERR_INVALID, "gpupool: host slab of %llu bytes: a multiple of 2 MiB (a huge page)",
                             (unsigned long long)slab);
     gp_pinned *hs = calloc(1, sizeof *hs);
     if (!hs) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the host store");
     pthread_mutex_init(&hs->lock, NULL);
+    pthread_cond_init(&hs->cond, NULL);
+    gp_batch_init(&hs->pins);
     hs->be = be;
     hs->limit = limit;
     hs->slab_size = slab;
+    gp_status st = gp_workq_create(threads ? threads : 1, &hs->pinq);
+    if (st != GP_OK) {
+        gp_pinned_destroy(hs);
+        return st;
+    }
     *out = hs;
     return GP_OK;
 }
@@ -62,13 +100,102 @@ gp_status gp_pinned_create(gp_backend *be, uint64_t limit, uint64_t slab, gp_pin
 void gp_pinned_destroy(gp_pinned *hs)
 {
     if (!hs) return;
+    /* Cancel: the jobs not started pin nothing; those pinning finish their
+     * slab (a few ms), then the threads are joined. */
+    pthread_mutex_lock(&hs->lock);
+    hs->stop = 1;
+    pthread_mutex_unlock(&hs->lock);
+    gp_workq_destroy(hs->pinq);
     for (size_t i = 0; i < hs->n_slabs; i++) {
-        hs->be->host_free(hs->be, hs->slabs[i].base, hs->slab_size);
+        if (hs->slabs[i].state == GP_SLAB_READY) gp_hostmem_unpin(hs->be, hs->slabs[i].base, hs->slab_size);
+        gp_hostmem_unmap(hs->slabs[i].base, hs->slab_size);
         free(hs->slabs[i].holes);
     }
     free(hs->slabs);
+    gp_batch_destroy(&hs->pins);
+    pthread_cond_destroy(&hs->cond);
     pthread_mutex_destroy(&hs->lock);
     free(hs);
+}
+
+/* Pin slab k, whose state this thread set to PINNING (from QUEUED or
+ * UNPINNED, under the lock: no other thread pins it then), with the lock
+ * released (pinning takes milliseconds per slab), and say how it went. */
+static gp_status gp_slab_pin(gp_pinned *hs, size_t k)
+{
+    char *base = hs->slabs[k].base;
+    pthread_mutex_unlock(&hs->lock);
+    double t0 = gp_now();
+    gp_status st = gp_hostmem_pin(hs->be, base, hs->slab_size);
+    double dt = gp_now() - t0;
+    pthread_mutex_lock(&hs->lock);
+    /* (Re-read after retaking the lock: the array may have moved.) */
+    hs->slabs[k].state = st == GP_OK ? GP_SLAB_READY : GP_SLAB_UNPINNED;
+    if (st == GP_OK) hs->n_pin++;
+    hs->pin_seconds += dt;
+    pthread_cond_broadcast(&hs->cond);
+    return st;
+}
+
+static gp_status gp_pin_job_run(void *arg)
+{
+    gp_pin_job *j = arg;
+    gp_pinned *hs = j->hs;
+    size_t k = j->k;
+    free(j);
+    pthread_mutex_lock(&hs->lock);
+    if (hs->slabs[k].state == GP_SLAB_QUEUED) {
+        if (hs->stop) {
+            hs->slabs[k].state = GP_SLAB_UNPINNED;
+        } else {
+            hs->slabs[k].state = GP_SLAB_PINNING;
+            /* A failure leaves it unpinned: the copy that needs it pins it
+             * and, if that fails too, fails with its own words. */
+            if (gp_slab_pin(hs, k) != GP_OK) gp_error_clear();
+        }
+    }
+    pthread_mutex_unlock(&hs->lock);
+    return GP_OK;
+}
+
+/* Queue slab k to the pinning threads (the lock is held); where no job
+ * can be queued it stays unpinned, for the first copy into it. */
+static void gp_slab_queue(gp_pinned *hs, size_t k)
+{
+    gp_pin_job *j = malloc(sizeof *j);
+    hs->slabs[k].state = GP_SLAB_UNPINNED;
+    if (!j) return;
+    *j = (gp_pin_job){hs, k};
+    hs->slabs[k].state = GP_SLAB_QUEUED;
+    if (gp_workq_push(hs->pinq, &hs->pins, gp_pin_job_run, j) != GP_OK) {
+        gp_error_clear();
+        hs->slabs[k].state = GP_SLAB_UNPINNED;
+        free(j);
+    }
+}
+
+gp_status gp_pinned_ready(gp_pinned *hs, const gp_extent *e)
+{
+    if (!e->ptr) return GP_OK;
+    gp_status st = GP_OK;
+    pthread_mutex_lock(&hs->lock);
+    for (int tries = 0;;) {
+        gp_slab_state s = hs->slabs[e->slab].state;
+        if (s == GP_SLAB_READY) break;
+        if (s == GP_SLAB_PINNING) {
+            pthread_cond_wait(&hs->cond, &hs->lock);
+            continue;
+        }
+        /* Queued and not started, or not pinned: this thread pins it
+         * rather than wait (the job finds it taken); twice, as the
+         * background thread it stands in for would have left a refusal
+         * to the copy. */
+        hs->slabs[e->slab].state = GP_SLAB_PINNING;
+        if ((st = gp_slab_pin(hs, e->slab)) != GP_OK && ++tries == 2) break;
+        if (st != GP_OK) gp_error_clear();
+    }
+    pthread_mutex_unlock(&hs->lock);
+    return st;
 }
 
 static uint64_t gp_free_locked(const gp_pinned *hs)
@@ -78,8 +205,8 @@ static uint64_t gp_free_locked(const gp_pinned *hs)
     return f;
 }
 
-/* Pin one more slab (the lock is held; pinning takes long, but the store
- * is only used by offloads, which are serialised anyway). */
+/* One more slab, mapped and queued to be pinned (the lock is held: the
+ * mapping is quick, the pinning is the threads'). */
 static gp_status gp_add_slab(gp_pinned *hs)
 {
     if (hs->limit && (hs->n_slabs + 1) * hs->slab_size > hs->limit)
@@ -99,19 +226,27 @@ static gp_status gp_add_slab(gp_pinned *hs)
     if (!(s->holes = malloc(4 * sizeof *s->holes)))
         return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the host store");
     s->cap_holes = 4;
-    double t0 = gp_now();
-    gp_status st = hs->be->host_alloc(hs->be, hs->slab_size, (void **)&s->base);
-    hs->pin_seconds += gp_now() - t0;
+    gp_status st = gp_hostmem_map(hs->slab_size, (void **)&s->base);
     if (st != GP_OK) {
         free(s->holes);
         return st;
     }
-    hs->n_pin++;
     s->holes[0] = (gp_hole){0, hs->slab_size};
     s->n_holes = 1;
     s->free = hs->slab_size;
-    hs->n_slabs++;
+    gp_slab_queue(hs, hs->n_slabs++);
     return GP_OK;
+}
+
+/* Slabs until `free` bytes are free in them, within the limit (the lock
+ * is held); what the limit refuses is not an error here. */
+static void gp_add_slabs(gp_pinned *hs, uint64_t free)
+{
+    while (gp_free_locked(hs) < free)
+        if (gp_add_slab(hs) != GP_OK) {
+            gp_error_clear();
+            break;
+        }
 }
 
 gp_status gp_pinned_reserve(gp_pinned *hs, uint64_t bytes)
@@ -208,6 +343,9 @@ gp_status gp_pinned_alloc_part(gp_pinned *hs, uint64_t size, uint64_t min, gp_ex
         /* Free room split into holes too small: one more slab (within the
          * limit) is the price of not compacting. */
         if ((st = gp_add_slab(hs)) != GP_OK) goto out;
+        /* And one ahead while the reservation wants more than is free, so
+         * that the next slab is pinned while this one is copied into. */
+        if (hs->reserved > gp_free_locked(hs)) gp_add_slabs(hs, gp_free_locked(hs) + 1);
     }
 out:
     pthread_mutex_unlock(&hs->lock);
@@ -247,15 +385,28 @@ void gp_pinned_free(gp_pinned *hs, gp_extent *e)
 void gp_pinned_grow_ahead(gp_pinned *hs)
 {
     pthread_mutex_lock(&hs->lock);
-    if (gp_free_locked(hs) < hs->reserved + hs->slab_size && gp_add_slab(hs) != GP_OK) gp_error_clear();
+    if (gp_free_locked(hs) < hs->reserved + hs->slab_size) gp_add_slabs(hs, gp_free_locked(hs) + 1);
+    pthread_mutex_unlock(&hs->lock);
+}
+
+void gp_pinned_prepare(gp_pinned *hs, uint64_t bytes)
+{
+    pthread_mutex_lock(&hs->lock);
+    gp_add_slabs(hs, hs->reserved + bytes);
     pthread_mutex_unlock(&hs->lock);
 }
 
 void gp_pinned_stats_get(gp_pinned *hs, gp_pinned_stats *out)
 {
     pthread_mutex_lock(&hs->lock);
-    *out = (gp_pinned_stats){.limit = hs->limit, .slabs = hs->n_slabs * hs->slab_size, .used = hs->used,
-                                 .reserved = hs->reserved, .n_pin = hs->n_pin, .pin_seconds = hs->pin_seconds};
+    uint64_t ready = 0, pinning = 0;
+    for (size_t i = 0; i < hs->n_slabs; i++) {
+        ready += hs->slabs[i].state == GP_SLAB_READY ? hs->slab_size : 0;
+        pinning += hs->slabs[i].state == GP_SLAB_QUEUED || hs->slabs[i].state == GP_SLAB_PINNING ? hs->slab_size : 0;
+    }
+    *out = (gp_pinned_stats){.limit = hs->limit, .slabs = ready, .pinning = pinning,
+                             .used = hs->used, .reserved = hs->reserved, .n_pin = hs->n_pin,
+                             .pin_seconds = hs->pin_seconds};
     pthread_mutex_unlock(&hs->lock);
 }
 

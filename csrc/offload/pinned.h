@@ -1,8 +1,10 @@
 /*
  * pinned.h -- where offloaded bytes live on the host: a pool of pinned
- * (page-locked) slabs from the backend's host_alloc, kept for the life of
- * the offloader (pinning costs about 1.6 GB/s: it must not sit on the
- * offload path once warm), capped by a host limit (GPUPOOL_HOST_LIMIT).
+ * (page-locked) slabs (hostmem.h), kept for the life of the offloader
+ * (pinning, even made fast, is slower than the copies: it must not sit on
+ * the offload path once warm), capped by a host limit (GPUPOOL_HOST_LIMIT).
+ * Slabs are pinned by threads of the store's own, in the background: an
+ * extent is handed out at once and gp_pinned_ready waits for its slab.
  *
  * Space is handed out as extents of a slab, 16-byte aligned, first fit;
  * a caller that can cut what it stores takes what a slab's tail has left
@@ -28,6 +30,9 @@ typedef struct gp_extent {
 typedef struct gp_pinned_stats {
     uint64_t limit;      /* bytes the slabs may total (0: none)           */
     uint64_t slabs;      /* bytes of pinned slabs held                    */
+    uint64_t pinning;    /* bytes of slabs queued or being pinned (one
+                            whose pinning failed waits, in neither, for
+                            the first copy into it to pin it)           */
     uint64_t used;       /* bytes in extents                              */
     uint64_t reserved;   /* bytes promised to offloads under way          */
     uint64_t n_pin;      /* slabs pinned, ever                            */
@@ -35,10 +40,11 @@ typedef struct gp_pinned_stats {
 } gp_pinned_stats;
 
 /* A store over backend `be` whose slabs total at most `limit` bytes (0: no
- * limit), `slab` bytes each (a slab is at least as large as the largest
- * extent asked for). */
-gp_status gp_pinned_create(gp_backend *be, uint64_t limit, uint64_t slab, gp_pinned **out);
-/* Frees every slab: extents still held are lost. */
+ * limit), `slab` bytes each (a multiple of 2 MiB, at least as large as the
+ * largest extent asked for), pinned by `threads` threads of its own. */
+gp_status gp_pinned_create(gp_backend *be, uint64_t limit, uint64_t slab, unsigned threads, gp_pinned **out);
+/* Cancels the pinning not started, waits for the slabs being pinned (a
+ * few ms each), and frees every slab: extents still held are lost. */
 void gp_pinned_destroy(gp_pinned *hs);
 
 /* Promise `bytes` to an offload about to start: GP_ERR_LIMIT (naming the
@@ -46,15 +52,18 @@ void gp_pinned_destroy(gp_pinned *hs);
  * here: the extents taken under the promise pin slabs as they need them
  * (a compressed offload reserves the raw size and uses about two thirds of
  * it; pinning the whole promise made host RSS grow by the raw size), so
- * gp_pinned_alloc may still fail with GP_ERR_NOMEM (the host refuses to
- * pin) or, where holes too small strand room, GP_ERR_LIMIT.
+ * gp_pinned_alloc may still fail with GP_ERR_NOMEM (no address space for
+ * a slab) or, where holes too small strand room, GP_ERR_LIMIT, and
+ * gp_pinned_ready with GP_ERR_NOMEM (the host refuses to pin).
  * gp_pinned_settle gives back what the offload did not use. */
 gp_status gp_pinned_reserve(gp_pinned *hs, uint64_t bytes);
 void gp_pinned_settle(gp_pinned *hs, uint64_t bytes);
 
 /* An extent of `size` bytes (> 0, at most the slab size) from reserved
  * room: the reservation shrinks by `size`.  GP_ERR_LIMIT when the
- * reservation or the slabs hold too little room. */
+ * reservation or the slabs hold too little room.  A slab added for it is
+ * queued to be pinned, with one more while the reservation wants more
+ * than is free; gp_pinned_ready before a copy. */
 gp_status gp_pinned_alloc(gp_pinned *hs, uint64_t size, gp_extent *out);
 /* The same, but the extent may be shorter, down to `min` bytes, where the
  * first hole with room for that many is shorter than `size`: a caller that
@@ -67,9 +76,20 @@ gp_status gp_pinned_alloc_part(gp_pinned *hs, uint64_t size, uint64_t min, gp_ex
 void gp_pinned_shrink(gp_pinned *hs, gp_extent *e, uint64_t size);
 void gp_pinned_free(gp_pinned *hs, gp_extent *e);
 
-/* Pin one more slab ahead of need when less than a slab is free, within the
- * limit (a caller's background thread calls it after an offload). */
+/* Wait until the slab of extent `e` is pinned (nothing to wait for when
+ * e->ptr is NULL), pinning it on this thread where no pinning thread has
+ * started on it: before the device copies into or out of `e`.  A failure
+ * (the host refuses to pin, GP_ERR_NOMEM) is that of this call's second
+ * attempt; the slab stays, unpinned, for the next one to try. */
+gp_status gp_pinned_ready(gp_pinned *hs, const gp_extent *e);
+
+/* Queue one more slab to be pinned when less than a slab is free beyond
+ * the reservations, within the limit (after an offload: the next finds it). */
 void gp_pinned_grow_ahead(gp_pinned *hs);
+/* Queue slabs to be pinned in the background until `bytes` are free beyond
+ * the reservations, as far as the limit allows (no error past it): host
+ * memory made ready before an offload needs it.  Returns at once. */
+void gp_pinned_prepare(gp_pinned *hs, uint64_t bytes);
 
 void gp_pinned_stats_get(gp_pinned *hs, gp_pinned_stats *out);
 

@@ -23,6 +23,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "arbiter.h"
@@ -229,6 +230,22 @@ static void test_host_memory(const variant *v)
         CHECK(((unsigned char *)p)[sizes[i] - 1] == 0xa5);
         be->host_free(be, p, sizes[i]);
     }
+    /* Memory of our own, populated (from two threads' worth of parts, as
+     * pinned.c's threads do) and registered, keeps its bytes, and the
+     * device copies into and out of it. */
+    enum { R = 4 * MiB };
+    char *m = mmap(NULL, R, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(m != MAP_FAILED);
+    if (m == MAP_FAILED) return;
+    if (ok(be->host_populate(be, m, R / 2), "host_populate") && ok(be->host_populate(be, m + R / 2, R / 2), "host_populate")) {
+        CHECK(m[0] == 0 && m[R - 1] == 0); /* (populating writes nothing the caller sees) */
+        memset(m, 0x3c, R);
+        if (ok(be->host_register(be, m, R), "host_register")) {
+            CHECK(m[R / 3] == 0x3c);
+            be->host_unregister(be, m, R);
+        }
+    }
+    munmap(m, R);
 }
 
 static void test_copies(const variant *v)
@@ -481,6 +498,7 @@ static void run(const char *name)
         }
         CHECK(c.n_unreserve > 0 && c.n_event_record > 0 && c.n_host_alloc > 0);
         CHECK(c.mapped == 0 && c.events_live == 0 && c.host_bytes == 0 && c.streams_live == 0);
+        CHECK(c.n_host_register > 0 && c.host_registered == 0);
     }
     v.be->destroy(v.be);
     if (v.host) {

@@ -149,7 +149,7 @@ static void test_table(void)
     const gp_option_info *o = gp_config_options(&n);
     const char *keys[] = {"mode", "reserve", "limit", "priority", "codec", "nvcomp", "offload_threads",
                           "tenant", "log", "trace", "chunk", "small_size", "torch_patch",
-                          "placement", "large_chunk", "cache_slack", "host_limit", "debug",
+                          "placement", "large_chunk", "cache_slack", "host_limit", "host_reserve", "debug",
                           "device_limit", "reclaim_timeout", "tenant_turn", "tenant_share"};
     CHECK(n == sizeof keys / sizeof keys[0]);
     gp_config cfg;
@@ -510,6 +510,34 @@ static void test_options(void)
     CHECK(set_bad("host_limit", "2") && has("less than 32MiB") && has("at least 32MiB"));
     CHECK(set_bad("host_limit", "32MiB1"));
     CHECK(set_bad("host_limit", "33554431") && has("at least 32MiB"));
+    /* host_reserve: a size or a share of host memory, 0 by default, at most
+     * the host limit (whichever is given last is refused) */
+    CHECK(c.host_reserve.bytes == 0 && c.host_reserve.fraction == 0);
+    CHECK(set_ok(&c, "host_reserve", "8GiB") && c.host_reserve.bytes == 8 * GiB);
+    CHECK(get_is(&c, "host_reserve", "8GiB"));
+    CHECK(set_ok(&c, "GPUPOOL_HOST_RESERVE", "10%") && c.host_reserve.fraction == 0.1);
+    CHECK(set_ok(&c, "host_reserve", "50%") && c.host_reserve.fraction == 0.5); /* (the default limit) */
+    CHECK(set_ok(&c, "host_reserve", "0") && c.host_reserve.bytes == 0 && get_is(&c, "host_reserve", "0"));
+    CHECK(set_ok(&c, "host_reserve", "none") && c.host_reserve.bytes == 0 && get_is(&c, "host_reserve", "0"));
+    gp_config_default(&c);
+    CHECK(gp_config_set(&c, "host_reserve", "60%") == GP_ERR_INVALID && has("GPUPOOL_HOST_RESERVE=60%") &&
+          has("above GPUPOOL_HOST_LIMIT=50%") && has("give at most the limit"));
+    CHECK(c.host_reserve.fraction == 0);
+    CHECK(set_bad("host_reserve", "lots") && has("a size such as"));
+    CHECK(set_bad("host_reserve", "-1GiB"));
+    {
+        gp_config r;
+        gp_config_default(&r);
+        CHECK(gp_config_set(&r, "host_limit", "1GiB") == GP_OK);
+        CHECK(gp_config_set(&r, "host_reserve", "1GiB") == GP_OK);  /* equal: fits */
+        CHECK(gp_config_set(&r, "host_reserve", "2GiB") == GP_ERR_INVALID && has("HOST_RESERVE=2GiB") &&
+              has("(2147483648 bytes)") && has("GPUPOOL_HOST_LIMIT=1GiB (1073741824 bytes)"));
+        CHECK(r.host_reserve.bytes == GiB); /* (as it was) */
+        CHECK(gp_config_set(&r, "host_limit", "512MiB") == GP_ERR_INVALID && has("above GPUPOOL_HOST_LIMIT=512MiB"));
+        CHECK(r.host_limit.bytes == GiB);
+        CHECK(gp_config_set(&r, "host_limit", "none") == GP_OK); /* no limit: any reserve */
+        CHECK(gp_config_set(&r, "host_reserve", "100TiB") == GP_OK);
+    }
     /* reclaim_timeout: a duration in ms, s (the default) or min, up to a day */
     CHECK(set_ok(&c, "reclaim_timeout", "30") && c.reclaim_timeout_ms == 30000);
     CHECK(set_ok(&c, "reclaim_timeout", "2.5s") && c.reclaim_timeout_ms == 2500);

@@ -35,6 +35,7 @@
  */
 #include <stdarg.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "codec.h"
 #include "offload.h"
@@ -131,6 +132,12 @@ static void test_nth_call_once_and_from(void)
     CHECK(be->mem_info(be, &fr, &tot) == GP_OK && tot == 1 * MiB);
     CHECK(be->host_alloc(be, 4096, &pinned) == GP_ERR_BACKEND);
     CHECK(be->host_alloc(be, sizeof buf, &pinned) == GP_OK);
+    void *own = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(own != MAP_FAILED);
+    CHECK(be->host_populate(be, own, 8192) == GP_ERR_BACKEND);
+    CHECK(be->host_populate(be, own, 8192) == GP_OK);
+    CHECK(be->host_register(be, own, 8192) == GP_ERR_BACKEND);
+    CHECK(be->host_register(be, own, 8192) == GP_OK);
     CHECK(be->stream_create(be, &made) == GP_ERR_BACKEND);
     CHECK(be->stream_create(be, &made) == GP_OK);
     CHECK(be->copy(be, buf, pinned, sizeof buf, GP_COPY_D2H, made) == GP_ERR_BACKEND);
@@ -152,6 +159,8 @@ static void test_nth_call_once_and_from(void)
     be->event_release(be, ev);
     be->stream_destroy(be, made);
     be->host_free(be, pinned, sizeof buf);
+    be->host_unregister(be, own, 8192);
+    munmap(own, 8192);
     be->unreserve(be, base, 64 * KiB);
     CHECK(gp_host_fn_name(GP_HOST_EVENT_WAIT) && strcmp(gp_host_fn_name(GP_HOST_EVENT_WAIT), "event_wait") == 0);
     CHECK(gp_host_fn_name(GP_HOST_FN_COUNT) == NULL);

@@ -412,6 +412,127 @@ static void test_maps_in_order(void)
     done(p);
 }
 
+/* Background pinning's figures settle: wait (at most 10 s) until no slab
+ * is being pinned. */
+static gp_offload_stats settled(gp_offloader *o)
+{
+    gp_offload_stats os;
+    for (int i = 0; i < 10000; i++) {
+        gp_offload_stats_get(o, &os);
+        if (!os.host_pinning) break;
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    return os;
+}
+
+/* A tag made offloadable has its bytes pinned in the background, within
+ * the host limit, and its offload then pins nothing; the reserve asked at
+ * start is pinned too; a destroy while slabs are being pinned leaves
+ * nothing registered or mapped. */
+static void test_pin_ahead(void)
+{
+    gp_backend *be;
+    gp_pool *p = pool_with(1024 * MiB, &be);
+    gp_offloader *o;
+    uint64_t misuse0 = gp_host_misuse(NULL, 0);
+    CHECK(gp_offloader_create(p, 96 * MiB, 2, NULL, &o) == GP_OK);
+    gp_offload_stats os = settled(o);
+    CHECK(os.host_slabs == 0 && os.n_pin == 0); /* (nothing asked for yet) */
+    void *a = gp_alloc(p, 40 * MiB, NULL, T_W, GP_PRIO_NORMAL, NULL);
+    fill(a, 40 * MiB, 41);
+    CHECK(gp_offload_register(o, T_W, GP_PRIO_LOW, 0) == GP_OK);
+    os = settled(o);
+    CHECK(os.host_slabs == 64 * MiB && os.host_pinning == 0 && os.n_pin == 2);
+    gp_host_counters c;
+    gp_host_counters_get(be, &c);
+    CHECK(c.host_registered == 64 * MiB && c.n_host_register == 2);
+    gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
+    gp_offload_result r, rr;
+    CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK);
+    gp_offload_stats_get(o, &os);
+    CHECK(os.n_pin == 2 + 0 || os.n_pin == 2 + 1); /* (its slabs were ready: at most one grown ahead after) */
+    CHECK(gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_OK && same(a, 40 * MiB, 41));
+    /* More than the limit wanted: pinned up to the limit, not past it. */
+    void *big = gp_alloc(p, 300 * MiB, NULL, T_O, GP_PRIO_NORMAL, NULL);
+    CHECK(gp_offload_register(o, T_O, GP_PRIO_LOW, 0) == GP_OK);
+    os = settled(o);
+    CHECK(os.host_slabs == 96 * MiB && os.host_slabs + os.host_pinning <= os.host_limit);
+    /* (and its offload is refused by the limit, leaving it resident) */
+    fill(big, 300 * MiB, 42);
+    CHECK(gp_offload_tags(o, &T_O, 1, &opts, &r) == GP_ERR_LIMIT && state_of(p, big) == GP_BLOCK_USED);
+    CHECK(same(big, 300 * MiB, 42));
+    CHECK(offload_ok(o));
+    gp_offloader_destroy(o);
+    gp_host_counters_get(be, &c);
+    CHECK(c.host_registered == 0);
+    /* The reserve at start, and a destroy that cancels it half way. */
+    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    gp_offload_reserve_host(o, 128 * MiB);
+    os = settled(o);
+    CHECK(os.host_slabs == 128 * MiB && os.n_pin == 4);
+    gp_offloader_destroy(o);
+    for (int round = 0; round < 4; round++) {
+        CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+        gp_offload_reserve_host(o, 2048 * MiB); /* (64 slabs: seconds to pin under ASan) */
+        if (round) nanosleep(&(struct timespec){0, round * 2000000L}, NULL);
+        gp_offloader_destroy(o);
+        gp_host_counters_get(be, &c);
+        CHECK(c.host_registered == 0);
+    }
+    gp_free(p, a);
+    gp_free(p, big);
+    CHECK(gp_host_misuse(NULL, 0) == misuse0);
+    done(p);
+}
+
+/* The host refusing to pin (register or populate, once or from then on)
+ * in the background or on demand: an offload pins on demand what the
+ * background could not, or fails undone with every byte in place. */
+static void test_pin_faults(void)
+{
+    const gp_host_fn fns[] = {GP_HOST_HOST_REGISTER, GP_HOST_HOST_POPULATE};
+    for (size_t f = 0; f < 2; f++)
+        for (int mode = 0; mode < 2; mode++)
+            for (int ahead = 0; ahead < 2; ahead++) {
+                gp_backend *be;
+                gp_pool *p = pool_with(512 * MiB, &be);
+                gp_offloader *o;
+                CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+                void *a = gp_alloc(p, 70 * MiB, NULL, T_W, GP_PRIO_NORMAL, NULL);
+                fill(a, 70 * MiB, 50 + (unsigned)f);
+                gp_host_fail(be, fns[f], 1, GP_ERR_NOMEM, mode);
+                if (ahead) {
+                    CHECK(gp_offload_register(o, T_W, GP_PRIO_LOW, 0) == GP_OK);
+                    settled(o);
+                }
+                gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
+                gp_offload_result r, rr;
+                gp_status st = gp_offload_tags(o, &T_W, 1, &opts, &r);
+                if (mode == GP_HOST_FAIL_ONCE) {
+                    /* One refusal: the copy that needed the slab pinned it. */
+                    CHECK(st == GP_OK && state_of(p, a) == GP_BLOCK_OFFLOADED);
+                    CHECK(gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_OK);
+                } else {
+                    CHECK(st == GP_ERR_NOMEM && strstr(gp_last_error(), "injected failure") &&
+                          strstr(gp_last_error(), "undone"));
+                    CHECK(state_of(p, a) == GP_BLOCK_USED);
+                    gp_host_fail_none(be);
+                    /* The host pins again: so does the offloader. */
+                    CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK);
+                    CHECK(gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_OK);
+                }
+                CHECK(same(a, 70 * MiB, 50 + (unsigned)f));
+                CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
+                gp_host_fail_none(be);
+                gp_free(p, a);
+                gp_offloader_destroy(o);
+                gp_host_counters c;
+                gp_host_counters_get(be, &c);
+                CHECK(c.host_registered == 0);
+                done(p);
+            }
+}
+
 int main(void)
 {
     CHECK(gp_tag_intern("offl", &T_W) == GP_OK);
@@ -425,6 +546,8 @@ int main(void)
     test_compressed();
     test_maps_in_order();
     test_fills_slabs(GP_CODEC_RAW);
+    test_pin_ahead();
+    test_pin_faults();
 #ifdef GP_HAVE_ZSTD
     test_fills_slabs(GP_CODEC_AUTO);
 #endif

@@ -156,7 +156,7 @@ static void test_fault_walk(void)
 {
     const gp_host_fn fns[] = {GP_HOST_COPY,  GP_HOST_UNMAP,     GP_HOST_MAP,        GP_HOST_EVENT_RECORD,
                               GP_HOST_EVENT_WAIT, GP_HOST_CHECKSUM, GP_HOST_SYNCHRONIZE, GP_HOST_HOST_ALLOC,
-                              GP_HOST_GATHER};
+                              GP_HOST_GATHER, GP_HOST_HOST_POPULATE, GP_HOST_HOST_REGISTER};
     walk_case cases[] = {{GP_CODEC_RAW, 1}, {GP_CODEC_RAW, 0},
 #ifdef GP_HAVE_ZSTD
                          {GP_CODEC_AUTO, 1},

@@ -428,7 +428,8 @@ static void *allocator_main(void *arg)
 static void *faults_main(void *arg)
 {
     static const gp_host_fn fns[] = {GP_HOST_COPY,        GP_HOST_MAP,        GP_HOST_UNMAP,   GP_HOST_EVENT_RECORD,
-                                     GP_HOST_EVENT_QUERY, GP_HOST_HOST_ALLOC, GP_HOST_CHECKSUM};
+                                     GP_HOST_EVENT_QUERY, GP_HOST_HOST_ALLOC, GP_HOST_CHECKSUM,
+                                     GP_HOST_HOST_POPULATE, GP_HOST_HOST_REGISTER};
     uint64_t x = (uint64_t)(uintptr_t)arg * 0x9E3779B97F4A7C15ull + 5;
     while (!stopping()) {
         maybe_park();

@@ -29,6 +29,7 @@
 #include <cuda.h>
 
 #include "backend.h"
+#include "host_pages.h"
 #include "kernels.h"
 
 #if !defined(CUDA_VERSION) || CUDA_VERSION < 11000
@@ -76,6 +77,8 @@ typedef CUresult (CUDAAPI *cu_pfn_event_query)(CUevent);
 typedef CUresult (CUDAAPI *cu_pfn_thread_exchange_capture_mode)(CUstreamCaptureMode *);
 typedef CUresult (CUDAAPI *cu_pfn_mem_host_alloc)(void **, size_t, unsigned int);
 typedef CUresult (CUDAAPI *cu_pfn_mem_free_host)(void *);
+typedef CUresult (CUDAAPI *cu_pfn_mem_host_register)(void *, size_t, unsigned int);
+typedef CUresult (CUDAAPI *cu_pfn_mem_host_unregister)(void *);
 typedef CUresult (CUDAAPI *cu_pfn_stream_create)(CUstream *, unsigned int);
 typedef CUresult (CUDAAPI *cu_pfn_stream_destroy)(CUstream);
 typedef CUresult (CUDAAPI *cu_pfn_memcpy_dtoh_async)(void *, CUdeviceptr, size_t, CUstream);
@@ -123,6 +126,8 @@ typedef CUresult (CUDAAPI *cu_pfn_device_get_uuid)(CUuuid *, CUdevice);
     X(thread_exchange_capture_mode, cuThreadExchangeStreamCaptureMode) \
     X(mem_host_alloc, cuMemHostAlloc)                  \
     X(mem_free_host, cuMemFreeHost)                    \
+    X(mem_host_register, cuMemHostRegister_v2)         \
+    X(mem_host_unregister, cuMemHostUnregister)        \
     X(stream_create, cuStreamCreate)                   \
     X(stream_destroy, cuStreamDestroy_v2)              \
     X(memcpy_dtoh_async, cuMemcpyDtoHAsync_v2)         \
@@ -575,6 +580,36 @@ static void cu_host_free(gp_backend *be, void *ptr, uint64_t size)
     int pushed;
     if (!ptr || cu_enter(CU(be), &pushed) != CUDA_SUCCESS) return;
     cu_api.mem_free_host(ptr);
+    cu_leave(pushed);
+}
+
+static gp_status cu_host_populate(gp_backend *be, void *ptr, uint64_t size)
+{
+    (void)be;
+    return gp_host_pages_populate(ptr, size);
+}
+
+static gp_status cu_host_register(gp_backend *be, void *ptr, uint64_t size)
+{
+    cu_backend *cb = CU(be);
+    int pushed;
+    CU_ENTER_OR_FAIL(cb, pushed, "host_register");
+    /* PORTABLE, as host_alloc's: pinned for every context. */
+    CUresult r = cu_api.mem_host_register(ptr, size, CU_MEMHOSTREGISTER_PORTABLE);
+    cu_leave(pushed);
+    if (r != CUDA_SUCCESS) {
+        gp_status st = CU_FAIL(r, be->device, "cuMemHostRegister(%p, size=%llu)", ptr, (unsigned long long)size);
+        return st == GP_ERR_OOM ? GP_ERR_NOMEM : st; /* (host memory, not the device's) */
+    }
+    return GP_OK;
+}
+
+static void cu_host_unregister(gp_backend *be, void *ptr, uint64_t size)
+{
+    (void)size;
+    int pushed;
+    if (!ptr || cu_enter(CU(be), &pushed) != CUDA_SUCCESS) return;
+    cu_api.mem_host_unregister(ptr);
     cu_leave(pushed);
 }
 
