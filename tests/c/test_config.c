@@ -150,7 +150,7 @@ static void test_table(void)
     const char *keys[] = {"mode", "reserve", "limit", "priority", "codec", "nvcomp", "offload_threads",
                           "tenant", "log", "trace", "chunk", "small_size", "torch_patch",
                           "placement", "large_chunk", "cache_slack", "host_limit", "host_reserve", "debug",
-                          "device_limit", "reclaim_timeout", "tenant_turn", "tenant_share"};
+                          "device_limit", "reclaim_timeout", "tenant_turn", "tenant_share", "tenant_swap"};
     CHECK(n == sizeof keys / sizeof keys[0]);
     gp_config cfg;
     gp_config_default(&cfg);
