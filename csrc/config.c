@@ -776,11 +776,12 @@ static int gp_print_share(const gp_config *c, char *buf, size_t len)
       "its steps while one of its own priority waits (each handover unmaps and maps the " \
       "step's memory); a higher priority never waits for it", gp_parse_tenant_turn_ms,    \
       gp_print_tenant_turn_ms)                                                            \
-    X("GPUPOOL_TENANT_SHARE", "tenant_share", "50%",                                      \
+    X("GPUPOOL_TENANT_SHARE", "tenant_share", "25%",                                      \
       "a percentage such as 50% or a fraction such as 0.5, above 0; 100% (or 1): no pause", \
-      "with GPUPOOL_TENANT and yield points: the share of the time that the tenants below " \
-      "a busy higher-priority one may compute, together: at their yield points they pause " \
-      "so that it keeps most of the GPU", gp_parse_share, gp_print_share)                \
+      "with GPUPOOL_TENANT: the share of the time that the tenants below a busy "         \
+      "higher-priority one may compute, together: they pause at their yield points (or, " \
+      "without any, at an allocation every 100 ms) so that it keeps most of the GPU",     \
+      gp_parse_share, gp_print_share)                \
     X("GPUPOOL_TENANT_SWAP", "tenant_swap", "1", GP_BOOL_TEXT,                            \
       "with GPUPOOL_TENANT: while this tenant is parked (in an allocation, a restore or a " \
       "yield point) and a tenant ahead of it in line cannot be served, it may be swapped " \

@@ -519,6 +519,7 @@ gp_status gp_arbiter_open(const gp_arbiter_params *pr, gp_arbiter **out)
     r->n_registered++;
     a->r = r;
     a->slot = slot;
+    a->prio1 = pr->priority + 1;
     atomic_store(&a->answered, atomic_load(&s->ask_seq));
     gp_arb_unlock(r);
     gp_arb_changed(r);

@@ -22,7 +22,7 @@
 #include "util.h"
 
 #define GP_ARB_MAGIC 0x3174696272617067ull /* "gparbit1" */
-#define GP_ARB_VERSION 5
+#define GP_ARB_VERSION 6
 #define GP_ARB_LOCK_WAIT_S 10              /* a live holder longer: an error     */
 #define GP_ARB_INIT_WAIT_NS 2000000000ull  /* a creator still initialising       */
 #define GP_ARB_REAP_NS 100000000ull        /* dead tenants looked for, waiting   */
@@ -36,6 +36,14 @@
                                               against equals for a turn and at
                                               least this many times its swap    */
 #define GP_ARB_KEEP_MAX_NS 5000000000ull /* ... but no longer than this          */
+#define GP_ARB_SLICE_NS 100000000ull      /* a tenant without yield points, below
+                                              a busy higher one, runs this long
+                                              between pauses                   */
+#define GP_ARB_STUCK_NS 1000000000ull     /* a lower step stuck this long goes
+                                              ahead of higher wants             */
+#define GP_ARB_GAP_NS 50000000ull         /* a tenant back in a step sooner than
+                                              this after its yield point was
+                                              busy all along                   */
 #define MS 1000000ull
 
 typedef struct gp_arb_slot {
@@ -65,7 +73,7 @@ typedef struct gp_arb_slot {
     uint64_t n_swap_out, n_swap_in, park_ns, swap_ns, swap_max_ns;
     /* Steps between yield points: the current one's start (0: none), the
      * last one's length, and the time paused for higher priorities. */
-    uint64_t step_start, step_ns, pause_ns;
+    uint64_t step_start, step_ns, pause_ns, step_end;
     /* Asks to this tenant: askers raise ask_bytes/ask_level and bump
      * ask_seq; the tenant sees ask_seq move on its hot path and answers
      * (answer_seq = the ask_seq it answered). */
@@ -90,6 +98,11 @@ typedef struct gp_arb_shm {
     /* Tenants below a busy higher priority start no step before this: the
      * time their steps owe it (GPUPOOL_TENANT_SHARE). */
     uint64_t quiet_until;
+    /* The highest priority in a step (+1; 0: none) and until when it counts
+     * as busy: what a tenant without yield points looks at on its
+     * allocations (one relaxed load) to know whether to pause. */
+    _Atomic int32_t busy_prio;
+    _Atomic uint64_t busy_until;
     char group[64], device[GP_ARB_DEVICE_MAX];
     gp_arb_slot slots[GP_ARB_SLOTS];
 } gp_arb_shm;
@@ -117,6 +130,9 @@ struct gp_arbiter {
     pthread_mutex_t swapping;   /* one swap in at a time                   */
     _Atomic int away;           /* swapped out, not yet back                 */
     uint64_t away_since, away_lease; /* when it went, and its lease then   */
+    _Atomic uint64_t run_since; /* without yield points: when it last ran on
+                                   after a pause (0: no higher one busy)   */
+    int prio1;                  /* its priority + 1 (for busy_prio)        */
     _Atomic uint64_t parked_ns; /* time spent swapped out, ever: waits do not
                                    count it against their timeout          */
     _Atomic(gp_pool *) pool;
@@ -219,5 +235,9 @@ int gp_arb_swappable(const gp_arb_shm *r, int i, int me, uint64_t now);
 
 /* arbiter_turns.c */
 void gp_arb_step_mark(gp_arbiter *a);
+/* A tenant without yield points, on an allocation while a higher one is
+ * busy: every GP_ARB_SLICE_NS it runs, it pauses as a yield point would
+ * (GPUPOOL_TENANT_SHARE). */
+void gp_arb_duty(gp_arbiter *a);
 
 #endif /* GP_ARBITER_IMPL_H */

@@ -23,7 +23,14 @@ int gp_arb_ahead(const gp_arb_shm *r, int j, int i)
 {
     const gp_arb_slot *a = &r->slots[j], *b = &r->slots[i];
     if (j == i || !a->pid || !a->wanted) return 0;
-    if (a->want_step != b->want_step) return a->want_step;
+    /* A lower step stuck mid-way goes ahead of a higher want only once it
+     * has waited GP_ARB_STUCK_NS: until then it is swapped for the higher
+     * one rather than taking its cache (the high one keeps its speed). */
+    if (a->want_step != b->want_step) {
+        const gp_arb_slot *stuck = a->want_step ? a : b, *other = a->want_step ? b : a;
+        if (stuck->priority >= other->priority || gp_now_ns() - stuck->want_since >= GP_ARB_STUCK_NS)
+            return a->want_step;
+    }
     if (a->priority == b->priority && a->in_turn != b->in_turn) return a->in_turn;
     if (a->priority != b->priority) return a->priority > b->priority;
     /* Between equals, one swapped out comes back after those that hold
@@ -466,6 +473,10 @@ void *gp_arbiter_alloc(gp_arbiter *a, gp_pool *pool, size_t size, gp_stream stre
     if (!status) status = &dummy;
     gp_arb_poll(a, GP_DEFER_BUT_SWAP);
     if (a && atomic_load_explicit(&a->step_due, memory_order_relaxed)) gp_arb_step_mark(a);
+    /* Without yield points, below a busy higher tenant: its compute share. */
+    if (a && atomic_load_explicit(&a->r->busy_prio, memory_order_relaxed) > a->prio1 &&
+        !atomic_load_explicit(&a->turns, memory_order_relaxed) && !gp_arb_forked(a))
+        gp_arb_duty(a);
     void *p = gp_alloc(pool, size, stream, tag, priority, status);
     if (p || *status != GP_ERR_OOM || !a || gp_arb_forked(a)) return p;
     return gp_wait_alloc(a, pool, size, stream, tag, priority, status);

@@ -13,8 +13,11 @@ static int gp_busy_above(const gp_arb_shm *r, const gp_arb_slot *me, uint64_t no
 {
     for (int j = 0; j < GP_ARB_SLOTS; j++) {
         const gp_arb_slot *s = &r->slots[j];
-        if (s == me || !s->pid || s->priority <= me->priority || !s->step_start) continue;
-        if (now - s->step_start < 2 * s->step_ns + GP_ARB_BUSY_NS) return 1;
+        if (s == me || !s->pid || s->priority <= me->priority) continue;
+        /* Between two of its steps (its yield point) it is still busy: else
+         * every yield point of it woke the paused ones into a run. */
+        if (!s->step_start && s->step_end && now - s->step_end < GP_ARB_GAP_NS) return 1;
+        if (s->step_start && now - s->step_start < 2 * s->step_ns + GP_ARB_BUSY_NS) return 1;
     }
     return 0;
 }
@@ -64,8 +67,34 @@ static void gp_step_due(gp_arbiter *a)
 void gp_arb_step_mark(gp_arbiter *a)
 {
     if (gp_arb_forked(a) || !atomic_exchange(&a->step_due, 0) || gp_arb_lock(a->r) != GP_OK) return;
-    a->r->slots[a->slot].step_start = gp_now_ns();
-    gp_arb_unlock(a->r);
+    gp_arb_shm *r = a->r;
+    gp_arb_slot *me = &r->slots[a->slot];
+    uint64_t now = gp_now_ns(), until = now + 2 * me->step_ns + GP_ARB_BUSY_NS;
+    me->step_start = now;
+    /* (Told to the tenants without yield points below it, on their hot path.) */
+    int32_t busy = atomic_load(&r->busy_prio);
+    if (atomic_load(&r->busy_until) < now) busy = 0;
+    if (a->prio1 >= busy) {
+        atomic_store(&r->busy_prio, a->prio1);
+        if (until > atomic_load(&r->busy_until) || a->prio1 > busy) atomic_store(&r->busy_until, until);
+    }
+    gp_arb_unlock(r);
+}
+
+void gp_arb_duty(gp_arbiter *a)
+{
+    gp_arb_shm *r = a->r;
+    uint64_t now = gp_now_ns(), since = atomic_load(&a->run_since);
+    if (now >= atomic_load(&r->busy_until)) { /* (it went idle, or left) */
+        atomic_store(&a->run_since, 0);
+        return;
+    }
+    if (!since) atomic_store(&a->run_since, since = now);
+    if (now - since < GP_ARB_SLICE_NS || gp_arb_lock(r) != GP_OK) return;
+    r->slots[a->slot].step_ns = now - since; /* what this run owes the group's quiet */
+    gp_arb_unlock(r);
+    gp_pause(a, GP_ANSWER_NOW); /* (asks answered meanwhile: a swap among them) */
+    atomic_store(&a->run_since, gp_now_ns());
 }
 
 uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need)
@@ -79,7 +108,7 @@ uint64_t gp_arbiter_yield(gp_arbiter *a, uint64_t need)
     /* The last step's lease ends here, and the step. */
     uint64_t now = gp_now_ns();
     me->wanted = 0, me->want_since = 0, me->want_step = 0, me->lease = 0;
-    if (me->step_start) me->step_ns = now - me->step_start;
+    if (me->step_start) me->step_ns = now - me->step_start, me->step_end = now;
     me->step_start = 0;
     me->heartbeat = now;
     /* Within its turn, tenants of its own priority wait on (gp_arb_ahead). */

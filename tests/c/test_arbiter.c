@@ -1532,6 +1532,67 @@ static int poke_main(char **argv)
     return 3;
 }
 
+/* ------------------------------------------------------ compute share */
+
+/* A high tenant with yield points, in steps for `arg` ms. */
+static int busy_high(int ctl, int out, void *arg)
+{
+    int ms = *(int *)arg;
+    gp_stack *p = tenant(g_group, HIGH, "64MiB", 5000);
+    gp_arbiter *a = gp_stack_arbiter(p);
+    say(out, 1);
+    char go;
+    if (!stopped(ctl, 10000) || read(ctl, &go, 1) != 1) return 1;
+    for (uint64_t end = now_ms() + (uint64_t)ms; now_ms() < end;) {
+        gp_arbiter_yield(a, 0);
+        void *x = A(p, 4 * MiB, NULL);
+        nap_ms(20); /* its step */
+        if (x) F(p, x);
+    }
+    say(out, 0);
+    gp_stack_destroy(p);
+    return 0;
+}
+
+/* A tenant without yield points below a busy higher one pauses at its
+ * allocations (its compute share, 25% by default): here it allocates all
+ * the time for 1.5 s and is paused for most of it; with no higher tenant
+ * busy it is never paused.  Before, only tenants with yield points paused,
+ * and a plain script ran beside the high one at full speed. */
+static void test_plain_pauses(void)
+{
+    for (int with_high = 0; with_high <= 1; with_high++) {
+        new_group();
+        int ms = 2500;
+        child h = {0};
+        if (with_high) {
+            h = spawn(busy_high, &ms);
+            CHECK(hear(&h, 10000) == 1);
+            CHECK(write(h.ctl, "g", 1) == 1);
+            nap_ms(200);
+        }
+        gp_stack *p = tenant(g_group, LOW, "64MiB", 5000);
+        uint64_t n = 0;
+        for (uint64_t end = now_ms() + 1500; now_ms() < end; n++) {
+            void *x = A(p, 64 * KiB, NULL);
+            if (x) gp_stack_free(p, x);
+        }
+        gp_group_info g;
+        gp_tenant_info t[4];
+        const gp_tenant_info *me = read_group(&g, t, 4) ? find_pid(t, g.n_tenants, getpid()) : NULL;
+        CHECK(me != NULL);
+        if (me && with_high) CHECK(me->pause_ns > 700000000ull);
+        if (me && !with_high) CHECK(me->pause_ns == 0);
+        done(p);
+        if (with_high) {
+            CHECK(hear(&h, 10000) == 0);
+            CHECK(finish(&h, 10000) == 0);
+        }
+        CHECK(!registry_exists());
+        (void)n;
+    }
+}
+
 int main(int argc, char **argv)
 {
     alarm(300); /* a stuck protocol fails the run rather than hanging it */
@@ -1557,6 +1618,7 @@ int main(int argc, char **argv)
     RUN(test_fork);
     RUN(test_offload_in_a_group);
     RUN(test_pressure_publishes);
+    RUN(test_plain_pauses);
     g_swap = 1;
     RUN(test_overruns_swap);
     RUN(test_swap_for_higher);
