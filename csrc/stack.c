@@ -289,6 +289,8 @@ void *gp_stack_alloc(gp_stack *s, size_t size, gp_stream stream, gp_tag tag, int
     int ctx = gp_context_begin(s);
     void *r = gp_arbiter_alloc(s->arb, s->pool, size, stream, tag, priority, status);
     if (ctx) gp_set_context(0);
+    uint64_t room = gp_arbiter_swap_room(s->arb);
+    if (room) gp_offload_prepare(gp_stack_offloader(s, 0), room);
     if (atomic_load_explicit(&s->away, memory_order_relaxed)) {
         gp_status st = gp_stack_back(s);
         if (st != GP_OK) {

@@ -192,6 +192,10 @@ void gp_offload_stats_get(gp_offloader *o, gp_offload_stats *out);
  * the rest stays swapped (call it again).  Each fills res with its sums. */
 gp_status gp_offload_swap_out(gp_offloader *o, const char *codec, uint32_t *id, gp_offload_result *res);
 gp_status gp_offload_swap_in(gp_offloader *o, uint32_t id, gp_offload_result *res);
+/* Pin host memory in the background until `bytes` are free for offloads
+ * (within the host limit; returns at once): a tenant that may be swapped
+ * keeps room for its swap ready, so that its first swap does not pin. */
+void gp_offload_prepare(gp_offloader *o, uint64_t bytes);
 
 /* Whether `tag` has memory offloaded now (any offload holding it). */
 int gp_offload_is_offloaded(gp_offloader *o, gp_tag tag);

@@ -154,3 +154,5 @@ gp_status gp_offload_swap_in(gp_offloader *o, uint32_t id, gp_offload_result *re
     res->seconds = gp_now() - t0;
     return st;
 }
+
+void gp_offload_prepare(gp_offloader *o, uint64_t bytes) { gp_pinned_prepare(o->hs, bytes); }

@@ -521,6 +521,12 @@ gp_status gp_arbiter_open(const gp_arbiter_params *pr, gp_arbiter **out)
     a->slot = slot;
     a->prio1 = pr->priority + 1;
     atomic_store(&a->answered, atomic_load(&s->ask_seq));
+    /* The others now share the group: those that may be swapped make their
+     * swap's host memory ready (their next allocator call looks: an ask of
+     * nothing). */
+    for (int j = 0; j < GP_ARB_SLOTS; j++)
+        if (j != slot && r->slots[j].pid && r->slots[j].can_swap)
+            atomic_fetch_add_explicit(&r->slots[j].ask_seq, 1, memory_order_release);
     gp_arb_unlock(r);
     gp_arb_changed(r);
     *out = a;

@@ -107,6 +107,11 @@ void gp_arbiter_set_reclaim(gp_arbiter *a, gp_reclaim_fn fn, void *arg);
 typedef gp_status (*gp_swap_out_fn)(void *arg, uint64_t *released, uint64_t *back);
 typedef gp_status (*gp_swap_in_fn)(void *arg);
 void gp_arbiter_set_swap(gp_arbiter *a, gp_swap_out_fn out, gp_swap_in_fn in, void *arg);
+/* What host memory a tenant that may be swapped should keep ready for
+ * its swap: the bytes it holds once another tenant shares its group (0:
+ * nothing new since the last call, which took it).  One relaxed load when
+ * there is nothing. */
+uint64_t gp_arbiter_swap_room(gp_arbiter *a);
 /* Bring this tenant back if it is swapped out: wait in line for its room
  * (without a timeout: it holds nothing meanwhile, and its memory must be
  * back before its call returns), then `in`, retried twice.  GP_OK when it

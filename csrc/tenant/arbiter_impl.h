@@ -133,6 +133,9 @@ struct gp_arbiter {
     _Atomic uint64_t run_since; /* without yield points: when it last ran on
                                    after a pause (0: no higher one busy)   */
     int prio1;                  /* its priority + 1 (for busy_prio)        */
+    _Atomic uint64_t swap_room; /* host room its swap should find ready (0:
+                                   taken by gp_arbiter_swap_room)          */
+    uint64_t room_told;         /* the last told (under the registry lock) */
     _Atomic uint64_t parked_ns; /* time spent swapped out, ever: waits do not
                                    count it against their timeout          */
     _Atomic(gp_pool *) pool;

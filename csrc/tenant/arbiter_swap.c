@@ -29,6 +29,12 @@ void gp_arbiter_set_swap(gp_arbiter *a, gp_swap_out_fn out, gp_swap_in_fn in, vo
     gp_arb_unlock(a->r);
 }
 
+uint64_t gp_arbiter_swap_room(gp_arbiter *a)
+{
+    if (!atomic_load_explicit(&a->swap_room, memory_order_relaxed)) return 0;
+    return atomic_exchange(&a->swap_room, 0);
+}
+
 /* Whether slot i may be swapped for slot me: lower priorities always (a
  * higher one never waits for a lower one's turn), an equal one only once
  * behind me in line and past the room it keeps (its turn, or a swap in

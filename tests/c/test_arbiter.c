@@ -1593,6 +1593,38 @@ static void test_plain_pauses(void)
     }
 }
 
+/* A tenant that may be swapped makes its swap's host memory ready once
+ * another tenant shares its group (not before: alone it is never
+ * swapped), so that its first swap pins nothing in the call. */
+static void test_swap_room_ready(void)
+{
+    new_group();
+    gp_stack *p = tenant(g_group, LOW, "48MiB", 5000);
+    void *x = A(p, 20 * MiB, NULL);
+    CHECK(x != NULL);
+    static gp_offload_stats st;
+    gp_offload_stats_get(gp_stack_offloader(p, 0), &st);
+    uint64_t alone = st.host_slabs + st.host_pinning;
+    holder hi = {HIGH, 4, 1};
+    child h = spawn(hold, &hi);
+    CHECK(hear(&h, 10000) == 1);
+    void *y = A(p, 64 * KiB, NULL); /* its next allocation looks */
+    uint64_t ready = 0;
+    for (uint64_t end = now_ms() + 3000; now_ms() < end && ready < 20 * MiB; nap_ms(10)) {
+        gp_offload_stats_get(gp_stack_offloader(p, 0), &st);
+        ready = st.host_slabs;
+    }
+    CHECK(alone < 20 * MiB);
+    CHECK(ready >= 20 * MiB);
+    stop(&h);
+    CHECK(hear(&h, 10000) != UINT64_MAX);
+    CHECK(finish(&h, 10000) == 0);
+    if (y) F(p, y);
+    F(p, x);
+    done(p);
+    CHECK(!registry_exists());
+}
+
 int main(int argc, char **argv)
 {
     alarm(300); /* a stuck protocol fails the run rather than hanging it */
@@ -1624,6 +1656,7 @@ int main(int argc, char **argv)
     RUN(test_swap_for_higher);
     RUN(test_killed_while_swapped);
     RUN(test_swap_threads);
+    RUN(test_swap_room_ready);
     g_swap = 0;
     RUN(test_registry_is_ours);
     RUN(test_corrupt_registry);
