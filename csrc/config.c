@@ -542,7 +542,7 @@ static int gp_host_reserve_conflict(const gp_config *c, char *why, size_t n)
     gp_spec_print(c->host_limit, l, sizeof l);
     /* (Short: `why` holds 192 bytes.) */
     snprintf(why, n, "GPUPOOL_HOST_RESERVE=%s (%llu bytes) is above GPUPOOL_HOST_LIMIT=%s (%llu bytes); "
-                     "give at most the limit", r, (unsigned long long)reserve, l, (unsigned long long)limit);
+                     "expected at most the limit", r, (unsigned long long)reserve, l, (unsigned long long)limit);
     return GP_CONFLICT;
 }
 

@@ -194,7 +194,7 @@ static void test_defaults(void)
     CHECK(c.debug == 0);
     CHECK(c.device_limit.bytes == 0 && c.device_limit.fraction == 0);
     CHECK(c.reclaim_timeout_ms == 30000);
-    CHECK(c.tenant_turn_ms == 1000 && c.tenant_share == 0.5);
+    CHECK(c.tenant_turn_ms == 1000 && c.tenant_share == 0.25);
     CHECK(c.placement == GP_PLACE_LIFETIME);
     CHECK(c.host_limit.bytes == 0 && c.host_limit.fraction == 0.5);
     /* Defaults are not given options: a reserve still implies reserve mode,
@@ -521,7 +521,7 @@ static void test_options(void)
     CHECK(set_ok(&c, "host_reserve", "none") && c.host_reserve.bytes == 0 && get_is(&c, "host_reserve", "0"));
     gp_config_default(&c);
     CHECK(gp_config_set(&c, "host_reserve", "60%") == GP_ERR_INVALID && has("GPUPOOL_HOST_RESERVE=60%") &&
-          has("above GPUPOOL_HOST_LIMIT=50%") && has("give at most the limit"));
+          has("above GPUPOOL_HOST_LIMIT=50%") && has("expected at most the limit"));
     CHECK(c.host_reserve.fraction == 0);
     CHECK(set_bad("host_reserve", "lots") && has("a size such as"));
     CHECK(set_bad("host_reserve", "-1GiB"));
