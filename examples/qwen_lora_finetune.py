@@ -24,7 +24,7 @@ checkpointing. ``--offload-optimizer`` makes the AdamW state offloadable
 (``offload_after_step=True``): it leaves the device after each step and comes
 back during the next backward pass (``--prefetch-at``). ``--trace PATH``
 records a torch profiler trace of two more steps after the timed ones
-(``python -m benchmarks.timeline PATH`` summarises it).
+(Chrome trace format: chrome://tracing or Perfetto opens it).
 
 ``--allocator`` picks the CUDA allocator of the process:
 
