@@ -74,9 +74,10 @@ gp_status gp_offload_swap_out(gp_offloader *o, const char *codec, uint32_t *id, 
     if (st != GP_OK) return st;
     gp_tag *tags = malloc(GP_MAX_TAGS * sizeof *tags);
     if (!tags) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a swap");
-    /* Background offloads first: what they take is theirs to give back. */
+    /* Background offloads first (what they take is theirs to give back),
+     * and the prefetches queued behind them. */
     pthread_mutex_lock(&o->lock);
-    while (o->n_background) pthread_cond_wait(&o->cond, &o->lock);
+    while (o->n_background || o->n_deferred) pthread_cond_wait(&o->cond, &o->lock);
     pthread_mutex_unlock(&o->lock);
     /* Every kernel queued on the pool's memory, on any stream, is done
      * before its bytes are read (the tenant launches nothing meanwhile). */
