@@ -1085,7 +1085,7 @@ static int swap_done(int out, gp_stack *p, int fails, int wrong)
 static int plain_job(int ctl, int out, void *arg)
 {
     int prio = *(int *)arg, fails = 0, wrong = 0;
-    gp_stack *p = tenant(g_group, prio, "24MiB", 10000);
+    gp_stack *p = tenant(g_group, prio, "24MiB", 20000);
     say(out, 1);
     char go;
     if (!stopped(ctl, 10000) || read(ctl, &go, 1) != 1) return 1;
@@ -1113,10 +1113,11 @@ static int plain_job(int ctl, int out, void *arg)
 
 /* Two or three jobs without yield points whose peaks add up to more than
  * the group: each step that outgrows what is left waits, and one parked
- * behind the other is swapped out whole and back; nobody fails (their
- * timeout, 2 s, is far shorter than the run), no byte changes.  Without
- * swaps two such steps held half each and waited for each other until the
- * timeout. */
+ * behind the other is swapped out whole and back; nobody fails, no byte
+ * changes.  Without swaps two such steps each held half and waited for
+ * each other until the timeout (20 s: under a sanitizer on a loaded
+ * machine a swap of 20 MiB compressed takes up to a few hundred ms, and a
+ * tenant keeps its room for five times the costliest). */
 static void test_overruns_swap(void)
 {
     int prios[3] = {NORMAL, NORMAL, LOW};
