@@ -340,8 +340,8 @@ def _cold_cases(runs: List[Dict[str, Any]], mode: str) -> Dict[str, List[Dict[st
 
 def cold_table(runs: List[Dict[str, Any]], modes: Sequence[str]) -> str:
     """The cold offload's figures per mode and case: median [min-max] over the repetitions."""
-    lines = ["| mode | case | GiB | out GB/s [min-max] | pinned D2H GB/s | out / pinned | pinned before MiB "
-             "| slabs pinned in the call | RSS growth MiB | same bytes |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| mode | case | GiB | out GB/s [min-max] | back GB/s | pinned D2H GB/s | out / pinned | pinned before MiB "
+             "| slabs pinned in the call | RSS growth MiB | same bytes |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode in modes:
         for case, per in _cold_cases(runs, mode).items():
             def med(k: str) -> float:
@@ -349,12 +349,14 @@ def cold_table(runs: List[Dict[str, Any]], modes: Sequence[str]) -> str:
 
             gb = [x["offload_gbps"] for x in per]
             lines.append(f"| {mode} | {case} | {per[-1]['gib']:g} | {med('offload_gbps'):.1f} [{min(gb):.1f}-"
-                         f"{max(gb):.1f}] | {med('pinned_d2h_gbps'):.1f} | {med('vs_pinned'):.2f} "
+                         f"{max(gb):.1f}] | {med('restore_gbps') if 'restore_gbps' in per[-1] else float('nan'):.1f} "
+                         f"| {med('pinned_d2h_gbps'):.1f} | {med('vs_pinned'):.2f} "
                          f"| {med('pinned_before') / 2**20:.0f} | {med('pins'):.0f} | {med('rss_grew') / 2**20:.0f} "
                          f"| {all(x['same_bytes'] for x in per)} |")
     tms = sorted({r["result"].get("tms", "") for r in runs if r["workload"] == "offload_cold"
                   and "error" not in r["result"]})
-    lines.append(f"\ntorch_memory_saver: {', '.join(t for t in tms if t) or 'not installed'}")
+    lines.append(f"\ntorch_memory_saver: {', '.join(t for t in tms if t) or 'not installed'} (its case: native, tms;"
+                 " back: the restore, or its resume, right after)")
     return "\n".join(lines)
 
 

@@ -14,6 +14,10 @@ offload, raw:
   the background meanwhile.
 * PyTorch's modes: what a user does without gpupool the first time:
   ``torch.empty(pin_memory=True)`` and copies into it, timed together.
+* ``tms`` (with the ``native`` mode, where torch_memory_saver is installed):
+  its ``pause`` of a region made with ``enable_cpu_backup=True`` (its own
+  allocator, hook mode ``torch``), then ``resume``: the same first sleep
+  and wake with another library.
 
 Then, in the same process, the yardstick: pinned copies between buffers
 that exist already (benchmarks.offload.pinned_copy), and the bytes are
@@ -67,8 +71,29 @@ def one_case(mode: str, gib: float, case: str, wait: float) -> Dict[str, Any]:
         off1 = gpupool.stats()["offload"]
         row.update(pins=off1["n_pin"] - off0.get("n_pin", 0), pinned_before=off0.get("host_slabs", 0),
                    rss_grew=rss() - rss0)
+        t2 = time.perf_counter()
         gpupool.restore(tag)
         torch.cuda.synchronize()
+        row["restore_gbps"] = nbytes / (time.perf_counter() - t2) / 1e9
+        row["same_bytes"] = checksum(torch, ts) == sums and [t.data_ptr() for t in ts] == ptrs
+    elif case == "tms":
+        from torch_memory_saver import torch_memory_saver as tms
+
+        tms.hook_mode = "torch"
+        with tms.region(tag="cold", enable_cpu_backup=True):
+            ts = fill(torch, nbytes, "bf16", g)
+        torch.cuda.synchronize()
+        sums, ptrs = checksum(torch, ts), [t.data_ptr() for t in ts]
+        rss0 = rss()
+        t0 = time.perf_counter()
+        tms.pause("cold")
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        row.update(pins=0, pinned_before=0, rss_grew=rss() - rss0)
+        t2 = time.perf_counter()
+        tms.resume("cold")
+        torch.cuda.synchronize()
+        row["restore_gbps"] = nbytes / (time.perf_counter() - t2) / 1e9
         row["same_bytes"] = checksum(torch, ts) == sums and [t.data_ptr() for t in ts] == ptrs
     else:
         ts = fill(torch, nbytes, "bf16", g)
@@ -93,13 +118,13 @@ def one_case(mode: str, gib: float, case: str, wait: float) -> Dict[str, Any]:
     return row
 
 
-def tms_figure() -> str:
-    """torch_memory_saver's cold figure, if it is importable here."""
+def tms_installed() -> bool:
+    """Whether torch_memory_saver can be imported here (its case runs then)."""
     try:
         import torch_memory_saver  # noqa: F401
     except ImportError:
-        return "not installed"
-    return "installed, not measured by this benchmark"
+        return False
+    return True
 
 
 def main() -> None:
@@ -115,6 +140,7 @@ def main() -> None:
             json.dump(one_case(a.mode, a.gib, a.case, a.wait), f)
         return
     cases = ("none", "ready") if a.mode in GPUPOOL_MODES else ("none",)
+    cases += ("tms",) if a.mode == "native" and tms_installed() else ()
     rows: List[Dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="gpupool-cold-") as tmp:
         for case in cases:
@@ -126,7 +152,8 @@ def main() -> None:
                 raise SystemExit(f"cold case {case} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
             with open(out) as f:
                 rows.append(json.load(f))
-    res = {"mode": a.mode, "cold": rows, "offload_gbps": rows[0]["offload_gbps"], "tms": tms_figure()}
+    res = {"mode": a.mode, "cold": rows, "offload_gbps": rows[0]["offload_gbps"],
+           "tms": "installed" if tms_installed() else "not installed"}
     with open(a.json, "w") as f:
         json.dump(res, f, indent=1)
     for r in rows:

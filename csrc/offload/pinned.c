@@ -21,6 +21,9 @@
 #include <time.h>
 
 #include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "hostmem.h"
 #include "pinned.h"
@@ -137,9 +140,24 @@ static gp_status gp_slab_pin(gp_pinned *hs, size_t k)
     return st;
 }
 
+/* The pinning threads yield the CPU to computing ones: pinning ahead runs
+ * while this process or another trains, and their launch threads slowed
+ * by it slow their GPU work (a copy that needs a slab pins it itself, at
+ * its own priority).  Best effort: a refusal leaves the thread as it is. */
+#define GP_PIN_NICE 10
+
+static void gp_pin_thread_background(void)
+{
+    static _Thread_local int done;
+    if (done) return;
+    done = 1;
+    (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), GP_PIN_NICE);
+}
+
 static gp_status gp_pin_job_run(void *arg)
 {
     gp_pin_job *j = arg;
+    gp_pin_thread_background();
     gp_pinned *hs = j->hs;
     size_t k = j->k;
     free(j);

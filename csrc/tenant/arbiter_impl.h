@@ -235,6 +235,7 @@ gp_status gp_arb_swap_out(gp_arbiter *a, uint64_t *released);
 void gp_arb_keep(gp_arbiter *a, uint64_t now);
 /* Whether slot i may be asked to swap for slot me now (under the lock). */
 int gp_arb_swappable(const gp_arb_shm *r, int i, int me, uint64_t now);
+int gp_arb_may_be_swapped(const gp_arb_shm *r, int i);
 
 /* arbiter_turns.c */
 void gp_arb_step_mark(gp_arbiter *a);

@@ -109,11 +109,8 @@ gp_status gp_arbiter_take(gp_arbiter *a, uint64_t size, gp_backend *inner)
         /* Sharing the group, it may be swapped: its swap's host memory is
          * made ready as it grows (a large chunk at a time), not pinned in
          * the swap (17 GB/s at best from cold, against 55 warm). */
-        if (me->can_swap && me->held >= a->room_told + (64ull << 20)) {
-            int others = 0;
-            for (int j = 0; j < GP_ARB_SLOTS && !others; j++) others = j != a->slot && r->slots[j].pid;
-            if (others) atomic_store(&a->swap_room, a->room_told = me->held);
-        }
+        if (me->held >= a->room_told + (64ull << 20) && gp_arb_may_be_swapped(r, a->slot))
+            atomic_store(&a->swap_room, a->room_told = me->held);
     }
     gp_arb_unlock(r);
     return st;
@@ -197,11 +194,8 @@ uint64_t gp_arb_answer(gp_arbiter *a, uint64_t gift, int defer, uint64_t since)
     uint32_t seq = atomic_load(&me->ask_seq);
     uint64_t bytes = me->ask_bytes, asked_at = me->ask_time;
     int level = me->ask_level;
-    if (me->can_swap && me->held > a->room_told) { /* (a tenant joined: see gp_arbiter_swap_room) */
-        int others = 0;
-        for (int j = 0; j < GP_ARB_SLOTS && !others; j++) others = j != a->slot && r->slots[j].pid;
-        if (others) atomic_store(&a->swap_room, a->room_told = me->held);
-    }
+    if (me->held > a->room_told && gp_arb_may_be_swapped(r, a->slot)) /* (a tenant joined) */
+        atomic_store(&a->swap_room, a->room_told = me->held);
     gp_arb_unlock(r);
     /* Not in a free (GP_DEFER_ALL: not where a tenant parks): there it
      * gives what it can without swapping, and swaps at its next

@@ -387,11 +387,22 @@ typedef struct holder {
     int prio;
     uint64_t mib;
     int keep;         /* keep the memory live (nothing to give) */
+    int gated;        /* join when the parent says go */
 } holder;
+
+/* Let a gated child go.  A child forked while the parent's threads run
+ * may inherit a lock of the sanitizer's allocator taken (no atfork in
+ * it): a parent with a stack forks its children first, gated. */
+static void go(child *c)
+{
+    if (write(c->ctl, "g", 1) != 1) exit(5);
+}
 
 static int hold(int ctl, int out, void *arg)
 {
     holder *h = arg;
+    char g;
+    if (h->gated && read(ctl, &g, 1) != 1) return 1;
     gp_stack *p = tenant(g_group, h->prio, "48MiB", 2000);
     void *x = A(p, h->mib * MiB, NULL);
     if (!x) return 1;
@@ -1600,14 +1611,15 @@ static void test_plain_pauses(void)
 static void test_swap_room_ready(void)
 {
     new_group();
+    holder hi = {HIGH, 4, 1, 1};
+    child h = spawn(hold, &hi);
     gp_stack *p = tenant(g_group, LOW, "48MiB", 5000);
     void *x = A(p, 20 * MiB, NULL);
     CHECK(x != NULL);
     static gp_offload_stats st;
     gp_offload_stats_get(gp_stack_offloader(p, 0), &st);
     uint64_t alone = st.host_slabs + st.host_pinning;
-    holder hi = {HIGH, 4, 1};
-    child h = spawn(hold, &hi);
+    go(&h);
     CHECK(hear(&h, 10000) == 1);
     void *y = A(p, 64 * KiB, NULL); /* its next allocation looks */
     uint64_t ready = 0;
@@ -1623,6 +1635,28 @@ static void test_swap_room_ready(void)
     if (y) F(p, y);
     F(p, x);
     done(p);
+    CHECK(!registry_exists());
+
+    /* A lower tenant joining does not make the highest pin: nobody can
+     * swap it, and its pinning would take the CPU from its own work. */
+    new_group();
+    holder lo = {LOW, 4, 1, 1};
+    child l = spawn(hold, &lo);
+    gp_stack *q = tenant(g_group, HIGH, "48MiB", 5000);
+    void *u = A(q, 20 * MiB, NULL);
+    CHECK(u != NULL);
+    go(&l);
+    CHECK(hear(&l, 10000) == 1);
+    void *v = A(q, 64 * KiB, NULL); /* (where it would look) */
+    nap_ms(300);
+    gp_offload_stats_get(gp_stack_offloader(q, 0), &st);
+    CHECK(st.host_slabs + st.host_pinning < 20 * MiB);
+    stop(&l);
+    CHECK(hear(&l, 10000) != UINT64_MAX);
+    CHECK(finish(&l, 10000) == 0);
+    if (v) F(q, v);
+    if (u) F(q, u);
+    done(q);
     CHECK(!registry_exists());
 }
 
