@@ -15,9 +15,9 @@ offload, raw:
 * PyTorch's modes: what a user does without gpupool the first time:
   ``torch.empty(pin_memory=True)`` and copies into it, timed together.
 * ``tms`` (with the ``native`` mode, where torch_memory_saver is installed):
-  its ``pause`` of a region made with ``enable_cpu_backup=True`` (its own
-  allocator, hook mode ``torch``), then ``resume``: the same first sleep
-  and wake with another library.
+  its ``pause`` of a region made with ``enable_cpu_backup=True`` (its
+  default hook mode: its library preloaded into the fresh process), then
+  ``resume``: the same first sleep and wake with another library.
 
 Then, in the same process, the yardstick: pinned copies between buffers
 that exist already (benchmarks.offload.pinned_copy), and the bytes are
@@ -79,7 +79,6 @@ def one_case(mode: str, gib: float, case: str, wait: float) -> Dict[str, Any]:
     elif case == "tms":
         from torch_memory_saver import torch_memory_saver as tms
 
-        tms.hook_mode = "torch"
         with tms.region(tag="cold", enable_cpu_backup=True):
             ts = fill(torch, nbytes, "bf16", g)
         torch.cuda.synchronize()
@@ -127,6 +126,13 @@ def tms_installed() -> bool:
     return True
 
 
+def tms_env() -> Dict[str, str]:
+    """The environment of torch_memory_saver's case: its hook library preloaded."""
+    from torch_memory_saver.utils import get_binary_path_from_package
+
+    return dict(os.environ, LD_PRELOAD=str(get_binary_path_from_package("torch_memory_saver_hook_mode_preload")))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=MODES, required=True)
@@ -147,7 +153,7 @@ def main() -> None:
             out = os.path.join(tmp, f"{case}.json")
             r = subprocess.run([sys.executable, "-m", "benchmarks.offload_cold", "--mode", a.mode, "--gib",
                                 str(a.gib), "--wait", str(a.wait), "--case", case, "--json", out],
-                               capture_output=True, text=True)
+                               capture_output=True, text=True, env=tms_env() if case == "tms" else None)
             if r.returncode != 0:
                 raise SystemExit(f"cold case {case} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
             with open(out) as f:

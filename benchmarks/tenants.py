@@ -187,7 +187,11 @@ def swap_high(a: argparse.Namespace, t_start: float) -> None:
     torch.cuda.synchronize()
     alloc_s = time.perf_counter() - t
     group = os.environ["GPUPOOL_TENANT"]
-    low = tenant_row(group, a.low_pid)
+    # L's swap out is done (its memory is H's) a moment before L records it in its row.
+    t_end, low = time.perf_counter() + 5.0, tenant_row(group, a.low_pid)
+    while time.perf_counter() < t_end and not (low or {}).get("swaps_out"):
+        time.sleep(0.01)
+        low = tenant_row(group, a.low_pid)
     time.sleep(2.0)
     del ts
     torch.cuda.empty_cache()

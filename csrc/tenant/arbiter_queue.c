@@ -106,7 +106,7 @@ gp_status gp_arbiter_take(gp_arbiter *a, uint64_t size, gp_backend *inner)
         me->held += size;
         if (me->held > a->step_peak) a->step_peak = me->held;
         me->heartbeat = gp_now_ns();
-        /* Sharing the group, it may be swapped: its swap's host memory is
+        /* In a group, it may be swapped: its swap's host memory is
          * made ready as it grows (a large chunk at a time), not pinned in
          * the swap (17 GB/s at best from cold, against 55 warm). */
         if (me->held >= a->room_told + (64ull << 20) && gp_arb_may_be_swapped(r, a->slot))

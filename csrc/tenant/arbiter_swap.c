@@ -47,17 +47,22 @@ int gp_arb_swappable(const gp_arb_shm *r, int i, int me, uint64_t now)
     return !gp_arb_ahead(r, i, me) && !s->in_turn && now >= s->keep_until;
 }
 
-/* Whether slot i could be swapped for some tenant now in the group: one
- * of its priority or above.  Only then is its swap's host memory pinned
- * ahead: the highest tenant's would be pinned for nobody, taking the CPU
- * while it computes. */
+/* Whether slot i's swap's host memory should be pinned ahead: unless every
+ * other tenant in the group is below it (the highest one's would be pinned
+ * for nobody, taking the CPU while it computes).  Alone it is pinned: the
+ * tenant that joins next asks at once, and a swap that pins its own host
+ * memory runs at pinning speed (0.8 s against 0.23 s for 11 GiB). */
 int gp_arb_may_be_swapped(const gp_arb_shm *r, int i)
 {
     const gp_arb_slot *s = &r->slots[i];
     if (!s->can_swap) return 0;
-    for (int j = 0; j < GP_ARB_SLOTS; j++)
-        if (j != i && r->slots[j].pid && r->slots[j].priority >= s->priority) return 1;
-    return 0;
+    int lower = 0;
+    for (int j = 0; j < GP_ARB_SLOTS; j++) {
+        if (j == i || !r->slots[j].pid) continue;
+        if (r->slots[j].priority >= s->priority) return 1;
+        lower = 1;
+    }
+    return !lower;
 }
 
 gp_status gp_arb_swap_out(gp_arbiter *a, uint64_t *released)

@@ -1605,56 +1605,43 @@ static void test_plain_pauses(void)
     }
 }
 
-/* A tenant that may be swapped makes its swap's host memory ready once
- * another tenant shares its group (not before: alone it is never
- * swapped), so that its first swap pins nothing in the call. */
+/* A tenant that may be swapped makes its swap's host memory ready as it
+ * grows, alone too (the tenant that joins next may ask at once), so that
+ * its first swap pins nothing in the call; the highest one, with only
+ * lower ones beside it, pins nothing. */
 static void test_swap_room_ready(void)
 {
     new_group();
-    holder hi = {HIGH, 4, 1, 1};
-    child h = spawn(hold, &hi);
-    gp_stack *p = tenant(g_group, LOW, "48MiB", 5000);
-    void *x = A(p, 20 * MiB, NULL);
+    gp_stack *p = tenant(g_group, LOW, "160MiB", 5000);
+    void *x = A(p, 80 * MiB, NULL); /* (told a large chunk at a time) */
     CHECK(x != NULL);
     static gp_offload_stats st;
-    gp_offload_stats_get(gp_stack_offloader(p, 0), &st);
-    uint64_t alone = st.host_slabs + st.host_pinning;
-    go(&h);
-    CHECK(hear(&h, 10000) == 1);
-    void *y = A(p, 64 * KiB, NULL); /* its next allocation looks */
     uint64_t ready = 0;
-    for (uint64_t end = now_ms() + 3000; now_ms() < end && ready < 20 * MiB; nap_ms(10)) {
+    for (uint64_t end = now_ms() + 3000; now_ms() < end && ready < 64 * MiB; nap_ms(10)) {
         gp_offload_stats_get(gp_stack_offloader(p, 0), &st);
         ready = st.host_slabs;
     }
-    CHECK(alone < 20 * MiB);
-    CHECK(ready >= 20 * MiB);
-    stop(&h);
-    CHECK(hear(&h, 10000) != UINT64_MAX);
-    CHECK(finish(&h, 10000) == 0);
-    if (y) F(p, y);
+    CHECK(ready >= 64 * MiB); /* (the first large chunk) */
     F(p, x);
     done(p);
     CHECK(!registry_exists());
 
-    /* A lower tenant joining does not make the highest pin: nobody can
+    /* With a lower tenant beside it, the highest pins nothing: nobody can
      * swap it, and its pinning would take the CPU from its own work. */
     new_group();
     holder lo = {LOW, 4, 1, 1};
     child l = spawn(hold, &lo);
     gp_stack *q = tenant(g_group, HIGH, "48MiB", 5000);
-    void *u = A(q, 20 * MiB, NULL);
-    CHECK(u != NULL);
     go(&l);
     CHECK(hear(&l, 10000) == 1);
-    void *v = A(q, 64 * KiB, NULL); /* (where it would look) */
+    void *u = A(q, 20 * MiB, NULL);
+    CHECK(u != NULL);
     nap_ms(300);
     gp_offload_stats_get(gp_stack_offloader(q, 0), &st);
     CHECK(st.host_slabs + st.host_pinning < 20 * MiB);
     stop(&l);
     CHECK(hear(&l, 10000) != UINT64_MAX);
     CHECK(finish(&l, 10000) == 0);
-    if (v) F(q, v);
     if (u) F(q, u);
     done(q);
     CHECK(!registry_exists());
