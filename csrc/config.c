@@ -785,9 +785,10 @@ static int gp_print_share(const gp_config *c, char *buf, size_t len)
     X("GPUPOOL_TENANT_SWAP", "tenant_swap", "1", GP_BOOL_TEXT,                            \
       "with GPUPOOL_TENANT: while this tenant is parked (in an allocation, a restore or a " \
       "yield point) and a tenant ahead of it in line cannot be served, it may be swapped " \
-      "out whole to host memory and back at the same addresses before the call returns; " \
-      "0 for a process whose threads launch GPU work without allocating while another "  \
-      "one allocates", gp_parse_tenant_swap, gp_print_tenant_swap)
+      "out whole to host memory and back at the same addresses before the call returns " \
+      "(the host memory of its swap, as much as it holds, is pinned ahead within "       \
+      "GPUPOOL_HOST_LIMIT); 0 for a process whose threads launch GPU work without "      \
+      "allocating while another one allocates", gp_parse_tenant_swap, gp_print_tenant_swap)
 
 #define GP_INFO(env, key, def, accepted, help, parse, print) {env, key, def, accepted, help},
 static const gp_option_info gp_options[] = {GP_OPTIONS(GP_INFO)};
