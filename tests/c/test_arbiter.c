@@ -1104,9 +1104,13 @@ static int plain_job(int ctl, int out, void *arg)
     for (int step = 0; step < 40; step++) {
         void *live[10];
         uint64_t size[10];
-        int n = 0, parts = 2 + (int)(rand_r(&seed) % 3); /* (at most 20 MiB: it fits alone) */
+        /* At most 16 MiB: with its offloader's 4 MiB it fits beside what
+         * a tenant swapped out keeps (its offloader's last 1 MiB).  A step
+         * that needs more than the group less that waits until the
+         * timeout (docs/architecture.md, "Swaps"). */
+        int n = 0, parts = 3 + (int)(rand_r(&seed) % 2);
         for (int i = 0; i < parts; i++) {
-            size[n] = (2 + rand_r(&seed) % 4) * MiB;
+            size[n] = (2 + rand_r(&seed) % 3) * MiB;
             if (!(live[n] = A(p, size[n], NULL))) {
                 fprintf(stderr, "plain_job %d failed: %s\n", (int)getpid(), gp_last_error());
                 fails++;
@@ -1334,11 +1338,16 @@ static void test_swap_threads(void)
     /* The other thread got memory while some was away at most where a
      * swap began right after its allocation had returned (the window
      * between its return and its look: the rule covers allocations, not
-     * what a thread does after one); without the gate, at every swap. */
-    CHECK(hear(&l, 20000) <= 1);
+     * what a thread does after one), once a swap at most: its next
+     * allocation waits at the gate.  Without the gate, at every
+     * allocation while away (tens a swap). */
+    uint64_t seen = hear(&l, 20000);
     CHECK(hear(&l, 1000) == 400);  /* and every allocation of it succeeded */
     uint64_t out = hear(&l, 1000), in = hear(&l, 1000);
     CHECK(out >= 1 && in == out);
+    CHECK(seen <= out);
+    if (seen > out) fprintf(stderr, "swap_threads: %llu allocations saw memory away, %llu swaps\n",
+                            (unsigned long long)seen, (unsigned long long)out);
     CHECK(hear(&l, 1000) == 0 && hear(&l, 1000) == 0);
     CHECK(finish(&l, 10000) == 0);
     done(h);
