@@ -136,6 +136,43 @@ def test_background_offload_is_waited_for_and_reports_failure() -> None:
         gpupool.offload("bg_t", codec="lz77", wait=False, pool=p)
 
 
+def test_prefetch_behind_a_background_offload_is_queued_not_waited_for() -> None:
+    # The optimizer's prefetch is started by a gradient hook, on the thread
+    # that queues the backward pass, while the offload behind the last step
+    # may still be copying: waiting for it there stopped feeding the device.
+    # The prefetch is queued behind the offload instead and returns at once.
+    import os
+
+    p = pool(256 * MiB, host_limit="256MiB")
+    n = 96 * MiB
+    a = p.alloc(n, tag="bgp_t")
+    ctypes.memmove(a, os.urandom(n), n)  # (incompressible: zstd takes its time on it)
+    want = bytes((ctypes.c_ubyte * n).from_address(a))
+    gpupool.offload("bgp_t", codec="zstd", wait=False, pool=p)
+    gpupool.prefetch("bgp_t", pool=p)
+    # Before the offload was published: the prefetch did not wait for it.
+    assert p.stats()["offload"]["n_offload"] == 0
+    deadline = time.monotonic() + 30
+    while p.stats()["offload"]["n_restore"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # The queued prefetch found the record the offload made and brought it
+    # back by itself; the restore finds nothing left to do.
+    assert p.stats()["offload"]["n_restore"] == 1 and p.stats()["offload"]["n_offload"] == 1
+    assert gpupool.restore("bgp_t", pool=p)["bytes"] == 0
+    assert bytes((ctypes.c_ubyte * n).from_address(a)) == want
+    # A restore (or prefetch) asked after it waits for the queued prefetch
+    # to take its records: an offload after that restore is not undone by
+    # the prefetch asked before it.
+    gpupool.offload("bgp_t", codec="raw", wait=False, pool=p)
+    gpupool.prefetch("bgp_t", pool=p)
+    gpupool.restore("bgp_t", pool=p)
+    gpupool.offload("bgp_t", codec="raw", pool=p)
+    time.sleep(0.05)
+    assert p.lookup(a).state == "offloaded" and p.stats()["offload"]["n_restore"] == 2
+    gpupool.restore("bgp_t", pool=p)
+    assert bytes((ctypes.c_ubyte * n).from_address(a)) == want
+
+
 def test_allocation_waits_for_a_background_offload() -> None:
     # The optimizer hook offloads behind the step while the next forward
     # allocates: under a limit, a request that finds no room must wait for
@@ -294,7 +331,7 @@ def test_optimizer_state_is_prefetched_during_the_backward_pass() -> None:
     state = p.alloc(8 * MiB, tag="pf_opt_t")
     fill(state, 8 * MiB, 9)
     opt.step()  # offloads the state behind the step
-    gpupool.prefetch("nothing_t", pool=p)  # (waits for the background offload)
+    gpupool.restore("nothing_t", pool=p)  # (waits for the background offload)
     assert p.lookup(state).state == "offloaded"
     params[0].grad_done()  # 40% of the bytes: not yet
     time.sleep(0.05)

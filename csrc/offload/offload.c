@@ -270,7 +270,7 @@ static gp_status gp_want_locked(gp_offloader *o, const gp_tag *tags, size_t n, g
     if (st == GP_OK) st = gp_want_of(o, tags, n, w);
     if (st != GP_OK) return st;
     pthread_mutex_lock(&o->lock);
-    while (o->n_background) pthread_cond_wait(&o->cond, &o->lock);
+    while (o->n_background || o->n_deferred) pthread_cond_wait(&o->cond, &o->lock);
     return GP_OK;
 }
 
@@ -348,29 +348,89 @@ static gp_status gp_job_prefetch_record(void *arg)
     return st;
 }
 
-gp_status gp_prefetch_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags)
+/* Queue a prefetch job for each offloaded record w wants (the lock is
+ * held). */
+static gp_status gp_prefetch_locked(gp_offloader *o, const gp_want *w)
 {
-    gp_want w;
-    gp_status st = gp_want_locked(o, tags, n_tags, &w);
-    if (st != GP_OK) return st;
+    gp_status st = GP_OK;
     for (gp_record *r = o->records; r && st == GP_OK; r = r->next) {
         /* (Not one whose offload lost bytes: a prefetch cannot accept the
          * loss, and its refusal, reported by whatever restore came next,
          * failed a restore that does accept it; the restore of its tags
          * refuses it or takes it back.) */
-        if (r->state != GP_REC_OFFLOADED || r->lost || !gp_record_wanted(r, &w)) continue;
+        if (r->state != GP_REC_OFFLOADED || r->lost || !gp_record_wanted(r, w)) continue;
         gp_prefetch *pf = malloc(sizeof *pf);
         if (!pf) {
             st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a prefetch");
             break;
         }
-        *pf = (gp_prefetch){.o = o, .r = r, .w = {.tags = w.tags}};
+        *pf = (gp_prefetch){.o = o, .r = r, .w = {.tags = w->tags}};
         gp_record_move(o, r, GP_REC_OFFLOADED, GP_REC_PREFETCHING);
         if ((st = gp_workq_push(o->pq, &o->prefetches, gp_job_prefetch_record, pf)) != GP_OK) {
             gp_record_move(o, r, GP_REC_PREFETCHING, GP_REC_OFFLOADED);
             free(pf);
         }
     }
+    return st;
+}
+
+typedef struct gp_deferred {
+    gp_offloader *o;
+    size_t n_tags;
+    gp_tag tags[];
+} gp_deferred;
+
+/* A prefetch asked while background offloads were queued, run behind them
+ * on their thread (one, in order: they have published their records). */
+static gp_status gp_job_prefetch_deferred(void *arg)
+{
+    gp_deferred *d = arg;
+    gp_offloader *o = d->o;
+    gp_want w;
+    gp_status st = gp_want_of(o, d->tags, d->n_tags, &w);
+    free(d);
+    pthread_mutex_lock(&o->lock);
+    if (st == GP_OK) {
+        st = gp_prefetch_locked(o, &w);
+        gp_want_free(&w);
+    }
+    o->n_deferred--;
+    /* (A failure is not reported, as a prefetch's is not: the records stay
+     * offloaded and the restore that wants them brings them back.) */
+    gp_bg_done(o, st, 0);
+    pthread_mutex_unlock(&o->lock);
+    return st;
+}
+
+gp_status gp_prefetch_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags)
+{
+    gp_status st = gp_check_tags(o, tags, n_tags);
+    if (st != GP_OK) return st;
+    /* Behind background offloads still queued, the prefetch is queued too,
+     * rather than waited for here: its caller is a gradient hook on the
+     * thread that queues the backward pass, which would stop feeding the
+     * device until the offload's copies had run. */
+    pthread_mutex_lock(&o->lock);
+    if (o->n_background) {
+        gp_deferred *d = malloc(sizeof *d + n_tags * sizeof *tags);
+        if (!d) {
+            pthread_mutex_unlock(&o->lock);
+            return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a prefetch");
+        }
+        *d = (gp_deferred){.o = o, .n_tags = n_tags};
+        memcpy(d->tags, tags, n_tags * sizeof *tags);
+        o->n_deferred++;
+        if ((st = gp_workq_push(o->pq, &o->prefetches, gp_job_prefetch_deferred, d)) != GP_OK) {
+            o->n_deferred--;
+            free(d);
+        }
+        pthread_mutex_unlock(&o->lock);
+        return st;
+    }
+    pthread_mutex_unlock(&o->lock);
+    gp_want w;
+    if ((st = gp_want_locked(o, tags, n_tags, &w)) != GP_OK) return st;
+    st = gp_prefetch_locked(o, &w);
     pthread_mutex_unlock(&o->lock);
     gp_want_free(&w);
     return st;

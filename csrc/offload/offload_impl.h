@@ -141,6 +141,10 @@ struct gp_offloader {
     gp_batch prefetches;   /* (waited for through the records' flags and
                               n_background)                              */
     unsigned n_background; /* background offloads queued or running      */
+    unsigned n_deferred;   /* prefetches queued behind background offloads
+                              (gp_prefetch_tags) that have not yet taken
+                              their records: restores and prefetches wait
+                              for them as for the offloads               */
     int reclaiming;        /* the tag a reclaim is offloading now (-1:
                               none): marking it busy waits for that offload,
                               so that a tag marked busy is on the device
