@@ -5,6 +5,8 @@
     python examples/qwen_lora_finetune.py --size 0.5b --steps 40 --json out.json
     python examples/qwen_lora_finetune.py --model /path/to/local/Qwen2-0.5B  # real weights
     python examples/qwen_lora_finetune.py --device cpu --steps 3            # smoke test, no GPU
+    python examples/qwen_lora_finetune.py --size 0.5b --full --fp32-master --min-len 512 --max-len 512 \
+        --offload-optimizer                                                  # mixed precision, state offloaded
 
 The model is randomly initialised from a config (nothing is downloaded, ever;
 ``--model PATH`` loads weights from a local folder only). LoRA adapters
@@ -14,6 +16,15 @@ and frozen (float32 on the CPU, where bf16 matrix products are slow; see
 [--min-len, --max-len], so tensor shapes change from step to step as they do
 with real, unpadded data: that is what makes a caching allocator fragment.
 Tokens are random ids and the labels are the inputs (fixed seed).
+
+``--full --fp32-master`` is the usual mixed-precision recipe of a full
+fine-tune instead: fp32 master weights, the forward and backward under
+``torch.autocast(bfloat16)``, fused AdamW with fp32 state, gradient
+checkpointing. ``--offload-optimizer`` makes the AdamW state offloadable
+(``offload_after_step=True``): it leaves the device after each step and comes
+back during the next backward pass (``--prefetch-at``). ``--trace PATH``
+records a torch profiler trace of two more steps after the timed ones
+(``python -m benchmarks.timeline PATH`` summarises it).
 
 ``--allocator`` picks the CUDA allocator of the process:
 
@@ -111,6 +122,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--offload-optimizer", action="store_true",
                    help="gpupool only: gpupool.offloadable(optimizer, offload_after_step=True): the AdamW state "
                         "leaves the device between steps and comes back for the next step")
+    p.add_argument("--fp32-master", action="store_true",
+                   help="with --full: fp32 master weights, torch.autocast(bfloat16), fused AdamW (fp32 state) and "
+                        "gradient checkpointing")
+    p.add_argument("--prefetch-at", type=float, metavar="F",
+                   help="with --offload-optimizer: gpupool.offloadable's prefetch_at (default: its own)")
+    p.add_argument("--trace", metavar="PATH",
+                   help="after the timed steps, record two more under torch.profiler into this Chrome trace")
     p.add_argument("--cap", type=float, metavar="GIB",
                    help="cap the process's device memory at GIB (gpupool's limit, or PyTorch's "
                         "set_per_process_memory_fraction): what runs out of memory, what trains")
@@ -121,6 +139,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         p.error("--offload-optimizer needs --allocator gpupool")
     if args.cap is not None and args.cap <= 0:
         p.error("--cap must be a positive number of GiB")
+    if args.fp32_master and not args.full:
+        p.error("--fp32-master is a recipe of the full fine-tune: add --full")
+    if args.fp32_master and args.dtype == "bf16":
+        p.error("--fp32-master keeps fp32 weights: leave --dtype out")
+    if args.prefetch_at is not None and not args.offload_optimizer:
+        p.error("--prefetch-at needs --offload-optimizer")
+    if args.fp32_master:
+        args.dtype = "fp32"
     return check_common(p, args)
 
 
@@ -312,6 +338,22 @@ def cap_memory(args: argparse.Namespace, use_gpupool: bool, device: "torch.devic
     print(f"device memory capped at {args.cap:g} GiB")
 
 
+def record_trace(path: str, step: Any, n: int = 2) -> None:
+    """`n` more steps under torch.profiler (CPU ops and the device's kernels
+    and copies on every stream, the offloader's too), as a Chrome trace."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    synchronize(torch.device("cuda"))
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for j in range(n):
+            with torch.profiler.record_function(f"step {j}"):
+                step(j)
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(path)
+    print(f"trace: {path} ({n} steps)")
+
+
 def train(args: argparse.Namespace, use_gpupool: bool) -> Dict[str, Any]:
     """Fine-tune for --warmup + --steps steps; returns the figures of the timed steps."""
     import torch
@@ -327,16 +369,25 @@ def train(args: argparse.Namespace, use_gpupool: bool) -> Dict[str, Any]:
         with tag(use_gpupool, "lora"):
             model = add_lora(model)
     model.train()
+    if args.fp32_master:
+        # Activations are recomputed in the backward pass instead of kept
+        # (the non-reentrant variant: the hooks see every parameter's grad).
+        model.config.use_cache = False
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     trainable = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trainable, lr=args.lr)
+    fused = {"fused": True} if args.fp32_master and device.type == "cuda" else {}
+    opt = torch.optim.AdamW(trainable, lr=args.lr, **fused)
     handle = None
     if args.offload_optimizer:
         import gpupool
 
-        handle = gpupool.offloadable(opt, "optimizer", offload_after_step=True)
+        kw = {} if args.prefetch_at is None else {"prefetch_at": args.prefetch_at}
+        handle = gpupool.offloadable(opt, "optimizer", offload_after_step=True, **kw)
     vocab = model.config.vocab_size
     print(describe(args, model if args.full else model.get_base_model(), device))
     what = "full fine-tune" if args.full else "LoRA r=8 on q/k/v"
+    if args.fp32_master:
+        what += " (fp32 master weights, autocast bf16, fused AdamW, gradient checkpointing)"
     print(f"{what}: {sum(p.numel() for p in trainable) / 1e6:.2f}M trainable parameters; "
           f"batch {args.batch}, lengths {args.min_len}..{args.max_len}, "
           f"{args.warmup} warm-up + {args.steps} timed steps"
@@ -344,10 +395,13 @@ def train(args: argparse.Namespace, use_gpupool: bool) -> Dict[str, Any]:
 
     data = batches(args, vocab, args.warmup + args.steps)
     total = len(data)
+    autocast: ContextManager[Any] = (torch.autocast(device.type, dtype=torch.bfloat16) if args.fp32_master
+                                     else contextlib.nullcontext())
 
-    def step(i: int, ids: "torch.Tensor") -> float:
-        """One optimiser step on `ids`; returns its loss when it is printed, else nan."""
-        with tag(use_gpupool, "activations"):
+    def step(i: int, ids: "torch.Tensor", quiet: bool = False) -> float:
+        """One optimiser step on `ids`; returns its loss when it is printed, else nan
+        (`quiet`: never, so that no device sync ends the step)."""
+        with tag(use_gpupool, "activations"), autocast:
             ids = ids.to(device)
             loss = model(input_ids=ids, labels=ids).loss
         with tag(use_gpupool, "backward", inherit=True):  # gradients and backward temporaries
@@ -355,7 +409,7 @@ def train(args: argparse.Namespace, use_gpupool: bool) -> Dict[str, Any]:
         with tag(use_gpupool, "optimizer"):
             opt.step()
             opt.zero_grad(set_to_none=True)
-        if i % args.log_every and i != total:
+        if quiet or (i % args.log_every and i != total):
             return float("nan")
         value = loss.item()  # a device sync: only on the steps that print
         print(f"step {i:4d}/{total}  len {ids.shape[1]:5d}  loss {value:.4f}")
@@ -374,6 +428,8 @@ def train(args: argparse.Namespace, use_gpupool: bool) -> Dict[str, Any]:
     seconds = time.perf_counter() - t0
     calls = alloc_calls(use_gpupool, device)
     peak_alloc, peak_res = peak_memory(use_gpupool, device)
+    if args.trace:
+        record_trace(args.trace, lambda j: step(total, data[args.warmup + j % args.steps], quiet=True))
     if handle is not None:
         handle.restore()  # the state is counted where it lives during a step
     state_bytes = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
@@ -383,6 +439,7 @@ def train(args: argparse.Namespace, use_gpupool: bool) -> Dict[str, Any]:
             "cap_gib": args.cap,
             "peak_allocated": peak_alloc, "peak_reserved": peak_res, "loss": loss,
             "alloc_calls_timed": None if calls is None or calls0 is None else calls - calls0,
+            "fp32_master": args.fp32_master, "prefetch_at": args.prefetch_at,
             "mode": args.allocator if device.type == "cuda" else "cpu", "steps": args.steps,
             "warmup": args.warmup, "batch": args.batch, "size": args.model or args.size,
             "dtype": str(model.dtype), "device": str(device), "torch": torch.__version__}

@@ -13,6 +13,7 @@ allocation would otherwise run out of memory."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import warnings
 import weakref
@@ -359,7 +360,8 @@ def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> No
     saved = threading.local()
 
     def pre(o: Any, args: Any, kwargs: Any) -> None:
-        h._enter()
+        with _mark("gpupool.restore"):
+            h._enter()
         if getattr(saved, "ctx", None) is None:
             saved.ctx = _C.set_context(h._tid, _C.get_context()[1])
 
@@ -370,7 +372,8 @@ def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> No
         h._retag_state(o)
         h._use(False)
         if offload_after_step:
-            h.offload(wait=False)
+            with _mark("gpupool.offload"):
+                h.offload(wait=False)
         # The end of a step is a yield point of this process's tenants
         # (GPUPOOL_TENANT): their asks are answered, the next step's room taken.
         _C.tenant_yield(0)
@@ -398,13 +401,21 @@ def _prefetch_in_backward(h: OffloadHandle, opt: Any, at: float) -> None:
         seen[0] += q.numel() * q.element_size()
         if seen[0] >= at * total:
             seen[0] = -1
-            h.prefetch()
+            with _mark("gpupool.prefetch"):
+                h.prefetch()
 
     def restart(o: Any, args: Any, kwargs: Any) -> None:
         seen[0] = 0
 
     h._hooks += [q.register_post_accumulate_grad_hook(on_grad) for q in params]
     h._hooks.append(opt.register_step_post_hook(restart))
+
+
+def _mark(name: str) -> Any:
+    """A range of the hooks' host time in a torch.profiler trace (benchmarks/timeline.py
+    names the hooks under way when the compute stream is idle); nothing without torch."""
+    torch = sys.modules.get("torch")
+    return contextlib.nullcontext() if torch is None else torch.profiler.record_function(name)
 
 
 def _flat(x: Any) -> Iterator[Any]:
