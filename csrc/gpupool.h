@@ -542,6 +542,18 @@ void gp_pool_config(gp_pool *pool, gp_config *out);
 /* Block the host until all work on the pool's device has completed (the
  * backend's synchronize; counted in n_sync). */
 gp_status gp_pool_synchronize(gp_pool *pool);
+/* What gp_pool_synchronize waits for, as events to wait for later: one
+ * recorded now on each stream the pool knows (those that allocate, and
+ * those record_stream named), at most `cap`, in events[0..*n) (the caller
+ * releases them with the backend's event_release).  Work queued after it,
+ * on those streams or others, is not waited for: an offload asked behind a
+ * step does not wait for the next forward pass.  Fails (no events) while
+ * a graph is being captured or where an event cannot be recorded. */
+gp_status gp_pool_fence(gp_pool *pool, uint64_t *events, size_t cap, size_t *n);
+/* The highest `allocated` since the last call with `reset` (then restarted
+ * from `allocated` now): what one phase of a step needed at most, read by
+ * the optimizer's offload hooks apart from the peaks a user resets. */
+uint64_t gp_pool_window_peak(gp_pool *pool, int reset);
 /* The pool's backend, for the layers above that copy (offload.c). */
 gp_backend *gp_pool_backend(gp_pool *pool);
 /* GP_OK when this process may use the pool; the error a pool made before
