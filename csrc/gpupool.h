@@ -515,6 +515,11 @@ typedef struct gp_offload_plan {
  * GP_ERR_NOMEM when host memory for the plan is short. */
 gp_status gp_pool_offload_begin(gp_pool *pool, const gp_tag *tags, size_t n_tags,
                                 gp_offload_plan **out);
+/* The same, of the first blocks of `tags` in address order (arena by
+ * arena) until they hold `most` bytes (0: all): a part of the tags, as a
+ * cap needs, whose next offload takes the next blocks. */
+gp_status gp_pool_offload_begin_upto(gp_pool *pool, const gp_tag *tags, size_t n_tags, uint64_t most,
+                                     gp_offload_plan **out);
 /* Plan the restore of `runs` (as an offload plan listed them; every block
  * in each must still be offloaded: GP_ERR_INVALID otherwise).  The plan's ranges
  * are those of the blocks still live in them (some may have been freed

@@ -353,6 +353,24 @@ def test_optimizer_state_is_prefetched_during_the_backward_pass() -> None:
         gpupool.offloadable(opt, "pf_opt_t", prefetch_at=1.5, pool=p)
 
 
+def test_offload_of_at_most_max_bytes_takes_the_first_blocks() -> None:
+    p = pool()
+    blocks = [p.alloc(4 * MiB, tag="part_t") for _ in range(4)]
+    for i, b in enumerate(blocks):
+        fill(b, 4 * MiB, 20 + i)
+    order = sorted(blocks)
+    info = gpupool.offload("part_t", codec="raw", max_bytes=6 * MiB, pool=p)
+    # Whole blocks, in address order, until they hold max_bytes.
+    assert info["bytes"] == 8 * MiB
+    assert [p.lookup(b).state for b in order] == ["offloaded", "offloaded", "used", "used"]
+    gpupool.offload("part_t", codec="raw", max_bytes=1, pool=p)  # the next one
+    assert [p.lookup(b).state for b in order] == ["offloaded"] * 3 + ["used"]
+    gpupool.restore("part_t", pool=p)
+    assert all(p.lookup(b).state == "used" and same(b, 4 * MiB, 20 + i) for i, b in enumerate(blocks))
+    with pytest.raises(ValueError, match="max_bytes"):
+        gpupool.offload("part_t", max_bytes=0, pool=p)
+
+
 def test_snapshot_of_an_offloaded_pool() -> None:
     p = pool()
     p.alloc(4 * MiB, tag="snap_t")

@@ -198,11 +198,42 @@ static gp_block *gp_back_to(gp_block *b, uintptr_t x)
 typedef struct gp_want {
     const gp_pool *p;
     uint8_t tag[GP_MAX_TAGS];
+    uintptr_t cut[GP_ARENA_COUNT]; /* per arena: blocks from here on are not taken */
 } gp_want;
 
 static int gp_cand(const gp_want *w, const gp_block *b)
 {
-    return b->state == GP_BLOCK_USED && w->tag[b->tag] && w->p->slot_kind[b->sidx] == GP_SLOT_STREAM;
+    if (!(b->state == GP_BLOCK_USED && w->tag[b->tag] && w->p->slot_kind[b->sidx] == GP_SLOT_STREAM)) return 0;
+    for (unsigned k = 0; k < w->p->n_arenas; k++) {
+        const gp_arena *a = &w->p->arenas[k];
+        if (b->addr >= a->base && b->addr < a->base + a->size) return b->addr < w->cut[k];
+    }
+    return 0;
+}
+
+/* The cuts of an offload of at most `most` bytes (0: all): the first
+ * candidates in address order, arena by arena, until they hold `most`. */
+static void gp_want_cut(gp_want *w, uint64_t most)
+{
+    const gp_pool *p = w->p;
+    uint64_t sum = 0;
+    for (unsigned k = 0; k < p->n_arenas; k++) {
+        const gp_arena *a = &p->arenas[k];
+        w->cut[k] = UINTPTR_MAX;
+        if (!most) continue;
+        if (sum >= most) {
+            w->cut[k] = a->base;
+            continue;
+        }
+        for (const gp_block *b = a->first; b; b = b->next) {
+            if (!gp_cand(w, b)) continue;
+            sum += b->size;
+            if (sum >= most) {
+                w->cut[k] = b->addr + b->size;
+                break;
+            }
+        }
+    }
 }
 
 /* Whether chunk [x, x + chunk) can be released: every block in it is a
@@ -216,6 +247,12 @@ static int gp_chunk_free_of_others(const gp_want *w, const gp_arena *a, gp_block
 }
 
 gp_status gp_pool_offload_begin(gp_pool *p, const gp_tag *tags, size_t n_tags, gp_offload_plan **out)
+{
+    return gp_pool_offload_begin_upto(p, tags, n_tags, 0, out);
+}
+
+gp_status gp_pool_offload_begin_upto(gp_pool *p, const gp_tag *tags, size_t n_tags, uint64_t most,
+                                     gp_offload_plan **out)
 {
     *out = NULL;
     if (gp_pool_usable(p) != GP_OK) return gp_pool_usable(p);
@@ -239,6 +276,8 @@ gp_status gp_pool_offload_begin(gp_pool *p, const gp_tag *tags, size_t n_tags, g
                           "device %d (a capture may not synchronise)", p->be->device);
         goto out;
     }
+    for (unsigned k = 0; k < GP_ARENA_COUNT; k++) w.cut[k] = UINTPTR_MAX;
+    gp_want_cut(&w, most);
     /* Pass 1: the runs.  A candidate's inner chunks are its own; its edge
      * chunks are released when nothing else lives in them. */
     size_t n_arena_runs[GP_ARENA_COUNT] = {0};

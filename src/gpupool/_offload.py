@@ -78,17 +78,19 @@ def _elem_size(dtype: Any) -> int:
 
 @overload
 def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype: Any = None,
-            wait: Literal[True] = True, device: Optional[int] = None,
+            wait: Literal[True] = True, max_bytes: Optional[int] = None, device: Optional[int] = None,
             pool: Optional["PoolView"] = None) -> Dict[str, Any]: ...
 
 
 @overload
 def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype: Any = None,
-            wait: Literal[False], device: Optional[int] = None, pool: Optional["PoolView"] = None) -> None: ...
+            wait: Literal[False], max_bytes: Optional[int] = None, device: Optional[int] = None,
+            pool: Optional["PoolView"] = None) -> None: ...
 
 
 def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype: Any = None, wait: bool = True,
-            device: Optional[int] = None, pool: Optional["PoolView"] = None) -> Optional[Dict[str, Any]]:
+            max_bytes: Optional[int] = None, device: Optional[int] = None,
+            pool: Optional["PoolView"] = None) -> Optional[Dict[str, Any]]:
     """Move the memory of `tag` (a name or a list of names) to host RAM.
 
     Waits for the streams that used the memory, copies its live blocks to
@@ -110,9 +112,15 @@ def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype:
     returns None at once: the caller goes on queueing work (that does not
     touch the memory) while the copies run.  A later :func:`restore` or
     :func:`prefetch` waits for it; if it failed, the memory stayed on the
-    device and the next :func:`restore` raises what it failed with."""
+    device and the next :func:`restore` raises what it failed with.
+
+    max_bytes offloads part of the memory: the tag's first live blocks, in
+    address order, until they hold max_bytes (what a cap needs); the next
+    offload takes the next ones.  None: all of it."""
+    if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes <= 0):
+        raise ValueError(f"max_bytes must be a positive number of bytes or None, got {max_bytes!r}")
     info = _pool(device, pool)._pool.offload(_tag_ids(tag), bool(keep), _codec(codec), _elem_size(dtype),
-                                             bool(wait))
+                                             bool(wait), max_bytes or 0)
     return None if info is None else dict(info)
 
 
