@@ -100,6 +100,10 @@ struct gp_pool {
     uint8_t slot_life[GP_MAX_STREAMS];
     int placement;      /* lifetime placement on (expandable mode only) */
 
+    uint64_t window_peak; /* highest `allocated` since gp_pool_window_peak reset it */
+    uint64_t mapping;   /* bytes a plan maps now, outside the lock: counted
+                           in reserved (the limit holds), not yet in the
+                           chunk table (gp_pool_plan_map)                */
     gp_rec *recs;       /* record_stream: live and pending blocks */
     unsigned n_recs, cap_recs, n_pending;
 

@@ -14,6 +14,7 @@
  * part inside waits in the run (FREE_OFFLOADED).
  */
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -459,6 +460,13 @@ static const gp_offload_run *gp_plan_run(const gp_offload_plan *pl, uintptr_t ad
     return NULL;
 }
 
+/* The driver calls of a plan's maps and unmaps run without the pool's
+ * lock: a run of a plan is its own (offloaded: no allocation lands there,
+ * no trim looks at it), and the lock held across them stopped every
+ * allocation of the thread that trains -- a cache hit too -- for the
+ * length of each cuMemUnmap or cuMemCreate/cuMemMap/cuMemSetAccess, while
+ * an optimizer's state went out behind the forward pass or came back
+ * during the backward pass. */
 gp_status gp_pool_plan_unmap(gp_pool *p, gp_offload_plan *pl, uintptr_t addr, uint64_t size)
 {
     if (!pl || !gp_plan_run(pl, addr, size))
@@ -470,12 +478,67 @@ gp_status gp_pool_plan_unmap(gp_pool *p, gp_offload_plan *pl, uintptr_t addr, ui
     /* Chunk by chunk: what is unmapped already stays so (a retry after a
      * failure resumes). */
     for (uintptr_t x = addr; x < addr + size && st == GP_OK; x += a->chunk) {
-        if (!a->handles[gp_chunk_index(a, x)]) continue;
-        if (gp_unmap_range(p, a, x, a->chunk) != a->chunk)
+        uint64_t ci = gp_chunk_index(a, x), h = a->handles[ci];
+        if (!h) continue;
+        p->st.n_unmap++;
+        pthread_mutex_unlock(&p->lock);
+        st = p->be->unmap(p->be, x, a->chunk, h);
+        pthread_mutex_lock(&p->lock);
+        if (st != GP_OK) {
             st = gp_error_set(GP_ERR_BACKEND, "gpupool: offload could not give back the chunk at 0x%" PRIxPTR
                               " of device %d: %s", x, p->be->device, gp_last_error());
+            break;
+        }
+        a->handles[ci] = 0;
+        p->st.reserved -= a->chunk;
+        p->st.unmapped_total += a->chunk;
+        GP_TRACE(p, GP_EV_UNMAP, x, a->chunk, NULL, GP_TAG_UNTAGGED, 0);
     }
     pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
+/* Map the unmapped chunks [x, x + need) of a plan's run: the lock is held,
+ * and let go for the driver calls (their bytes counted in reserved
+ * meanwhile, so that the limit holds); on failure what this call mapped
+ * is given back and the range is as it was, or *kept is the prefix still
+ * mapped (as gp_map_range). */
+static gp_status gp_plan_map_range(gp_pool *p, gp_arena *a, uintptr_t x, uint64_t need, uint64_t *kept)
+{
+    size_t n = need / a->chunk;
+    uint64_t *hs = malloc(n * sizeof *hs);
+    *kept = 0;
+    if (!hs) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a restore's maps");
+    p->st.reserved += need;
+    p->mapping += need;
+    pthread_mutex_unlock(&p->lock);
+    size_t done = 0, tried = 0, mapped;
+    gp_status st = GP_OK;
+    while (done < n && (tried++, st = p->be->map(p->be, x + done * a->chunk, a->chunk, &hs[done])) == GP_OK) done++;
+    mapped = done;
+    char why[1024] = "";
+    if (st != GP_OK) {
+        snprintf(why, sizeof why, "%s", gp_last_error());
+        while (done > 0 && p->be->unmap(p->be, x + (done - 1) * a->chunk, a->chunk, hs[done - 1]) == GP_OK) done--;
+    }
+    pthread_mutex_lock(&p->lock);
+    p->st.reserved -= need;
+    p->mapping -= need;
+    p->st.n_map += tried;
+    for (size_t i = 0; i < done; i++) a->handles[gp_chunk_index(a, x + i * a->chunk)] = hs[i];
+    free(hs);
+    uint64_t len = done * a->chunk;
+    if (st != GP_OK) {
+        p->st.n_map_fail++;
+        p->st.n_unmap += mapped - done + (done > 0); /* (the maps given back, and one that failed) */
+        gp_error_set(st, "%s", why);
+        if (!done) return st;
+        *kept = len;
+    }
+    p->st.reserved += len;
+    p->st.mapped_total += len;
+    GP_TRACE(p, GP_EV_MAP, x, len, NULL, GP_TAG_UNTAGGED, 0);
+    if (p->st.reserved > p->st.reserved_peak) p->st.reserved_peak = p->st.reserved;
     return st;
 }
 
@@ -506,10 +569,10 @@ gp_status gp_pool_plan_map(gp_pool *p, gp_offload_plan *pl, uintptr_t addr, uint
             break;
         }
         uint64_t kept; /* (a prefix a failed rollback left mapped: not mapped again) */
-        st = gp_map_range(p, a, x, need, &kept);
+        st = gp_plan_map_range(p, a, x, need, &kept);
         if (st == GP_ERR_OOM && gp_trim_in(p, NULL, need - kept, priority)) {
             gp_error_clear();
-            st = gp_map_range(p, a, x + kept, need - kept, &kept);
+            st = gp_plan_map_range(p, a, x + kept, need - kept, &kept);
         }
         x = end;
     }
