@@ -371,6 +371,52 @@ def test_offload_of_at_most_max_bytes_takes_the_first_blocks() -> None:
         gpupool.offload("part_t", max_bytes=0, pool=p)
 
 
+class _FakeTensor:
+    """An optimizer's state tensor over a block of a HostPool."""
+
+    def __init__(self, addr: int, nbytes: int) -> None:
+        self.addr, self.nbytes = addr, nbytes
+
+    def data_ptr(self) -> int:
+        return self.addr
+
+    def numel(self) -> int:
+        return self.nbytes // 4
+
+    def element_size(self) -> int:
+        return 4
+
+
+def test_under_a_limit_the_optimizer_offloads_only_the_part_the_limit_needs() -> None:
+    # A fine-tune under a cap: behind the step only as much of the state
+    # leaves as the step's peak (the activations, measured when the
+    # prefetch starts in the backward pass) leaves no room for, with 1/16
+    # of the limit spare; without a limit, all of it.
+    for limit in ("64MiB", None):
+        p = pool(256 * MiB, codec="raw", **({"limit": limit} if limit else {}))
+        own = p.stats()["allocated"]  # (the offloader's checksums)
+        params = [_FakeParam(MiB) for _ in range(2)]
+        opt = _FakeOptimizer(params)
+        tag = f"cap_opt_{limit}_t"
+        h = gpupool.offloadable(opt, tag, offload_after_step=True, prefetch_at=0.0, pool=p)
+        state = [p.alloc(4 * MiB, tag=tag) for _ in range(4)]
+        opt.state = {i: {"exp_avg": _FakeTensor(a, 4 * MiB)} for i, a in enumerate(state)}
+        for step in range(3):
+            opt.step()  # (the first makes the state: it joins the tag)
+            gpupool.restore("nothing_t", pool=p)  # (waits for the background offload)
+            away = p.stats()["tags"][tag]["offloaded"]
+            if step == 0 or limit is None:
+                assert away == 16 * MiB, (limit, step, away)
+            else:
+                # the rest peaks at 50 MiB: 50 + 16 + 64/16 - 64 = 6 MiB must go, two blocks
+                assert away == 8 * MiB, (limit, step, away)
+            acts = p.alloc(50 * MiB - own, tag="acts_cap_t")  # the forward's peak
+            p.free(acts)
+            params[0].grad_done()  # the backward pass: measured, then prefetched
+            gpupool.restore(tag, pool=p)
+        h.remove()
+
+
 def test_snapshot_of_an_offloaded_pool() -> None:
     p = pool()
     p.alloc(4 * MiB, tag="snap_t")

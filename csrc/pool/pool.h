@@ -180,6 +180,13 @@ static inline void gp_peak(uint64_t *cur, uint64_t *peak, uint64_t add)
     if (*cur > *peak) *peak = *cur;
 }
 
+/* `allocated` grows by `add`: its peaks, the pool's and the window's. */
+static inline void gp_allocated_grows(gp_pool *p, uint64_t add)
+{
+    gp_peak(&p->st.allocated, &p->st.allocated_peak, add);
+    if (p->st.allocated > p->window_peak) p->window_peak = p->st.allocated;
+}
+
 static inline uint64_t gp_hash(const gp_pool *p, uintptr_t a)
 {
     /* Fibonacci hashing of the 512-byte unit number: consecutive blocks land

@@ -167,7 +167,7 @@ static void gp_block_away(gp_pool *p, gp_block *b)
 static void gp_block_back(gp_pool *p, gp_block *b)
 {
     gp_tag_stats *ts = &p->tags[b->tag];
-    gp_peak(&p->st.allocated, &p->st.allocated_peak, b->size);
+    gp_allocated_grows(p, b->size);
     gp_peak(&p->st.requested, &p->st.requested_peak, b->requested);
     p->st.offloaded -= b->size;
     gp_peak(&ts->allocated, &ts->allocated_peak, b->size);
