@@ -366,6 +366,7 @@ def graph_goals(runs: List[Dict[str, Any]]) -> List[str]:
         out.append(f"{'PASS' if x['identical'] else 'FAIL'}  graph: identical output after every wake")
         out.append(f"{'PASS' if w < r else 'FAIL'}  graph: wake {w * 1e3:.1f} ms faster than re-capture "
                    f"{r * 1e3:.1f} ms ({r / w:.2f}x)")
+    return out
 
 
 def _cold_cases(runs: List[Dict[str, Any]], mode: str) -> Dict[str, List[Dict[str, Any]]]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from benchmarks.__main__ import finetune_goals, parse_args, summarize, table
+from benchmarks.__main__ import (cold_goals, finetune_goals, graph_goals, offload_goals, parse_args, soak_goals,
+                                 summarize, table)
 from benchmarks.workloads import WORKLOADS
 
 
@@ -42,3 +43,10 @@ def test_finetune_goals_and_out_of_memory_rows() -> None:
 def test_finetune_group_and_default() -> None:
     assert parse_args(["--only", "finetune"]).only == ["finetune_base", "finetune_offload", "finetune_cap"]
     assert not any(w.startswith("finetune") for w in parse_args([]).only)
+
+
+def test_every_goal_list_is_a_list_without_runs() -> None:
+    # The harness adds them up (graph_goals once returned None: every run's
+    # summary failed with a TypeError).
+    for goals in (offload_goals, cold_goals, soak_goals, graph_goals):
+        assert goals([]) == []
