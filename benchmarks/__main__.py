@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from .modes import ALLOC_CONF, GPUPOOL_MODES, MODES, PYTORCH_MODES, child_env
 from .nvml import INTERVAL_S, Nvml, PeakSampler
-from .workloads import ROOT, WORKLOADS, Workload
+from .workloads import DEFAULT, GROUPS, ROOT, WORKLOADS, Workload
 from .zygote import Zygote
 
 GIB = float(2**30)
@@ -29,11 +29,11 @@ CASES = ("tenants",)
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The command line."""
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
-    default = ",".join(n for n, w in WORKLOADS.items() if w.in_default)
-    p.add_argument("--only", default=default,
-                   help=f"comma-separated workloads of {','.join(WORKLOADS)} (default: {default}); also "
-                        f"{','.join(CASES)}, only when named (benchmarks/tenants.py: LoRA jobs sharing a GPU "
-                        "as tenants)")
+    p.add_argument("--only", default=",".join(DEFAULT),
+                   help=f"comma-separated workloads of {','.join(WORKLOADS)}, or groups of them "
+                        f"({', '.join(f'{g}: {chr(44).join(ws)}' for g, ws in GROUPS.items())}; default: "
+                        f"{','.join(DEFAULT)}); also {','.join(CASES)}, only when named (benchmarks/tenants.py: "
+                        "LoRA jobs sharing a GPU as tenants)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated modes (default: {','.join(MODES)})")
     p.add_argument("--reps", type=int, default=3, help="repetitions of each (workload, mode) (default: 3)")
     p.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
@@ -47,7 +47,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--json", metavar="PATH", default=None,
                    help="also write every run and the summary to PATH as JSON (default: nothing is written)")
     args = p.parse_args(argv)
-    args.only = [w for w in args.only.split(",") if w]
+    args.only = [x for w in args.only.split(",") if w for x in GROUPS.get(w, (w,))]
     args.modes = [m for m in args.modes.split(",") if m]
     for w in args.only:
         if w not in WORKLOADS and w not in CASES:
@@ -108,6 +108,9 @@ def run_worker(w: Workload, mode: str, quick: bool, timeout: float, nvml: Option
                 rc = None
     seen = sampler.stop() if sampler else {}
     wall = time.perf_counter() - t0
+    if rc != 0 and out.exists() and json.loads(out.read_text()).get("oom"):
+        # Out of memory under a cap: a result (what runs at the cap), not a failure.
+        return {**json.loads(out.read_text()), **seen, "wall_s": wall}
     if rc != 0 or not out.exists():
         tail = log.read_text(errors="replace").strip().splitlines()[-15:]
         why = f"timed out after {timeout:.0f} s" if rc is None else f"exit status {rc}"
@@ -121,10 +124,13 @@ def run_worker(w: Workload, mode: str, quick: bool, timeout: float, nvml: Option
 def summarize(runs: List[Dict[str, Any]], w: Workload) -> Dict[str, Dict[str, Any]]:
     """Per mode: median, min and max of the workload's metric, and medians of the memory figures."""
     by_mode: Dict[str, List[Dict[str, Any]]] = {}
+    oom: Dict[str, int] = {}
     for r in runs:
-        if r["workload"] == w.name and "error" not in r["result"]:
+        if r["workload"] == w.name and r["result"].get("oom"):
+            oom[r["mode"]] = oom.get(r["mode"], 0) + 1
+        elif r["workload"] == w.name and "error" not in r["result"]:
             by_mode.setdefault(r["mode"], []).append(r["result"])
-    out: Dict[str, Dict[str, Any]] = {}
+    out: Dict[str, Dict[str, Any]] = {m: {"oom": n, "median": None} for m, n in oom.items() if m not in by_mode}
     for mode, results in by_mode.items():
         values = [r[w.metric] for r in results]
 
@@ -137,15 +143,18 @@ def summarize(runs: List[Dict[str, Any]], w: Workload) -> Dict[str, Dict[str, An
              "nvml_peak": med("nvml_peak"), "alloc_calls_timed": med("alloc_calls_timed")}
         pa, pr = s["peak_allocated"], s["peak_reserved"]
         s["reserved_over_allocated"] = pr / pa if pa and pr else None
+        s["oom"] = oom.get(mode, 0)
         out[mode] = s
-    best = [out[m]["median"] for m in PYTORCH_MODES if m in out]
+    best = [out[m]["median"] for m in PYTORCH_MODES if m in out and out[m]["median"] is not None]
     if best:
         ref = max(best) if w.higher_is_better else min(best)
         for s in out.values():
-            s["vs_best_pytorch"] = s["median"] / ref
-    if "native" in out:
+            if s["median"] is not None:
+                s["vs_best_pytorch"] = s["median"] / ref
+    if out.get("native", {}).get("median"):
         for s in out.values():
-            s["vs_native"] = s["median"] / out["native"]["median"]
+            if s["median"] is not None:
+                s["vs_native"] = s["median"] / out["native"]["median"]
     return out
 
 
@@ -163,8 +172,13 @@ def table(w: Workload, summary: Dict[str, Dict[str, Any]], modes: Sequence[str])
     spec = ".3f" if w.scale != 1.0 or w.unit.startswith("us") else ".0f"
     for m in modes:
         s = summary.get(m)
+        if w.modes and m not in w.modes:
+            continue
         if s is None:
             lines.append(f"| {m} | failed | | | | | | | | |")
+            continue
+        if s["median"] is None:
+            lines.append(f"| {m} | out of memory ({s['oom']} of {s['oom']} runs) | | | | | | | | |")
             continue
         lines.append(
             f"| {m} | {fmt(s['median'], spec, w.scale)} | {fmt(s['min'], spec, w.scale)}.."
@@ -204,11 +218,37 @@ def goals(summaries: Dict[str, Dict[str, Dict[str, Any]]]) -> List[str]:
             if mode == "gpupool" and i["reserved_over_allocated"] is not None:
                 check(i["reserved_over_allocated"] <= 1.05, f"inference {mode}: peak reserved / peak allocated "
                       f"{i['reserved_over_allocated']:.3f} (goal <= 1.05)")
+    out += finetune_goals(summaries)
     for name, s in summaries.items():
         r = s.get("gpupool-reserve")
-        if r and r["alloc_calls_timed"] is not None:
+        if r and r.get("alloc_calls_timed") is not None:
             check(r["alloc_calls_timed"] == 0, f"{name} gpupool-reserve: {r['alloc_calls_timed']:.0f} driver "
                   f"allocation calls after warm-up (goal: 0)")
+    return out
+
+
+def finetune_goals(summaries: Dict[str, Dict[str, Dict[str, Any]]]) -> List[str]:
+    """The optimizer's round trip under compute: the fp32 recipe with its state
+    offloaded trains at >= 0.85x the tokens/s of gpupool without offload,
+    uncapped and at a cap where every PyTorch mode runs out of memory."""
+    out: List[str] = []
+    base = summaries.get("finetune_base", {}).get("gpupool", {}).get("median")
+    if not base:
+        return out
+    for name, what in (("finetune_offload", "uncapped"), ("finetune_cap", "at the cap")):
+        g = summaries.get(name, {}).get("gpupool")
+        if g is None:
+            continue
+        ratio = (g["median"] or 0.0) / base
+        spread = "" if g["median"] is None else f", spread {g['min'] / base:.3f}..{g['max'] / base:.3f}"
+        out.append(f"{'PASS' if ratio >= 0.85 else 'FAIL'}  {name} gpupool (optimizer offloaded, {what}): "
+                   f"{ratio:.3f}x the tokens/s of gpupool without offload{spread} (goal >= 0.85)")
+    cap = summaries.get("finetune_cap", {})
+    for m in PYTORCH_MODES:
+        if m in cap:
+            ok = cap[m]["median"] is None
+            out.append(f"{'PASS' if ok else 'FAIL'}  finetune_cap {m}: "
+                       f"{'out of memory' if ok else 'trains'} at the cap (goal: out of memory)")
     return out
 
 
@@ -448,7 +488,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     r = run_worker(w, mode, args.quick, args.timeout, nvml, args.nvml_interval, env, Path(tmp),
                                    zygotes.get(mode))
                     runs.append({"workload": name, "mode": mode, "rep": rep, "result": r})
-                    shown = r.get("error") or f"{r[w.metric] / w.scale:.3f} {w.unit}"
+                    shown = "out of memory" if r.get("oom") else (r.get("error") or
+                                                                  f"{r[w.metric] / w.scale:.3f} {w.unit}")
                     print(f"[rep {rep + 1}/{args.reps}] {name:9s} {mode:15s} {r['wall_s']:6.1f} s  {shown}",
                           flush=True)
         for z in zygotes.values():
@@ -478,7 +519,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 + [v for c in cases.values() for v in c["goals"]])
     if verdicts:
         print("Goals:\n" + "\n".join(verdicts))
-    failed = [r for r in runs if "error" in r["result"]]
+    failed = [r for r in runs if "error" in r["result"] and not r["result"].get("oom")]
     for r in failed:
         print(f"FAILED {r['workload']} {r['mode']} rep {r['rep'] + 1}: {r['result']['error']}")
     print(f"total {time.perf_counter() - t_start:.0f} s")

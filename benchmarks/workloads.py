@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+from .modes import GPUPOOL_MODES, PYTORCH_MODES
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
@@ -30,18 +32,30 @@ class Workload:
     quick_argv: Tuple[str, ...]
     mode_flag: str  # the worker's option naming the allocator mode
     preload: Tuple[str, ...]  # modules a zygote imports for it (benchmarks/zygote.py)
-    # The modes it runs in (empty: all).  Offloading a tag, or a graph's
-    # memory, is gpupool's alone: PyTorch's modes have nothing to compare.
+    gpupool_argv: Tuple[str, ...] = ()  # added in gpupool's modes (what only gpupool can do)
+    # The modes it runs in (empty: every mode asked for).  Offloading a tag,
+    # or a graph's memory, is gpupool's alone: PyTorch's modes have nothing
+    # to compare.
     modes: Tuple[str, ...] = ()
-    in_default: bool = True  # run without --only (the soak takes minutes)
+    in_default: bool = True  # run without --only (the soak and the finetune group take minutes)
 
     def command(self, mode: str, json_path: Path, quick: bool) -> List[str]:
         """The worker's command line for `mode`, writing its results to `json_path`."""
-        return [sys.executable, *(self.quick_argv if quick else self.argv), self.mode_flag, mode,
+        extra = self.gpupool_argv if mode in GPUPOOL_MODES else ()
+        return [sys.executable, *(self.quick_argv if quick else self.argv), *extra, self.mode_flag, mode,
                 "--json", str(json_path)]
 
 
 _LORA = str(EXAMPLES / "qwen_lora_finetune.py")
+# The full fine-tune's mixed-precision recipe (fp32 master weights, autocast
+# bf16, fused AdamW with 3.68 GiB of fp32 state, gradient checkpointing).
+_FT = (_LORA, "--size", "0.5b", "--full", "--fp32-master", "--batch", "8", "--min-len", "512", "--max-len", "512",
+       "--warmup", "3", "--steps", "15")
+_FT_QUICK = (_LORA, "--size", "tiny", "--full", "--fp32-master", "--batch", "4", "--min-len", "128",
+             "--max-len", "128", "--warmup", "2", "--steps", "5")
+# A cap under the peak of every PyTorch mode on the recipe (about 14 GiB),
+# above what it needs with the optimizer's state off the device.
+FINETUNE_CAP_GIB = "11.49"
 _INFERENCE = str(EXAMPLES / "qwen_inference.py")
 # transformers loads a model's code on first use: name it so that the zygote loads it.
 _HF = ("torch", "transformers", "transformers.models.auto.modeling_auto", "transformers.models.qwen2.modeling_qwen2",
@@ -55,6 +69,16 @@ WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
              (_LORA, "--size", "tiny", "--batch", "4", "--min-len", "64", "--max-len", "256",
               "--warmup", "2", "--steps", "5"),
              "--allocator", _HF),
+    Workload("finetune_base", "full fine-tune, fp32 master weights, autocast bf16, fused AdamW, checkpointing, "
+             "Qwen2 0.5B shape, batch 8 x 512", "tokens_per_s", "tokens/s", 1.0, True, _FT, _FT_QUICK,
+             "--allocator", _HF, in_default=False),
+    Workload("finetune_offload", "the same with gpupool.offloadable(optimizer, offload_after_step=True)",
+             "tokens_per_s", "tokens/s", 1.0, True, _FT, _FT_QUICK, "--allocator", _HF,
+             gpupool_argv=("--offload-optimizer",), modes=("gpupool",), in_default=False),
+    Workload("finetune_cap", f"the same at a {FINETUNE_CAP_GIB} GiB cap (gpupool: optimizer offloaded)",
+             "tokens_per_s", "tokens/s", 1.0, True, (*_FT, "--cap", FINETUNE_CAP_GIB),
+             (*_FT_QUICK, "--cap", "0.25"), "--allocator", _HF, gpupool_argv=("--offload-optimizer",),
+             modes=(*PYTORCH_MODES, "gpupool"), in_default=False),
     Workload("inference", "generate(), Qwen2 0.5B shape, batch 4, prompts 64..512, 64 new tokens",
              "tokens_per_s", "tokens/s", 1.0, True,
              (_INFERENCE, "--size", "0.5b", "--batch", "4", "--min-len", "64", "--max-len", "512",
@@ -97,3 +121,9 @@ WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
              (str(EXAMPLES / "graph_sleep.py"), "--layers", "2", "--cycles", "2"),
              "--allocator", ("torch",), modes=("gpupool",), in_default=False),
 ]}
+
+# Names `--only` takes for several workloads at once.
+GROUPS: Dict[str, Tuple[str, ...]] = {"finetune": ("finetune_base", "finetune_offload", "finetune_cap")}
+# What runs without --only (in_default: not the soak, the graph case or the
+# finetune group, which takes as long again as the rest).
+DEFAULT: Tuple[str, ...] = tuple(n for n, w in WORKLOADS.items() if w.in_default)

@@ -512,6 +512,9 @@ typedef struct gp_offload_plan {
                                    OFFLOADED (whole blocks)                */
     uint64_t kept;              /* offload: bytes of the tags' live blocks
                                    that stay resident (see above)          */
+    int graphs;                 /* offload: it takes memory of a CUDA
+                                   graph pool (a replay may run on a stream
+                                   the pool never saw: no fence covers it) */
 } gp_offload_plan;
 
 /* Plan the offload of the live blocks of `tags` (n_tags of them).
@@ -519,6 +522,11 @@ typedef struct gp_offload_plan {
  * GP_ERR_NOMEM when host memory for the plan is short. */
 gp_status gp_pool_offload_begin(gp_pool *pool, const gp_tag *tags, size_t n_tags,
                                 gp_offload_plan **out);
+/* The same, of the first blocks of `tags` in address order (arena by
+ * arena) until they hold `most` bytes (0: all): a part of the tags, as a
+ * cap needs, whose next offload takes the next blocks. */
+gp_status gp_pool_offload_begin_upto(gp_pool *pool, const gp_tag *tags, size_t n_tags, uint64_t most,
+                                     gp_offload_plan **out);
 /* Plan the restore of `runs` (as an offload plan listed them; every block
  * in each must still be offloaded: GP_ERR_INVALID otherwise).  The plan's ranges
  * are those of the blocks still live in them (some may have been freed
@@ -546,6 +554,18 @@ void gp_pool_config(gp_pool *pool, gp_config *out);
 /* Block the host until all work on the pool's device has completed (the
  * backend's synchronize; counted in n_sync). */
 gp_status gp_pool_synchronize(gp_pool *pool);
+/* What gp_pool_synchronize waits for, as events to wait for later: one
+ * recorded now on each stream the pool knows (those that allocate, and
+ * those record_stream named), at most `cap`, in events[0..*n) (the caller
+ * releases them with the backend's event_release).  Work queued after it,
+ * on those streams or others, is not waited for: an offload asked behind a
+ * step does not wait for the next forward pass.  Fails (no events) while
+ * a graph is being captured or where an event cannot be recorded. */
+gp_status gp_pool_fence(gp_pool *pool, uint64_t *events, size_t cap, size_t *n);
+/* The highest `allocated` since the last call with `reset` (then restarted
+ * from `allocated` now): what one phase of a step needed at most, read by
+ * the optimizer's offload hooks apart from the peaks a user resets. */
+uint64_t gp_pool_window_peak(gp_pool *pool, int reset);
 /* The pool's backend, for the layers above that copy (offload.c). */
 gp_backend *gp_pool_backend(gp_pool *pool);
 /* GP_OK when this process may use the pool; the error a pool made before

@@ -24,7 +24,8 @@ checkpointing. ``--offload-optimizer`` makes the AdamW state offloadable
 (``offload_after_step=True``): it leaves the device after each step and comes
 back during the next backward pass (``--prefetch-at``). ``--trace PATH``
 records a torch profiler trace of two more steps after the timed ones
-(Chrome trace format: chrome://tracing or Perfetto opens it).
+(Chrome trace format: chrome://tracing or Perfetto opens it; ``python -m
+benchmarks.timeline PATH`` summarises it).
 
 ``--allocator`` picks the CUDA allocator of the process:
 
@@ -467,7 +468,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the hub, even by accident
     use_gpupool = select_allocator(args.allocator, args.device)
-    finish(args, train(args, use_gpupool), use_gpupool, "tokens")
+    try:
+        result = train(args, use_gpupool)
+    except Exception as e:
+        import torch
+
+        # Under --cap, running out of memory is a result (what trains at the
+        # cap): said, and written to --json for the benchmark harness.
+        if args.cap is None or not isinstance(e, (torch.OutOfMemoryError, MemoryError)):
+            raise
+        print(f"out of memory at the {args.cap:g} GiB cap ({args.allocator}): {str(e).splitlines()[0][:300]}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"oom": True, "mode": args.allocator, "cap_gib": args.cap, "error": str(e)[:2000]}, f)
+        return 1
+    finish(args, result, use_gpupool, "tokens")
     return 0
 
 

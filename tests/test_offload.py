@@ -353,6 +353,70 @@ def test_optimizer_state_is_prefetched_during_the_backward_pass() -> None:
         gpupool.offloadable(opt, "pf_opt_t", prefetch_at=1.5, pool=p)
 
 
+def test_offload_of_at_most_max_bytes_takes_the_first_blocks() -> None:
+    p = pool()
+    blocks = [p.alloc(4 * MiB, tag="part_t") for _ in range(4)]
+    for i, b in enumerate(blocks):
+        fill(b, 4 * MiB, 20 + i)
+    order = sorted(blocks)
+    info = gpupool.offload("part_t", codec="raw", max_bytes=6 * MiB, pool=p)
+    # Whole blocks, in address order, until they hold max_bytes.
+    assert info["bytes"] == 8 * MiB
+    assert [p.lookup(b).state for b in order] == ["offloaded", "offloaded", "used", "used"]
+    gpupool.offload("part_t", codec="raw", max_bytes=1, pool=p)  # the next one
+    assert [p.lookup(b).state for b in order] == ["offloaded"] * 3 + ["used"]
+    gpupool.restore("part_t", pool=p)
+    assert all(p.lookup(b).state == "used" and same(b, 4 * MiB, 20 + i) for i, b in enumerate(blocks))
+    with pytest.raises(ValueError, match="max_bytes"):
+        gpupool.offload("part_t", max_bytes=0, pool=p)
+
+
+class _FakeTensor:
+    """An optimizer's state tensor over a block of a HostPool."""
+
+    def __init__(self, addr: int, nbytes: int) -> None:
+        self.addr, self.nbytes = addr, nbytes
+
+    def data_ptr(self) -> int:
+        return self.addr
+
+    def numel(self) -> int:
+        return self.nbytes // 4
+
+    def element_size(self) -> int:
+        return 4
+
+
+def test_under_a_limit_the_optimizer_offloads_only_the_part_the_limit_needs() -> None:
+    # A fine-tune under a cap: behind the step only as much of the state
+    # leaves as the step's peak (the activations, measured when the
+    # prefetch starts in the backward pass) leaves no room for, with 1/16
+    # of the limit spare; without a limit, all of it.
+    for limit in ("64MiB", None):
+        p = pool(256 * MiB, codec="raw", **({"limit": limit} if limit else {}))
+        own = p.stats()["allocated"]  # (the offloader's checksums)
+        params = [_FakeParam(MiB) for _ in range(2)]
+        opt = _FakeOptimizer(params)
+        tag = f"cap_opt_{limit}_t"
+        h = gpupool.offloadable(opt, tag, offload_after_step=True, prefetch_at=0.0, pool=p)
+        state = [p.alloc(4 * MiB, tag=tag) for _ in range(4)]
+        opt.state = {i: {"exp_avg": _FakeTensor(a, 4 * MiB)} for i, a in enumerate(state)}
+        for step in range(3):
+            opt.step()  # (the first makes the state: it joins the tag)
+            gpupool.restore("nothing_t", pool=p)  # (waits for the background offload)
+            away = p.stats()["tags"][tag]["offloaded"]
+            if step == 0 or limit is None:
+                assert away == 16 * MiB, (limit, step, away)
+            else:
+                # the rest peaks at 50 MiB: 50 + 16 + 64/16 - 64 = 6 MiB must go, two blocks
+                assert away == 8 * MiB, (limit, step, away)
+            acts = p.alloc(50 * MiB - own, tag="acts_cap_t")  # the forward's peak
+            p.free(acts)
+            params[0].grad_done()  # the backward pass: measured, then prefetched
+            gpupool.restore(tag, pool=p)
+        h.remove()
+
+
 def test_snapshot_of_an_offloaded_pool() -> None:
     p = pool()
     p.alloc(4 * MiB, tag="snap_t")
@@ -476,6 +540,27 @@ def test_graph_pool_memory_goes_with_its_tag() -> None:
     p.check()
     p._pool.capture_release(9)
     assert p.alloc(4 * MiB, stream=1) == scratch
+
+
+def test_an_offload_of_a_graphs_memory_syncs_the_device() -> None:
+    # An offload waits for a fence of the streams the pool knows, not for
+    # the device; a graph replays on whatever stream its caller names, one
+    # the pool may never have seen, so an offload that takes a graph's
+    # memory syncs the device instead.
+    p = pool()
+    plain = p.alloc(2 * MiB, tag="plain_sync_t")
+    p._pool.capture_prepare(1)
+    p._pool.capture_begin(13, 1)
+    g = p.alloc(3 * MiB, stream=1, tag="graph_sync_t")
+    p._pool.capture_end(1)
+    syncs = p.stats()["n_sync"]
+    gpupool.offload("plain_sync_t", codec="raw", pool=p)
+    assert p.lookup(plain).state == "offloaded" and p.stats()["n_sync"] == syncs
+    gpupool.offload("graph_sync_t", codec="raw", pool=p)
+    assert p.lookup(g).state == "offloaded" and p.stats()["n_sync"] == syncs + 1
+    gpupool.restore(["plain_sync_t", "graph_sync_t"], pool=p)
+    p.check()
+    p._pool.capture_release(13)
 
 
 def test_graph_pool_with_only_freed_memory_offloads() -> None:

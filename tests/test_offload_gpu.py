@@ -103,6 +103,55 @@ def test_offloadable_optimizer_trains_bit_identical(run_py) -> None:
     assert "OK" in r.stdout
 
 
+def test_offloaded_fp32_adamw_trains_bit_identical_with_the_round_trip_under_compute(run_py) -> None:
+    # The mixed-precision recipe: fp32 master weights, autocast bf16, fused
+    # AdamW with fp32 state.  The state leaves behind the step while the next
+    # forward is queued, and is prefetched from the backward pass's first
+    # gradient on: the copies run beside the kernels, and the step must
+    # still read every byte of the state as it was.
+    r = run_py("""
+        import torch, gpupool
+        gpupool.enable()
+
+        def make():
+            torch.manual_seed(0)
+            return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(2048, 4096), torch.nn.GELU(),
+                                                             torch.nn.Linear(4096, 2048)) for _ in range(6)]).cuda()
+
+        def train(m, opt, steps=5):
+            g = torch.Generator(device="cuda").manual_seed(1)
+            losses = []
+            for _ in range(steps):
+                x = torch.randn(512, 2048, device="cuda", generator=g)
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = (m(x).float() ** 2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                losses.append(loss.detach())
+            return torch.stack(losses)
+
+        a, b = make(), make()
+        oa = torch.optim.AdamW(a.parameters(), lr=1e-3, fused=True)
+        ob = torch.optim.AdamW(b.parameters(), lr=1e-3, fused=True)
+        h = gpupool.offloadable(ob, "optimizer", offload_after_step=True, prefetch_at=0.0)
+        la = train(a, oa)
+        lb = train(b, ob)
+        off = gpupool.stats()["offload"]
+        assert off["n_offload"] >= 4 and off["n_restore"] >= 4, off
+        assert torch.equal(la, lb), (la, lb)
+        for p, q in zip(a.parameters(), b.parameters()):
+            assert torch.equal(p, q)
+        h.restore()
+        for p, q in zip(a.parameters(), b.parameters()):
+            for k in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(oa.state[p][k], ob.state[q][k]), k
+        h.remove()
+        print("OK", off["n_offload"], off["n_restore"])
+    """)
+    assert "OK" in r.stdout
+
+
 def test_idle_module_offloaded_under_pressure_and_restored_by_its_hook(run_py) -> None:
     r = run_py("""
         import torch, gpupool

@@ -444,6 +444,7 @@ gp_status gp_prefetch_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags)
 typedef struct gp_bg_offload {
     gp_offloader *o;
     gp_offload_opts opts;
+    uint64_t fence[GP_FENCE_MAX]; /* (taken by the caller: what the memory's users had queued) */
     size_t n_tags;
     gp_tag tags[];
 } gp_bg_offload;
@@ -454,6 +455,7 @@ static gp_status gp_job_offload(void *arg)
     gp_offloader *o = job->o;
     gp_offload_result res;
     gp_status st = gp_offload_tags(o, job->tags, job->n_tags, &job->opts, &res);
+    for (size_t i = 0; i < job->opts.n_fence; i++) o->be->event_release(o->be, job->fence[i]);
     free(job);
     pthread_mutex_lock(&o->lock);
     o->n_background--;
@@ -472,11 +474,18 @@ gp_status gp_offload_tags_background(gp_offloader *o, const gp_tag *tags, size_t
     if (!job) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a background offload");
     *job = (gp_bg_offload){.o = o, .opts = *opts, .n_tags = n_tags};
     memcpy(job->tags, tags, n_tags * sizeof *tags);
+    /* The fence now, in the caller's thread: the job waits for what the
+     * memory's users had queued by the time the offload was asked (the
+     * step), not for what the caller queues meanwhile (the next forward);
+     * none: the job takes its own, as any offload. */
+    if (gp_pool_fence(o->pool, job->fence, GP_FENCE_MAX, &job->opts.n_fence) == GP_OK) job->opts.fence = job->fence;
+    else gp_error_clear();
     gp_pool_releasing(o->pool, 1);
     pthread_mutex_lock(&o->lock);
     o->n_background++;
     if ((st = gp_workq_push(o->pq, &o->prefetches, gp_job_offload, job)) != GP_OK) {
         o->n_background--;
+        for (size_t i = 0; i < job->opts.n_fence; i++) o->be->event_release(o->be, job->fence[i]);
         free(job);
     }
     pthread_mutex_unlock(&o->lock);

@@ -62,6 +62,15 @@ typedef struct gp_offload_opts {
     int codec;          /* a gp_codec_id (codec.h); GP_CODEC_RAW is 0      */
     unsigned elem_size; /* the data's element size, for the codec (2 for
                            bf16/fp16, 4 for fp32; 0: unknown)           */
+    const uint64_t *fence; /* events (gp_pool_fence) the memory's users
+                              reach when done with it: waited for instead
+                              of a fence taken when the offload starts
+                              (NULL); a background offload's is taken by
+                              its caller                                  */
+    size_t n_fence;
+    uint64_t most;      /* the first live blocks of the tags (address
+                           order) until they hold this many bytes; 0: all
+                           (gp_pool_offload_begin_upto)                  */
 } gp_offload_opts;
 
 /* What one offload or restore did. */

@@ -502,6 +502,31 @@ typedef struct gp_out {
     char why[1024];      /* the first failure's words                      */
 } gp_out;
 
+/* The streams that used the memory (record_stream ones too) have run what
+ * they had queued when the offload was asked: its fence's events (taken
+ * now where the caller brought none).  Not a device sync: that waited for
+ * the work queued since as well -- behind an optimizer's step, the next
+ * forward pass, which the copies are meant to run beside -- and for the
+ * prefetches' copies on the other lanes.  A device sync where no fence can
+ * be had (a graph capture, a failed event), and where the plan takes a CUDA
+ * graph's memory: a graph replays on whatever stream its caller names,
+ * which the pool may never have seen (it allocates nothing there). */
+static gp_status gp_users_done(gp_offloader *o, const gp_offload_opts *opts, const gp_offload_plan *pl)
+{
+    if (pl->graphs) return gp_pool_synchronize(o->pool);
+    uint64_t own[GP_FENCE_MAX];
+    const uint64_t *ev = opts->fence;
+    size_t n = opts->n_fence;
+    if (!ev && gp_pool_fence(o->pool, own, GP_FENCE_MAX, &n) == GP_OK) ev = own;
+    gp_status st = ev ? GP_OK : GP_ERR_INVALID;
+    for (size_t i = 0; i < n && ev && st == GP_OK; i++) st = o->be->event_wait(o->be, ev[i]);
+    if (ev == own)
+        for (size_t i = 0; i < n; i++) o->be->event_release(o->be, own[i]);
+    if (st == GP_OK) return GP_OK;
+    gp_error_clear();
+    return gp_pool_synchronize(o->pool);
+}
+
 /* Before anything moves: the record (its pieces fit in the codec's jobs),
  * host room for every piece (raw size: compressed pieces take less), the
  * streams that used the memory finished, the codec, raw pieces cut to fill
@@ -530,8 +555,7 @@ static gp_status gp_out_prepare(gp_out *x, const gp_tag *tags, size_t n_tags)
         if ((st = gp_pinned_reserve(o->hs, room)) != GP_OK) return st;
         x->reserved = 1;
     }
-    /* The streams that used the memory (record_stream ones too) finish. */
-    if ((st = gp_pool_synchronize(o->pool)) != GP_OK || (st = gp_choose_codec(o, r, offered, x->lane)) != GP_OK)
+    if ((st = gp_users_done(o, x->opts, x->pl)) != GP_OK || (st = gp_choose_codec(o, r, offered, x->lane)) != GP_OK)
         return st;
     size_t n_cut = r->n_pieces;
     for (size_t i = 0; st == GP_OK && x->opts->keep && !r->codec && i < r->n_pieces; i++) st = gp_piece_host(o, r, i);
@@ -686,7 +710,7 @@ static gp_status gp_offload_steps(gp_offloader *o, const gp_tag *tags, size_t n_
                             GP_RECORD_TAGS);
     gp_status st = gp_streams(o);
     gp_out x = {.o = o, .opts = opts, .lane = {{.s = o->streams[0], .piece = -1}, {.s = o->streams[1], .piece = -1}}};
-    if (st != GP_OK || (st = gp_pool_offload_begin(o->pool, tags, n_tags, &x.pl)) != GP_OK) return st;
+    if (st != GP_OK || (st = gp_pool_offload_begin_upto(o->pool, tags, n_tags, opts->most, &x.pl)) != GP_OK) return st;
     res->kept = x.pl->kept;
     if (!x.pl->n_runs) {
         res->seconds = gp_now() - t0;

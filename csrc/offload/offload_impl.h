@@ -46,6 +46,8 @@
 #define GP_STAGING_HALF (80ull << 20)
 #define GP_STAGING_SHARE 16
 #define GP_RECORD_TAGS 16
+/* Streams an offload's fence may name (gp_pool_fence); more: a device sync. */
+#define GP_FENCE_MAX 32
 #define GP_CODECS_OPEN 16
 
 typedef struct gp_piece {

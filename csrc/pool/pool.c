@@ -699,7 +699,7 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
         gp_error_clear();
     }
     gp_hash_insert(p, b);
-    gp_peak(&p->st.allocated, &p->st.allocated_peak, b->size);
+    gp_allocated_grows(p, b->size);
     gp_peak(&p->st.requested, &p->st.requested_peak, size);
     gp_peak(&p->st.active_blocks, &p->st.active_blocks_peak, 1);
     p->st.n_alloc++;

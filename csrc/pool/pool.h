@@ -104,6 +104,10 @@ struct gp_pool {
     uint8_t slot_life[GP_MAX_STREAMS];
     int placement;      /* lifetime placement on (expandable mode only) */
 
+    uint64_t window_peak; /* highest `allocated` since gp_pool_window_peak reset it */
+    uint64_t mapping;   /* bytes a plan maps now, outside the lock: counted
+                           in reserved (the limit holds), not yet in the
+                           chunk table (gp_pool_plan_map)                */
     gp_rec *recs;       /* record_stream: live and pending blocks */
     unsigned n_recs, cap_recs, n_pending;
 
@@ -178,6 +182,13 @@ static inline void gp_peak(uint64_t *cur, uint64_t *peak, uint64_t add)
 {
     *cur += add;
     if (*cur > *peak) *peak = *cur;
+}
+
+/* `allocated` grows by `add`: its peaks, the pool's and the window's. */
+static inline void gp_allocated_grows(gp_pool *p, uint64_t add)
+{
+    gp_peak(&p->st.allocated, &p->st.allocated_peak, add);
+    if (p->st.allocated > p->window_peak) p->window_peak = p->st.allocated;
 }
 
 static inline uint64_t gp_hash(const gp_pool *p, uintptr_t a)

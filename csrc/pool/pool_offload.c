@@ -14,6 +14,7 @@
  * part inside waits in the run (FREE_OFFLOADED).
  */
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -166,7 +167,7 @@ static void gp_block_away(gp_pool *p, gp_block *b)
 static void gp_block_back(gp_pool *p, gp_block *b)
 {
     gp_tag_stats *ts = &p->tags[b->tag];
-    gp_peak(&p->st.allocated, &p->st.allocated_peak, b->size);
+    gp_allocated_grows(p, b->size);
     gp_peak(&p->st.requested, &p->st.requested_peak, b->requested);
     p->st.offloaded -= b->size;
     gp_peak(&ts->allocated, &ts->allocated_peak, b->size);
@@ -204,12 +205,26 @@ typedef struct gp_want {
      * device only with the rest of the graph's memory, and must be mapped
      * again at the same addresses before a replay. */
     uint8_t gpool[GP_MAX_STREAMS];
+    uintptr_t cut[GP_ARENA_COUNT]; /* per arena: blocks from here on are not taken */
 } gp_want;
 
-/* A live block of the tags, of a stream or of a graph pool. */
+/* Whether b lies before its arena's cut (an offload of at most max_bytes
+ * takes the blocks before the cuts only). */
+static int gp_before_cut(const gp_want *w, const gp_block *b)
+{
+    for (unsigned k = 0; k < w->p->n_arenas; k++) {
+        const gp_arena *a = &w->p->arenas[k];
+        if (b->addr >= a->base && b->addr < a->base + a->size) return b->addr < w->cut[k];
+    }
+    return 0;
+}
+
+/* A live block of the tags, of a stream or of a graph pool, before the
+ * cut. */
 static int gp_cand(const gp_want *w, const gp_block *b)
 {
-    return b->state == GP_BLOCK_USED && w->tag[b->tag] && w->p->slot_kind[b->sidx] != GP_SLOT_SPARE;
+    return b->state == GP_BLOCK_USED && w->tag[b->tag] && w->p->slot_kind[b->sidx] != GP_SLOT_SPARE &&
+           gp_before_cut(w, b);
 }
 
 /* A free block of a graph pool that goes with the tags.  Its bytes are not
@@ -217,7 +232,32 @@ static int gp_cand(const gp_want *w, const gp_block *b)
  * capture did (the block was handed out uninitialised). */
 static int gp_gfree(const gp_want *w, const gp_block *b)
 {
-    return b->state == GP_BLOCK_FREE && w->gpool[b->sidx];
+    return b->state == GP_BLOCK_FREE && w->gpool[b->sidx] && gp_before_cut(w, b);
+}
+
+/* The cuts of an offload of at most `most` bytes (0: all): the first
+ * candidates in address order, arena by arena, until they hold `most`. */
+static void gp_want_cut(gp_want *w, uint64_t most)
+{
+    const gp_pool *p = w->p;
+    uint64_t sum = 0;
+    for (unsigned k = 0; k < p->n_arenas; k++) {
+        const gp_arena *a = &p->arenas[k];
+        w->cut[k] = UINTPTR_MAX;
+        if (!most) continue;
+        if (sum >= most) {
+            w->cut[k] = a->base;
+            continue;
+        }
+        for (const gp_block *b = a->first; b; b = b->next) {
+            if (!gp_cand(w, b)) continue;
+            sum += b->size;
+            if (sum >= most) {
+                w->cut[k] = b->addr + b->size;
+                break;
+            }
+        }
+    }
 }
 
 /* Whether chunk [x, x + chunk) can be released: every block in it is a
@@ -245,6 +285,12 @@ static void gp_want_gpools(gp_want *w, const gp_pool *p)
 
 gp_status gp_pool_offload_begin(gp_pool *p, const gp_tag *tags, size_t n_tags, gp_offload_plan **out)
 {
+    return gp_pool_offload_begin_upto(p, tags, n_tags, 0, out);
+}
+
+gp_status gp_pool_offload_begin_upto(gp_pool *p, const gp_tag *tags, size_t n_tags, uint64_t most,
+                                     gp_offload_plan **out)
+{
     *out = NULL;
     if (gp_pool_usable(p) != GP_OK) return gp_pool_usable(p);
     if (!tags || n_tags == 0) return gp_error_set(GP_ERR_INVALID, "gpupool: offload of no tag");
@@ -268,6 +314,8 @@ gp_status gp_pool_offload_begin(gp_pool *p, const gp_tag *tags, size_t n_tags, g
         goto out;
     }
     gp_want_gpools(&w, p);
+    for (unsigned k = 0; k < GP_ARENA_COUNT; k++) w.cut[k] = UINTPTR_MAX;
+    gp_want_cut(&w, most);
     /* Pass 1: the runs.  A candidate's inner chunks are its own (and a
      * graph pool's free block's that goes with the tags); its edge chunks
      * are released when nothing else lives in them. */
@@ -312,6 +360,7 @@ gp_status gp_pool_offload_begin(gp_pool *p, const gp_tag *tags, size_t n_tags, g
             gp_block *y = b;
             if (y->state == GP_BLOCK_FREE && y->addr < r->addr) y = gp_cut_free(p, a, y, r->addr);
             for (; y && y->addr < end; y = y->next) {
+                if (p->slot_kind[y->sidx] == GP_SLOT_GPOOL) pl->graphs = 1;
                 if (y->state == GP_BLOCK_FREE) {
                     if (y->addr + y->size > end) gp_cut_free(p, a, y, end);
                     gp_bins_remove(gp_bins_of(a, y), y);
@@ -450,6 +499,13 @@ static const gp_offload_run *gp_plan_run(const gp_offload_plan *pl, uintptr_t ad
     return NULL;
 }
 
+/* The driver calls of a plan's maps and unmaps run without the pool's
+ * lock: a run of a plan is its own (offloaded: no allocation lands there,
+ * no trim looks at it), and the lock held across them stopped every
+ * allocation of the thread that trains -- a cache hit too -- for the
+ * length of each cuMemUnmap or cuMemCreate/cuMemMap/cuMemSetAccess, while
+ * an optimizer's state went out behind the forward pass or came back
+ * during the backward pass. */
 gp_status gp_pool_plan_unmap(gp_pool *p, gp_offload_plan *pl, uintptr_t addr, uint64_t size)
 {
     if (!pl || !gp_plan_run(pl, addr, size))
@@ -461,12 +517,67 @@ gp_status gp_pool_plan_unmap(gp_pool *p, gp_offload_plan *pl, uintptr_t addr, ui
     /* Chunk by chunk: what is unmapped already stays so (a retry after a
      * failure resumes). */
     for (uintptr_t x = addr; x < addr + size && st == GP_OK; x += a->chunk) {
-        if (!a->handles[gp_chunk_index(a, x)]) continue;
-        if (gp_unmap_range(p, a, x, a->chunk) != a->chunk)
+        uint64_t ci = gp_chunk_index(a, x), h = a->handles[ci];
+        if (!h) continue;
+        p->st.n_unmap++;
+        pthread_mutex_unlock(&p->lock);
+        st = p->be->unmap(p->be, x, a->chunk, h);
+        pthread_mutex_lock(&p->lock);
+        if (st != GP_OK) {
             st = gp_error_set(GP_ERR_BACKEND, "gpupool: offload could not give back the chunk at 0x%" PRIxPTR
                               " of device %d: %s", x, p->be->device, gp_last_error());
+            break;
+        }
+        a->handles[ci] = 0;
+        p->st.reserved -= a->chunk;
+        p->st.unmapped_total += a->chunk;
+        GP_TRACE(p, GP_EV_UNMAP, x, a->chunk, NULL, GP_TAG_UNTAGGED, 0);
     }
     pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
+/* Map the unmapped chunks [x, x + need) of a plan's run: the lock is held,
+ * and let go for the driver calls (their bytes counted in reserved
+ * meanwhile, so that the limit holds); on failure what this call mapped
+ * is given back and the range is as it was, or *kept is the prefix still
+ * mapped (as gp_map_range). */
+static gp_status gp_plan_map_range(gp_pool *p, gp_arena *a, uintptr_t x, uint64_t need, uint64_t *kept)
+{
+    size_t n = need / a->chunk;
+    uint64_t *hs = malloc(n * sizeof *hs);
+    *kept = 0;
+    if (!hs) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a restore's maps");
+    gp_peak(&p->st.reserved, &p->st.reserved_peak, need); /* (the peak too: a check meanwhile sees both) */
+    p->mapping += need;
+    pthread_mutex_unlock(&p->lock);
+    size_t done = 0, tried = 0, mapped;
+    gp_status st = GP_OK;
+    while (done < n && (tried++, st = p->be->map(p->be, x + done * a->chunk, a->chunk, &hs[done])) == GP_OK) done++;
+    mapped = done;
+    char why[1024] = "";
+    if (st != GP_OK) {
+        snprintf(why, sizeof why, "%s", gp_last_error());
+        while (done > 0 && p->be->unmap(p->be, x + (done - 1) * a->chunk, a->chunk, hs[done - 1]) == GP_OK) done--;
+    }
+    pthread_mutex_lock(&p->lock);
+    p->st.reserved -= need;
+    p->mapping -= need;
+    p->st.n_map += tried;
+    for (size_t i = 0; i < done; i++) a->handles[gp_chunk_index(a, x + i * a->chunk)] = hs[i];
+    free(hs);
+    uint64_t len = done * a->chunk;
+    if (st != GP_OK) {
+        p->st.n_map_fail++;
+        p->st.n_unmap += mapped - done + (done > 0); /* (the maps given back, and one that failed) */
+        gp_error_set(st, "%s", why);
+        if (!done) return st;
+        *kept = len;
+    }
+    p->st.reserved += len;
+    p->st.mapped_total += len;
+    GP_TRACE(p, GP_EV_MAP, x, len, NULL, GP_TAG_UNTAGGED, 0);
+    if (p->st.reserved > p->st.reserved_peak) p->st.reserved_peak = p->st.reserved;
     return st;
 }
 
@@ -497,10 +608,10 @@ gp_status gp_pool_plan_map(gp_pool *p, gp_offload_plan *pl, uintptr_t addr, uint
             break;
         }
         uint64_t kept; /* (a prefix a failed rollback left mapped: not mapped again) */
-        st = gp_map_range(p, a, x, need, &kept);
+        st = gp_plan_map_range(p, a, x, need, &kept);
         if (st == GP_ERR_OOM && gp_trim_in(p, NULL, need - kept, priority)) {
             gp_error_clear();
-            st = gp_map_range(p, a, x + kept, need - kept, &kept);
+            st = gp_plan_map_range(p, a, x + kept, need - kept, &kept);
         }
         x = end;
     }
@@ -586,6 +697,41 @@ gp_status gp_pool_synchronize(gp_pool *p)
     p->st.n_sync++;
     pthread_mutex_unlock(&p->lock);
     return p->be->synchronize(p->be);
+}
+
+/* Record e on stream s unless one of events[0..*n) is on s already. */
+static gp_status gp_fence_add(gp_pool *p, gp_stream s, gp_stream *on, uint64_t *events, size_t cap, size_t *n)
+{
+    for (size_t i = 0; i < *n; i++)
+        if (on[i] == s) return GP_OK;
+    if (*n == cap) return gp_error_set(GP_ERR_TOO_MANY, "gpupool: more than %zu streams to fence", cap);
+    gp_status st = p->be->event_record(p->be, s, &events[*n]);
+    if (st == GP_OK) on[(*n)++] = s;
+    return st;
+}
+
+gp_status gp_pool_fence(gp_pool *p, uint64_t *events, size_t cap, size_t *n)
+{
+    *n = 0;
+    gp_status st = gp_pool_usable(p);
+    if (st != GP_OK) return st;
+    gp_stream on[GP_MAX_STREAMS + 64];
+    if (cap > sizeof on / sizeof *on) cap = sizeof on / sizeof *on;
+    pthread_mutex_lock(&p->lock);
+    /* (An event recorded on a capturing stream would join the capture.) */
+    if (p->n_capturing)
+        st = gp_error_set(GP_ERR_INVALID, "gpupool: no fence while a CUDA graph is being captured");
+    for (unsigned i = 0; st == GP_OK && i < p->n_streams; i++)
+        if (p->slot_kind[i] != GP_SLOT_SPARE) st = gp_fence_add(p, p->streams[i], on, events, cap, n);
+    for (unsigned i = 0; st == GP_OK && i < p->n_recs; i++)
+        for (unsigned k = 0; st == GP_OK && k < p->recs[i].n; k++)
+            st = gp_fence_add(p, p->recs[i].streams[k], on, events, cap, n);
+    pthread_mutex_unlock(&p->lock);
+    if (st != GP_OK) {
+        for (size_t i = 0; i < *n; i++) p->be->event_release(p->be, events[i]);
+        *n = 0;
+    }
+    return st;
 }
 
 gp_backend *gp_pool_backend(gp_pool *p) { return p->be; }

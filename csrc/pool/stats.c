@@ -148,6 +148,15 @@ void gp_pool_prio_stats(gp_pool *p, int prio, uint64_t *allocated, uint64_t *pea
     pthread_mutex_unlock(&p->lock);
 }
 
+uint64_t gp_pool_window_peak(gp_pool *p, int reset)
+{
+    pthread_mutex_lock(&p->lock);
+    uint64_t peak = p->window_peak > p->st.allocated ? p->window_peak : p->st.allocated;
+    if (reset) p->window_peak = p->st.allocated;
+    pthread_mutex_unlock(&p->lock);
+    return peak;
+}
+
 void gp_pool_reset_peaks(gp_pool *p)
 {
     pthread_mutex_lock(&p->lock);

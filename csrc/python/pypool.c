@@ -417,6 +417,13 @@ static PyObject *pool_retag(PoolObject *self, PyObject *args)
     return PyLong_FromUnsignedLongLong(moved);
 }
 
+static PyObject *pool_window_peak(PoolObject *self, PyObject *args)
+{
+    int reset = 0;
+    if (!PyArg_ParseTuple(args, "|p", &reset)) return NULL;
+    return PyLong_FromUnsignedLongLong(gp_pool_window_peak(self->pool, reset));
+}
+
 static PyObject *pool_reset_peaks(PoolObject *self, PyObject *noargs)
 {
     (void)noargs;
@@ -614,6 +621,8 @@ static PyMethodDef pool_methods[] = {
     {"retag", (PyCFunction)pool_retag, METH_VARARGS,
      "retag(addresses, tag_id, priority=-1) -> bytes moved; -1 keeps each block's priority"},
     {"reset_peaks", (PyCFunction)pool_reset_peaks, METH_NOARGS, "reset every peak to the current value"},
+    {"window_peak", (PyCFunction)pool_window_peak, METH_VARARGS,
+     "window_peak(reset=False): the highest allocated bytes since the last reset (then restarted)"},
     {"last_oom", (PyCFunction)pool_last_oom, METH_NOARGS, "the last out-of-memory report"},
     {"lookup", (PyCFunction)pool_lookup, METH_O, "lookup(address) -> block tuple of the live block there"},
     {"mem_info", (PyCFunction)pool_mem_info, METH_NOARGS, "(device total, reserved)"},

@@ -78,17 +78,19 @@ def _elem_size(dtype: Any) -> int:
 
 @overload
 def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype: Any = None,
-            wait: Literal[True] = True, device: Optional[int] = None,
+            wait: Literal[True] = True, max_bytes: Optional[int] = None, device: Optional[int] = None,
             pool: Optional["PoolView"] = None) -> Dict[str, Any]: ...
 
 
 @overload
 def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype: Any = None,
-            wait: Literal[False], device: Optional[int] = None, pool: Optional["PoolView"] = None) -> None: ...
+            wait: Literal[False], max_bytes: Optional[int] = None, device: Optional[int] = None,
+            pool: Optional["PoolView"] = None) -> None: ...
 
 
 def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype: Any = None, wait: bool = True,
-            device: Optional[int] = None, pool: Optional["PoolView"] = None) -> Optional[Dict[str, Any]]:
+            max_bytes: Optional[int] = None, device: Optional[int] = None,
+            pool: Optional["PoolView"] = None) -> Optional[Dict[str, Any]]:
     """Move the memory of `tag` (a name or a list of names) to host RAM.
 
     Waits for the streams that used the memory, copies its live blocks to
@@ -110,9 +112,15 @@ def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype:
     returns None at once: the caller goes on queueing work (that does not
     touch the memory) while the copies run.  A later :func:`restore` or
     :func:`prefetch` waits for it; if it failed, the memory stayed on the
-    device and the next :func:`restore` raises what it failed with."""
+    device and the next :func:`restore` raises what it failed with.
+
+    max_bytes offloads part of the memory: the tag's first live blocks, in
+    address order, until they hold max_bytes (what a cap needs); the next
+    offload takes the next ones.  None: all of it."""
+    if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes <= 0):
+        raise ValueError(f"max_bytes must be a positive number of bytes or None, got {max_bytes!r}")
     info = _pool(device, pool)._pool.offload(_tag_ids(tag), bool(keep), _codec(codec), _elem_size(dtype),
-                                             bool(wait))
+                                             bool(wait), max_bytes or 0)
     return None if info is None else dict(info)
 
 
@@ -178,6 +186,12 @@ class OffloadHandle:
         self._tid = tag_id(tag)
         self._hooks: List[Any] = []
         self._state_count = -1
+        self._state_bytes = 0  # an optimizer's state, as its first step made it
+        # Under a pool limit, the bytes of the state that the offload behind
+        # the next step takes (None: all of it): what the limit leaves no
+        # room for at the step's peak, measured at the last one (_measure).
+        self._part: Optional[int] = None
+        self._measured = False
 
     # -- what a user may call ------------------------------------------------
     def offload(self, **kw: Any) -> Optional[Dict[str, Any]]:
@@ -244,7 +258,40 @@ class OffloadHandle:
         if len(tensors) != self._state_count:
             tagged(tensors, self.tag, self.priority, pool=self._tag_pool)
             self._state_count = len(tensors)
+            self._state_bytes = sum(t.numel() * t.element_size() for t in tensors)
             self._hint(tensors)
+
+    def _offload_behind_step(self) -> None:
+        """After the step: the state leaves on the background thread, all of
+        it, or under a pool limit the part the limit needs; the window in
+        which the next peak is measured starts."""
+        self._pool._pool.window_peak(True)
+        self._measured = False
+        if self._part == 0:
+            return  # (the limit has room for all of it: nothing moves)
+        with _mark("gpupool.offload"):
+            self.offload(wait=False, max_bytes=self._part)
+
+    def _measure(self) -> None:
+        """Once the forward pass and the start of the backward pass are
+        behind (the prefetch, else the step): the most the rest of the step
+        held (`allocated` at its highest since the last step, less the part
+        of the state still on the device then) sets the part of the state
+        the next offload takes under a pool limit, leaving 1/16 of the
+        limit for the cache. Without a limit: all of it."""
+        if self._measured:
+            return
+        self._measured = True
+        peak = self._pool._pool.window_peak(True)
+        s = self._pool.stats()
+        limit = s["limit"]
+        if not limit or not self._state_bytes:
+            self._part = None
+            return
+        away = s["tags"].get(self.tag, {}).get("offloaded", 0)
+        others = peak - max(0, self._state_bytes - away)
+        need = others + self._state_bytes + limit // 16 - limit
+        self._part = None if need >= self._state_bytes else max(0, need)
 
     def _hint(self, tensors: List[Any]) -> None:
         """The dtype hint: the element size holding most of the bytes."""
@@ -261,7 +308,7 @@ class OffloadHandle:
 
 
 def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after_step: bool = False,
-                prefetch_next: bool = True, prefetch_at: Optional[float] = 0.5, device: Optional[int] = None,
+                prefetch_next: bool = True, prefetch_at: Optional[float] = 0.0, device: Optional[int] = None,
                 pool: Optional["PoolView"] = None) -> OffloadHandle:
     """Make a ``torch.nn.Module`` or a ``torch.optim.Optimizer`` offloadable.
 
@@ -279,9 +326,20 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       on the pool's background thread (the next forward is queued while
       the copies run; the next step's restore waits for them).  Then the
       state is prefetched during the backward pass, once the gradients of
-      ``prefetch_at`` of the parameters' bytes have been accumulated (the
-      copies run beside the rest of the backward, whose memory is falling
-      by then); None: the step's own restore brings it back.  With
+      ``prefetch_at`` of the parameters' bytes have been accumulated: by
+      default at the first gradient, when the step's peak (the loss and
+      its gradient) is behind, so that the copies have the whole backward
+      pass to run beside (at half of the bytes, a tied embedding's
+      gradient, which comes last, left them too little: 0.69x the tokens/s
+      of the fp32 fine-tune without offload, against 0.79x); None: the
+      step's own restore brings it back.  Neither
+      waits on the thread that queues the work: the offload waits for the
+      step's kernels (an event, not a device sync), and a prefetch asked
+      while it still copies is queued behind it.  Under a pool limit
+      (``set_limit``) only the part of the state the limit needs leaves:
+      what the step's other memory, at its highest before the prefetch,
+      leaves no room for (with 1/16 of the limit for the cache), measured
+      anew at each step; the rest stays on the device.  With
       gradient accumulation it comes back in the first backward pass and
       stays until the step.  The end of the step is a yield point (gpupool.yield_point) for a
       process sharing the GPU (GPUPOOL_TENANT).
@@ -360,6 +418,8 @@ def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> No
     saved = threading.local()
 
     def pre(o: Any, args: Any, kwargs: Any) -> None:
+        if offload_after_step:
+            h._measure()  # (where no prefetch did)
         with _mark("gpupool.restore"):
             h._enter()
         if getattr(saved, "ctx", None) is None:
@@ -372,8 +432,7 @@ def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> No
         h._retag_state(o)
         h._use(False)
         if offload_after_step:
-            with _mark("gpupool.offload"):
-                h.offload(wait=False)
+            h._offload_behind_step()
         # The end of a step is a yield point of this process's tenants
         # (GPUPOOL_TENANT): their asks are answered, the next step's room taken.
         _C.tenant_yield(0)
@@ -401,6 +460,7 @@ def _prefetch_in_backward(h: OffloadHandle, opt: Any, at: float) -> None:
         seen[0] += q.numel() * q.element_size()
         if seen[0] >= at * total:
             seen[0] = -1
+            h._measure()
             with _mark("gpupool.prefetch"):
                 h.prefetch()
 

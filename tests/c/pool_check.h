@@ -14,8 +14,9 @@
 #define KiB (1024ull)
 #define MiB (1024ull * 1024ull)
 
-static inline gp_pool *make_pool(uint64_t capacity, uint64_t chunk, gp_mode mode,
-                                 gp_backend **be_out)
+/* A pool on backend `be` with the tests' configuration: `chunk` (one mapping unit), 64 KiB small
+ * blocks, every cached chunk kept, `mode`. */
+static inline gp_pool *make_pool_on(gp_backend *be, uint64_t chunk, gp_mode mode)
 {
     gp_config cfg;
     gp_config_default(&cfg);
@@ -26,16 +27,23 @@ static inline gp_pool *make_pool(uint64_t capacity, uint64_t chunk, gp_mode mode
     cfg.large_chunk = chunk;
     cfg.cache_slack = -1;
     cfg.mode = mode;
-    gp_backend *be;
-    if (gp_backend_host_create(capacity, &be) != GP_OK) {
-        fprintf(stderr, "host backend: %s\n", gp_last_error());
-        exit(2);
-    }
     gp_pool *p;
     if (gp_pool_create(be, &cfg, &p) != GP_OK) {
         fprintf(stderr, "pool: %s\n", gp_last_error());
         exit(2);
     }
+    return p;
+}
+
+static inline gp_pool *make_pool(uint64_t capacity, uint64_t chunk, gp_mode mode,
+                                 gp_backend **be_out)
+{
+    gp_backend *be;
+    if (gp_backend_host_create(capacity, &be) != GP_OK) {
+        fprintf(stderr, "host backend: %s\n", gp_last_error());
+        exit(2);
+    }
+    gp_pool *p = make_pool_on(be, chunk, mode);
     if (be_out) *be_out = be;
     return p;
 }

@@ -9,6 +9,7 @@
  */
 #include <string.h>
 
+#include "backend_forward.h"
 #include "pool_check.h"
 
 static gp_tag T_W, T_O, T_X;
@@ -537,6 +538,63 @@ static void test_random(unsigned seed0, gp_mode mode, int placement)
     done(p);
 }
 
+/* A plan maps without the pool's lock: whatever looks at the pool
+ * meanwhile (a check, another thread's figures) finds it consistent, the
+ * bytes being mapped counted in reserved and its peak (the fuzzer found a
+ * check that saw reserved above its peak). */
+static gp_pool *checked_pool;
+static int checks_in_map, violations_in_map;
+static char first_violation[512];
+
+static gp_status checking_map(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t *handle)
+{
+    if (checked_pool) { /* (set only around gp_pool_plan_map, which lets the lock go) */
+        char msg[512];
+        size_t n = gp_pool_check(checked_pool, msg, sizeof msg);
+        checks_in_map++;
+        if (n && !violations_in_map++) snprintf(first_violation, sizeof first_violation, "%s", msg);
+    }
+    return GP_INNER(be)->map(GP_INNER(be), addr, size, handle);
+}
+
+static void test_check_while_a_plan_maps(void)
+{
+    gp_backend *host;
+    CHECK(gp_backend_host_create(64 * MiB, &host) == GP_OK);
+    gp_backend_wrap *w = calloc(1, sizeof *w);
+    CHECK(w != NULL);
+    gp_backend_forward(w, host);
+    w->be.map = checking_map;
+    gp_pool *p = make_pool_on(&w->be, 256 * KiB, GP_MODE_EXPANDABLE);
+    void *x = A(p, 4 * MiB, T_W);
+    fill(x, 4 * MiB, 7);
+    gp_offload_plan *pl;
+    gp_tag tags[1] = {T_W};
+    CHECK(gp_pool_offload_begin(p, tags, 1, &pl) == GP_OK && pl->n_runs >= 1);
+    saved sv = copy_out(pl);
+    CHECK(unmap_all(p, pl));
+    gp_offload_run run = pl->runs[0];
+    CHECK(pl->n_runs == 1 && gp_pool_plan_end(p, pl, 0) == GP_OK);
+    gp_stats s;
+    gp_pool_stats(p, &s, 0);
+    CHECK(s.reserved_peak >= s.reserved + run.size); /* (4 MiB were mapped before) */
+    gp_pool_reset_peaks(p); /* so that the restore's maps raise the peak */
+    CHECK(gp_pool_restore_begin(p, &run, 1, &pl) == GP_OK);
+    checked_pool = p;
+    CHECK(map_all(p, pl));
+    checked_pool = NULL;
+    CHECK(checks_in_map > 0);
+    if (violations_in_map) fprintf(stderr, "check during a plan's map: %s\n", first_violation);
+    CHECK(violations_in_map == 0);
+    CHECK(pl->n_ranges == sv.n); /* (one block: the same range) */
+    for (size_t i = 0; i < pl->n_ranges && i < sv.n; i++)
+        memcpy((void *)pl->ranges[i].addr, sv.data[i], pl->ranges[i].size);
+    CHECK(gp_pool_plan_end(p, pl, 1) == GP_OK && same(x, 4 * MiB, 7));
+    saved_free(&sv);
+    gp_free(p, x);
+    done(p);
+}
+
 int main(void)
 {
     CHECK(gp_tag_intern("offl", &T_W) == GP_OK);
@@ -549,6 +607,7 @@ int main(void)
     test_edge_cache_stays();
     test_destroy_offloaded();
     test_both_arenas_in_order();
+    test_check_while_a_plan_maps();
     for (unsigned s = 1; s <= 3; s++) {
         test_random(s, GP_MODE_EXPANDABLE, 0);
         test_random(s + 100, GP_MODE_EXPANDABLE, 1);
