@@ -36,6 +36,10 @@ struct gp_block {
     uint8_t prio, state, sidx, arena;
     uint8_t rec;             /* has a gp_rec: streams from gp_record_stream */
     uint8_t life;            /* GP_LIFE_*: the region of the arena it lies in */
+    /* While free: p->free_seq when it last came to the bins.  A trim
+     * without a device sync releases it once a fence recorded after that
+     * has completed (gp_trim_idle). */
+    uint64_t freed;
 };
 
 typedef struct gp_bins {

@@ -151,6 +151,7 @@ gp_block *gp_insert_free(gp_pool *p, gp_arena *a, gp_block *b)
         gp_drop_block(p, nx);
     }
     b->requested = 0;
+    b->freed = ++p->free_seq;
     gp_bins_insert(gp_bins_of(a, b), b);
     return b;
 }
@@ -169,6 +170,7 @@ gp_block *gp_split(gp_pool *p, gp_block *b, uint64_t size)
     t->arena = b->arena;
     t->life = b->life;
     t->prio = b->prio;
+    t->freed = b->freed;
     t->prev = b;
     t->next = b->next;
     if (b->next) b->next->prev = t;
@@ -267,15 +269,17 @@ static uint64_t gp_trim_block(gp_pool *p, gp_arena *a, gp_block *b, gp_block **r
     uintptr_t hi = (b->addr + b->size) / a->chunk * a->chunk;
     *resume = b->next;
     if (lo >= hi || gp_reserve_headers(p, 2) != GP_OK) return 0;
-    uint64_t freed = gp_unmap_range(p, a, lo, hi - lo);
+    uint64_t freed = gp_unmap_range(p, a, lo, hi - lo), when = b->freed;
     if (freed == 0) return 0;
     gp_bins_remove(gp_bins_of(a, b), b);
     gp_block *mid = lo > b->addr ? gp_split(p, b, lo - b->addr) : b;
     gp_block *tail = mid->size > freed ? gp_split(p, mid, freed) : NULL;
     mid->state = GP_BLOCK_FREE_UNMAPPED;
-    if (mid != b) gp_insert_free(p, a, b);
-    /* b was a maximal free block, so the tail merges with nothing after it. */
-    if (tail) gp_insert_free(p, a, tail);
+    /* b was a maximal free block, so the head and the tail merge with
+     * nothing, and were freed when it was (not now: a trim that follows
+     * may take them without a new fence). */
+    if (mid != b) gp_insert_free(p, a, b)->freed = when;
+    if (tail) gp_insert_free(p, a, tail)->freed = when;
     mid = gp_insert_free(p, a, mid);
     *resume = tail ? tail->next : mid->next;
     return freed;
@@ -294,6 +298,7 @@ void gp_coalesce_idle(gp_pool *p, gp_arena *a)
             gp_bins_remove(a->bins[b->sidx], b);
             gp_bins_remove(a->bins[nx->sidx], nx);
             if (nx->prio > b->prio) b->prio = nx->prio;
+            if (nx->freed > b->freed) b->freed = nx->freed;
             b->size += nx->size;
             b->next = nx->next;
             if (nx->next) nx->next->prev = b;
@@ -316,10 +321,31 @@ static int gp_cache_level(const gp_pool *p, const gp_arena *only, int min, int w
     return level;
 }
 
+/* Give back up to `want` bytes of the whole chunks of cache of priority
+ * <= max_prio freed at free_seq `upto` or before, from arena `only` (NULL:
+ * every arena), the lowest priority first (a pass over the arenas per
+ * priority that holds cache; one pass when all is one priority). */
+static uint64_t gp_trim_cached(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio, uint64_t upto)
+{
+    uint64_t freed = 0;
+    for (int level = gp_cache_level(p, only, 0, 1); level <= max_prio && freed < want;
+         level = gp_cache_level(p, only, level + 1, 1)) {
+        for (unsigned k = 0; k < p->n_arenas && freed < want; k++) {
+            gp_arena *a = &p->arenas[k];
+            if (only && a != only) continue;
+            for (gp_block *b = a->first, *nx; b && freed < want; b = nx) {
+                nx = b->next;
+                if (b->freed <= upto && gp_cached(p, a, b, level, level, 1)) freed += gp_trim_block(p, a, b, &nx);
+            }
+        }
+    }
+    if (freed) p->st.n_trim++;
+    return freed;
+}
+
 /* Give back at least `want` bytes of cached chunks (fewer if there are not
  * so many), from arena `only` or, when it is NULL, from every arena: only
- * cache of priority <= max_prio, the lowest priority first (a pass over the
- * arenas per priority that holds cache; one pass when all is one priority). */
+ * cache of priority <= max_prio. */
 uint64_t gp_trim_in(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio)
 {
     /* No synchronisation (illegal) nor unmapping while a graph captures. */
@@ -338,20 +364,82 @@ uint64_t gp_trim_in(gp_pool *p, const gp_arena *only, uint64_t want, int max_pri
     if (p->reserve_mode) return 0;
     for (unsigned k = 0; k < p->n_arenas; k++)
         if (!only || &p->arenas[k] == only) gp_coalesce_idle(p, &p->arenas[k]);
-    uint64_t freed = 0;
-    for (int level = gp_cache_level(p, only, 0, 1); level <= max_prio && freed < want;
-         level = gp_cache_level(p, only, level + 1, 1)) {
-        for (unsigned k = 0; k < p->n_arenas && freed < want; k++) {
-            gp_arena *a = &p->arenas[k];
-            if (only && a != only) continue;
-            for (gp_block *b = a->first, *nx; b && freed < want; b = nx) {
-                nx = b->next;
-                if (gp_cached(p, a, b, level, level, 1)) freed += gp_trim_block(p, a, b, &nx);
-            }
+    return gp_trim_cached(p, only, want, max_prio, UINT64_MAX);
+}
+
+/* ------------------------------------------------- trims without a sync */
+
+/* Whether every event of the idle fence has completed (a failed query:
+ * not known to). */
+static int gp_idle_fence_done(gp_pool *p)
+{
+    for (unsigned i = 0; i < p->n_idle_ev; i++) {
+        int done = 0;
+        if (p->be->event_query(p->be, p->idle_ev[i], &done) != GP_OK) {
+            gp_error_clear();
+            return 0;
         }
+        if (!done) return 0;
     }
-    if (freed) p->st.n_trim++;
-    return freed;
+    return 1;
+}
+
+static void gp_idle_fence_drop(gp_pool *p)
+{
+    for (unsigned i = 0; i < p->n_idle_ev; i++) p->be->event_release(p->be, p->idle_ev[i]);
+    p->n_idle_ev = 0;
+}
+
+/* Learn what cache is idle, without waiting: a fence that has completed
+ * makes every block freed before it was recorded idle; a new one is
+ * recorded when blocks came to the bins since, on the stream of each slot
+ * (a block's last users: those of record_stream reach the bins only once
+ * their own events completed).  A training loop's trims, a few per step,
+ * so find the cache of the previous ones idle.  None while a graph
+ * captures: an event recorded then would join the capture. */
+static void gp_idle_refresh(gp_pool *p)
+{
+    if (p->n_idle_ev && gp_idle_fence_done(p)) {
+        if (p->fence_seq > p->idle_seq) p->idle_seq = p->fence_seq;
+        gp_idle_fence_drop(p);
+    }
+    if (p->n_idle_ev || p->idle_seq >= p->free_seq || p->n_capturing) return;
+    for (unsigned i = 0; i < p->n_streams; i++) {
+        if (p->slot_kind[i] != GP_SLOT_STREAM) continue;
+        unsigned j = 0;
+        while (j < i && !(p->slot_kind[j] == GP_SLOT_STREAM && p->streams[j] == p->streams[i])) j++;
+        if (j < i) continue; /* (a stream has a slot per lifetime) */
+        if (p->be->event_record(p->be, p->streams[i], &p->idle_ev[p->n_idle_ev]) != GP_OK) {
+            gp_error_clear();
+            gp_idle_fence_drop(p);
+            return;
+        }
+        p->n_idle_ev++;
+    }
+    p->fence_seq = p->free_seq;
+    if (gp_idle_fence_done(p)) { /* (an idle device: at once) */
+        p->idle_seq = p->fence_seq;
+        gp_idle_fence_drop(p);
+    }
+}
+
+void gp_idle_synced(gp_pool *p)
+{
+    p->idle_seq = p->free_seq;
+    gp_idle_fence_drop(p); /* (it has completed: no use to wait for) */
+}
+
+uint64_t gp_trim_idle(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio)
+{
+    if (p->n_capturing || p->reserve_mode || p->st.reserved == p->st.allocated || !want) return 0;
+    gp_idle_refresh(p);
+    return gp_trim_cached(p, only, want, max_prio, p->idle_seq);
+}
+
+uint64_t gp_trim_first_idle(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio)
+{
+    uint64_t got = gp_trim_idle(p, only, want, max_prio);
+    return got < want ? got + gp_trim_in(p, only, want - got, max_prio) : got;
 }
 
 static uint64_t gp_trim_locked(gp_pool *p, uint64_t want) { return gp_trim_in(p, NULL, want, GP_PRIO_MAX); }
@@ -419,17 +507,46 @@ static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t siz
  * memory moves to where it is needed.  GPUPOOL_CACHE_SLACK is how much
  * cache may stay; growing is rare once a workload has seen its largest
  * step, so the sync is too. */
-void gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t size, int prio, uint64_t floor,
-                   uint64_t most)
+/* The bytes of cache gp_trim_slack gives back (the lock is held). */
+static uint64_t gp_slack_over(const gp_pool *p, uint64_t need, uint64_t size, uint64_t floor, uint64_t most)
 {
     double slack = p->cfg.cache_slack;
-    if (slack < 0 || p->n_capturing) return;
+    if (slack < 0 || p->n_capturing) return 0;
     uint64_t after = p->st.allocated + size, keep = (uint64_t)(slack * (double)after);
     uint64_t target = after + keep > floor ? after + keep : floor;
-    if (p->st.reserved + need > target) {
-        uint64_t over = p->st.reserved + need - target;
-        gp_trim_in(p, only, over < most ? over : most, prio);
-    }
+    uint64_t over = p->st.reserved + need > target ? p->st.reserved + need - target : 0;
+    return over < most ? over : most;
+}
+
+uint64_t gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t size, int prio, uint64_t floor,
+                       uint64_t most, int sync)
+{
+    /* Idle cache first: a sync under the lock stops every thread that
+     * allocates until the device has run what was queued (a training
+     * loop's trims, a few per step, cost it its lead over the device). */
+    uint64_t over = gp_slack_over(p, need, size, floor, most);
+    uint64_t got = sync ? gp_trim_first_idle(p, only, over, prio) : gp_trim_idle(p, only, over, prio);
+    return got < over ? over - got : 0;
+}
+
+void gp_trim_slack_unlocked(gp_pool *p, uint64_t need, uint64_t size, int prio, uint64_t floor, uint64_t most)
+{
+    pthread_mutex_lock(&p->lock);
+    uint64_t seq = p->free_seq;
+    int short_of = gp_trim_slack(p, NULL, need, size, prio, floor, most, 0) > 0 && !p->reserve_mode;
+    pthread_mutex_unlock(&p->lock);
+    if (!short_of) return;
+    /* (A capture that begins meanwhile: the sync is refused or waits, and
+     * nothing is trimmed while it runs.) */
+    gp_status st = p->be->synchronize(p->be);
+    pthread_mutex_lock(&p->lock);
+    p->st.n_sync++;
+    if (st != GP_OK) gp_error_clear();
+    else if (seq > p->idle_seq) p->idle_seq = seq; /* (what came to the bins since may still be in use) */
+    uint64_t over = gp_slack_over(p, need, size, floor, most);
+    if (st == GP_OK && over && !p->n_capturing)
+        gp_trim_cached(p, NULL, over, prio, p->idle_seq);
+    pthread_mutex_unlock(&p->lock);
 }
 
 /* Map new memory so that a free block of at least `size` bytes exists on
@@ -452,7 +569,7 @@ static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t siz
     uint64_t need = gp_round_up(size, a->chunk);
     uint64_t limit = p->st.limit;
     if (limit && p->st.reserved + need > limit) {
-        gp_trim_in(p, NULL, p->st.reserved + need - limit, prio);
+        gp_trim_first_idle(p, NULL, p->st.reserved + need - limit, prio);
         if (p->st.reserved + need > limit) {
             *st = gp_error_set(GP_ERR_LIMIT,
                                "the pool limit of %" PRIu64 " bytes would be exceeded "
@@ -461,7 +578,7 @@ static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t siz
             return NULL;
         }
     }
-    gp_trim_slack(p, a, need, size, prio, 0, UINT64_MAX);
+    gp_trim_slack(p, a, need, size, prio, 0, UINT64_MAX, 1);
     gp_block *u = gp_bins_find(&a->unmapped[p->slot_life[sidx]], need);
     if (!u) {
         *st = gp_error_set(GP_ERR_OOM, "no unmapped address range of %" PRIu64 " bytes left in the arena", need);
@@ -1026,6 +1143,7 @@ void gp_pool_destroy(gp_pool *p)
     /* In a forked child the device is the parent's: host memory only. */
     int device = p->fork_gen == atomic_load_explicit(&gp_fork_generation, memory_order_relaxed);
     if (device && p->st.reserved) p->be->synchronize(p->be);
+    if (device) gp_idle_fence_drop(p);
     for (unsigned i = 0; device && i < p->n_recs; i++)
         for (unsigned j = 0; j < p->recs[i].n; j++)
             if (p->recs[i].events[j]) p->be->event_release(p->be, p->recs[i].events[j]);

@@ -108,6 +108,14 @@ struct gp_pool {
     uint64_t mapping;   /* bytes a plan maps now, outside the lock: counted
                            in reserved (the limit holds), not yet in the
                            chunk table (gp_pool_plan_map)                */
+    /* Which cache no stream can still be using, known without a device
+     * sync (gp_trim_idle): each block that comes to the bins takes the
+     * next free_seq, and those with freed <= idle_seq are idle.  idle_ev:
+     * a fence (an event on each stream slot's stream) recorded when
+     * free_seq was fence_seq; n_idle_ev 0: none pending. */
+    uint64_t free_seq, idle_seq, fence_seq;
+    uint64_t idle_ev[GP_MAX_STREAMS];
+    unsigned n_idle_ev;
     gp_rec *recs;       /* record_stream: live and pending blocks */
     unsigned n_recs, cap_recs, n_pending;
 
@@ -231,14 +239,29 @@ gp_block *gp_split(gp_pool *p, gp_block *b, uint64_t size);
 gp_status gp_map_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len, uint64_t *kept);
 uint64_t gp_unmap_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len);
 /* Give back at least `want` bytes of cached chunks of priority <= max_prio
- * (arena `only`, or all when NULL); returns the bytes released. */
+ * (arena `only`, or all when NULL), after a device sync; returns the bytes
+ * released. */
 uint64_t gp_trim_in(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio);
+/* The same without a sync: only cache known idle (a fence recorded after
+ * it was freed has completed). */
+uint64_t gp_trim_idle(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio);
+/* The device was synchronized with the lock held: every block in the bins
+ * is idle. */
+void gp_idle_synced(gp_pool *p);
+/* Idle cache first (gp_trim_idle), then the rest after a sync (gp_trim_in). */
+uint64_t gp_trim_first_idle(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio);
 /* Before `need` bytes are mapped for `size` bytes of live blocks: give
  * back cache of priority <= prio (arena `only`, or all when NULL) beyond
  * GPUPOOL_CACHE_SLACK of what will be allocated then, or beyond `floor`
- * reserved bytes if that is more; at most `most`. */
-void gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t size, int prio, uint64_t floor,
-                   uint64_t most);
+ * reserved bytes if that is more; at most `most`.  Idle cache first;
+ * then, where `sync`, after a device sync under the lock.  Returns the
+ * bytes still over. */
+uint64_t gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t size, int prio, uint64_t floor,
+                       uint64_t most, int sync);
+/* gp_trim_slack for a caller that holds no lock: the device sync, where
+ * idle cache is short, runs without the pool's lock (other threads
+ * allocate meanwhile), and what was cached when it began is trimmed. */
+void gp_trim_slack_unlocked(gp_pool *p, uint64_t need, uint64_t size, int prio, uint64_t floor, uint64_t most);
 /* Merge free neighbours of different streams (the device is idle). */
 void gp_coalesce_idle(gp_pool *p, gp_arena *a);
 /* Map so that a free block of `size` exists on slot sidx; returned removed

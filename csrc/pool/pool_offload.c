@@ -481,10 +481,13 @@ gp_status gp_pool_restore_begin(gp_pool *p, const gp_offload_run *runs, size_t n
      * Cache of any priority (gp_restore_tags), and no more than it maps: a
      * prefetch during the backward pass would otherwise give back what the
      * next forward maps again. */
-    uint64_t need = 0;
+    uint64_t need = 0, floor = p->st.reserved_peak, size = pl->offloaded;
     for (size_t i = 0; st == GP_OK && i < pl->n_runs; i++) need += pl->runs[i].size;
-    if (st == GP_OK) gp_trim_slack(p, NULL, need, pl->offloaded, GP_PRIO_MAX, p->st.reserved_peak, need);
-    return gp_plan_done(p, pl, st, out);
+    /* (The sync the trim may need runs without the lock: a prefetch's
+     * restore runs during a backward pass, whose allocations held up for
+     * the device to drain would cost it its lead.) */
+    if ((st = gp_plan_done(p, pl, st, out)) == GP_OK) gp_trim_slack_unlocked(p, need, size, GP_PRIO_MAX, floor, need);
+    return st;
 }
 
 /* The run of the plan containing [addr, addr+size), chunk-aligned in it. */
@@ -601,7 +604,8 @@ gp_status gp_pool_plan_map(gp_pool *p, gp_offload_plan *pl, uintptr_t addr, uint
         uint64_t need = end - x, limit = p->st.limit;
         /* The limit first, then the device: cached chunks of priorities up
          * to the caller's make room, as for an allocation. */
-        if (limit && p->st.reserved + need > limit) gp_trim_in(p, NULL, p->st.reserved + need - limit, priority);
+        if (limit && p->st.reserved + need > limit)
+            gp_trim_first_idle(p, NULL, p->st.reserved + need - limit, priority);
         if (limit && p->st.reserved + need > limit) {
             st = gp_error_set(GP_ERR_LIMIT, "gpupool: restoring %" PRIu64 " bytes would exceed the pool limit of "
                               "%" PRIu64 " bytes (reserved %" PRIu64 ")", need, limit, p->st.reserved);

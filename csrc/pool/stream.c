@@ -151,7 +151,10 @@ gp_status gp_sync_locked(gp_pool *p)
 {
     p->st.n_sync++;
     gp_status st = p->be->synchronize(p->be);
-    if (st == GP_OK) gp_release_pending(p);
+    if (st == GP_OK) {
+        gp_idle_synced(p);
+        gp_release_pending(p);
+    }
     return st;
 }
 

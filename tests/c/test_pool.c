@@ -777,6 +777,48 @@ static void test_lean_growth(void)
     CHECK(roomy.reserved == 22 * MiB && roomy.n_sync == 1 && roomy.n_unmap == 8);
 }
 
+/* Cache given back without a device sync (gp_trim_idle): only blocks freed
+ * before a fence that has completed.  An 8 MiB hole freed before the fence
+ * goes once its stream has run past it; one freed after stays (its stream
+ * may still use it) until the stream has run past the next fence. */
+static void test_trim_without_sync(void)
+{
+    gp_config cfg;
+    gp_config_default(&cfg);
+    cfg.chunk = 256 * KiB;
+    cfg.large_chunk = 1 * MiB;
+    cfg.small_size = 64 * KiB;
+    gp_backend *be;
+    gp_pool *p;
+    CHECK(gp_backend_host_create(256 * MiB, &be) == GP_OK);
+    CHECK(gp_pool_create(be, &cfg, &p) == GP_OK);
+    void *a = A(p, 8 * MiB), *s1 = A(p, 1 * MiB), *b = A(p, 8 * MiB), *s2 = A(p, 1 * MiB);
+    CHECK(a && s1 && b && s2);
+    gp_free(p, a);
+    gp_stats s0, s;
+    gp_pool_stats(p, &s0, 0);
+    pthread_mutex_lock(&p->lock);
+    CHECK(gp_trim_idle(p, NULL, UINT64_MAX, GP_PRIO_MAX) == 0); /* (the fence is recorded; its stream runs) */
+    pthread_mutex_unlock(&p->lock);
+    gp_host_stream_complete(be, NULL);
+    gp_free(p, b);
+    pthread_mutex_lock(&p->lock);
+    uint64_t got = gp_trim_idle(p, NULL, UINT64_MAX, GP_PRIO_MAX);
+    pthread_mutex_unlock(&p->lock);
+    gp_pool_stats(p, &s, 0);
+    CHECK(got == 8 * MiB && s.reserved == s0.reserved - 8 * MiB && s.n_sync == s0.n_sync);
+    gp_host_stream_complete(be, NULL);
+    pthread_mutex_lock(&p->lock);
+    got = gp_trim_idle(p, NULL, UINT64_MAX, GP_PRIO_MAX);
+    pthread_mutex_unlock(&p->lock);
+    gp_pool_stats(p, &s, 0);
+    CHECK(got == 8 * MiB && s.reserved == s0.reserved - 16 * MiB && s.n_sync == s0.n_sync);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_free(p, s1);
+    gp_free(p, s2);
+    done(p);
+}
+
 /* A device larger than the bins can hold (a HostPool asked for 2^63 bytes
  * and more): refused with its size named, in both modes, nothing written
  * out of bounds; a large one (1 TiB) is a pool that works. */
@@ -828,5 +870,6 @@ int main(void)
     test_tags();
     test_fork_while_interning();
     test_lean_growth();
+    test_trim_without_sync();
     return check_done();
 }
