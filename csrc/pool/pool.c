@@ -433,7 +433,9 @@ uint64_t gp_trim_idle(gp_pool *p, const gp_arena *only, uint64_t want, int max_p
 {
     if (p->n_capturing || p->reserve_mode || p->st.reserved == p->st.allocated || !want) return 0;
     gp_idle_refresh(p);
-    return gp_trim_cached(p, only, want, max_prio, p->idle_seq);
+    uint64_t got = gp_trim_cached(p, only, want, max_prio, p->idle_seq);
+    if (got) p->st.n_trim_idle++;
+    return got;
 }
 
 uint64_t gp_trim_first_idle(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio)
@@ -544,8 +546,7 @@ void gp_trim_slack_unlocked(gp_pool *p, uint64_t need, uint64_t size, int prio, 
     if (st != GP_OK) gp_error_clear();
     else if (seq > p->idle_seq) p->idle_seq = seq; /* (what came to the bins since may still be in use) */
     uint64_t over = gp_slack_over(p, need, size, floor, most);
-    if (st == GP_OK && over && !p->n_capturing)
-        gp_trim_cached(p, NULL, over, prio, p->idle_seq);
+    if (st == GP_OK && over && !p->n_capturing) gp_trim_cached(p, NULL, over, prio, p->idle_seq);
     pthread_mutex_unlock(&p->lock);
 }
 

@@ -39,7 +39,8 @@ def format_report(name: str, s: Dict[str, Any]) -> str:
         f"(fragmentation {100 * s['fragmentation']:.1f}%); {s['segments']} mapped runs",
         f"allocs {s['n_alloc']}, frees {s['n_free']}, cache hits {100 * s['cache_hit_rate']:.2f}%, "
         f"driver calls {s['driver_calls']} (maps {s['n_map']}, unmaps {s['n_unmap']}, syncs "
-        f"{s['n_sync']}), stream waits {s['n_stream_waits']}, trims {s['n_trim']}, "
+        f"{s['n_sync']}), stream waits {s['n_stream_waits']}, trims {s['n_trim']} "
+        f"({s['n_trim_idle']} without a sync), "
         f"retries {s['n_alloc_retries']}, OOMs {s['n_oom']}",
     ]
     if s["offloaded"] or s["pending"]:
