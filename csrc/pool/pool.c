@@ -502,13 +502,6 @@ static int gp_device_fits(gp_pool *p, uint64_t need, int prio, uint64_t *short_b
 static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, int prio, gp_status *st,
                             int may_trim);
 
-/* Keep reserved near allocated.  The free memory a request cannot use
- * lies in holes between live blocks (on a LoRA step: two holes of 2.2 GiB
- * beside a 4.6 GiB request).  Rather than map new memory beside them, give
- * their chunks back first -- one device sync -- so that the physical
- * memory moves to where it is needed.  GPUPOOL_CACHE_SLACK is how much
- * cache may stay; growing is rare once a workload has seen its largest
- * step, so the sync is too. */
 /* The bytes of cache gp_trim_slack gives back (the lock is held). */
 static uint64_t gp_slack_over(const gp_pool *p, uint64_t need, uint64_t size, uint64_t floor, uint64_t most)
 {
@@ -520,6 +513,14 @@ static uint64_t gp_slack_over(const gp_pool *p, uint64_t need, uint64_t size, ui
     return over < most ? over : most;
 }
 
+/* Keep reserved near allocated.  The free memory a request cannot use
+ * lies in holes between live blocks (on a LoRA step: two holes of 2.2 GiB
+ * beside a 4.6 GiB request).  Rather than map new memory beside them, give
+ * their chunks back first -- idle ones with no sync, the rest after one --
+ * so that the physical memory moves to where it is needed.
+ * GPUPOOL_CACHE_SLACK is how much cache may stay; growing is rare once a
+ * workload has seen its largest step, so the syncs are too (not so when an
+ * offload between steps gives memory back each step). */
 uint64_t gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t size, int prio, uint64_t floor,
                        uint64_t most, int sync)
 {
