@@ -373,7 +373,7 @@ uint64_t gp_trim_in(gp_pool *p, const gp_arena *only, uint64_t want, int max_pri
  * not known to). */
 static int gp_idle_fence_done(gp_pool *p)
 {
-    for (unsigned i = 0; i < p->n_idle_ev; i++) {
+    for (size_t i = 0; i < p->n_idle_ev; i++) {
         int done = 0;
         if (p->be->event_query(p->be, p->idle_ev[i], &done) != GP_OK) {
             gp_error_clear();
@@ -386,15 +386,15 @@ static int gp_idle_fence_done(gp_pool *p)
 
 static void gp_idle_fence_drop(gp_pool *p)
 {
-    for (unsigned i = 0; i < p->n_idle_ev; i++) p->be->event_release(p->be, p->idle_ev[i]);
+    for (size_t i = 0; i < p->n_idle_ev; i++) p->be->event_release(p->be, p->idle_ev[i]);
     p->n_idle_ev = 0;
 }
 
 /* Learn what cache is idle, without waiting: a fence that has completed
  * makes every block freed before it was recorded idle; a new one is
- * recorded when blocks came to the bins since, on the stream of each slot
- * (a block's last users: those of record_stream reach the bins only once
- * their own events completed).  A training loop's trims, a few per step,
+ * recorded when blocks came to the bins since (gp_fence_locked: a
+ * block's last users are its slot's stream and those record_stream
+ * named).  A training loop's trims, a few per step,
  * so find the cache of the previous ones idle.  None while a graph
  * captures: an event recorded then would join the capture. */
 static void gp_idle_refresh(gp_pool *p)
@@ -404,17 +404,9 @@ static void gp_idle_refresh(gp_pool *p)
         gp_idle_fence_drop(p);
     }
     if (p->n_idle_ev || p->idle_seq >= p->free_seq || p->n_capturing) return;
-    for (unsigned i = 0; i < p->n_streams; i++) {
-        if (p->slot_kind[i] != GP_SLOT_STREAM) continue;
-        unsigned j = 0;
-        while (j < i && !(p->slot_kind[j] == GP_SLOT_STREAM && p->streams[j] == p->streams[i])) j++;
-        if (j < i) continue; /* (a stream has a slot per lifetime) */
-        if (p->be->event_record(p->be, p->streams[i], &p->idle_ev[p->n_idle_ev]) != GP_OK) {
-            gp_error_clear();
-            gp_idle_fence_drop(p);
-            return;
-        }
-        p->n_idle_ev++;
+    if (gp_fence_locked(p, p->idle_ev, GP_FENCE_STREAMS, &p->n_idle_ev) != GP_OK) {
+        gp_error_clear();
+        return;
     }
     p->fence_seq = p->free_seq;
     if (gp_idle_fence_done(p)) { /* (an idle device: at once) */

@@ -34,6 +34,8 @@
 
 #define GP_MAX_SIZE (1ull << 48)
 #define GP_MAX_STREAMS 64
+/* Streams a fence may name: the slots', and those record_stream named. */
+#define GP_FENCE_STREAMS (GP_MAX_STREAMS + 64)
 /* Block headers are allocated this many at a time (a slab). */
 #define GP_SLAB_BLOCKS 256
 
@@ -111,11 +113,11 @@ struct gp_pool {
     /* Which cache no stream can still be using, known without a device
      * sync (gp_trim_idle): each block that comes to the bins takes the
      * next free_seq, and those with freed <= idle_seq are idle.  idle_ev:
-     * a fence (an event on each stream slot's stream) recorded when
+     * a fence (gp_fence_locked: an event on each stream it knows) recorded when
      * free_seq was fence_seq; n_idle_ev 0: none pending. */
     uint64_t free_seq, idle_seq, fence_seq;
-    uint64_t idle_ev[GP_MAX_STREAMS];
-    unsigned n_idle_ev;
+    uint64_t idle_ev[GP_FENCE_STREAMS];
+    size_t n_idle_ev;
     gp_rec *recs;       /* record_stream: live and pending blocks */
     unsigned n_recs, cap_recs, n_pending;
 
@@ -300,6 +302,10 @@ gp_status gp_sync_locked(gp_pool *p);
 /* Whether a pending block of priority <= max_prio exists (a sync would
  * turn it into cache that priority may release). */
 int gp_pending_upto(const gp_pool *p, int max_prio);
+/* An event on each stream the pool knows (its slots', those record_stream
+ * named), at most cap: gp_pool_fence with the lock held.  None (and an
+ * error) while a graph captures or when one cannot be recorded. */
+gp_status gp_fence_locked(gp_pool *p, uint64_t *events, size_t cap, size_t *n);
 /* The record_stream record of live block b goes (b is freed while
  * offloaded: no stream can use memory that is not there). */
 void gp_rec_forget(gp_pool *p, gp_block *b);

@@ -703,38 +703,14 @@ gp_status gp_pool_synchronize(gp_pool *p)
     return p->be->synchronize(p->be);
 }
 
-/* Record e on stream s unless one of events[0..*n) is on s already. */
-static gp_status gp_fence_add(gp_pool *p, gp_stream s, gp_stream *on, uint64_t *events, size_t cap, size_t *n)
-{
-    for (size_t i = 0; i < *n; i++)
-        if (on[i] == s) return GP_OK;
-    if (*n == cap) return gp_error_set(GP_ERR_TOO_MANY, "gpupool: more than %zu streams to fence", cap);
-    gp_status st = p->be->event_record(p->be, s, &events[*n]);
-    if (st == GP_OK) on[(*n)++] = s;
-    return st;
-}
-
 gp_status gp_pool_fence(gp_pool *p, uint64_t *events, size_t cap, size_t *n)
 {
     *n = 0;
     gp_status st = gp_pool_usable(p);
     if (st != GP_OK) return st;
-    gp_stream on[GP_MAX_STREAMS + 64];
-    if (cap > sizeof on / sizeof *on) cap = sizeof on / sizeof *on;
     pthread_mutex_lock(&p->lock);
-    /* (An event recorded on a capturing stream would join the capture.) */
-    if (p->n_capturing)
-        st = gp_error_set(GP_ERR_INVALID, "gpupool: no fence while a CUDA graph is being captured");
-    for (unsigned i = 0; st == GP_OK && i < p->n_streams; i++)
-        if (p->slot_kind[i] != GP_SLOT_SPARE) st = gp_fence_add(p, p->streams[i], on, events, cap, n);
-    for (unsigned i = 0; st == GP_OK && i < p->n_recs; i++)
-        for (unsigned k = 0; st == GP_OK && k < p->recs[i].n; k++)
-            st = gp_fence_add(p, p->recs[i].streams[k], on, events, cap, n);
+    st = gp_fence_locked(p, events, cap, n);
     pthread_mutex_unlock(&p->lock);
-    if (st != GP_OK) {
-        for (size_t i = 0; i < *n; i++) p->be->event_release(p->be, events[i]);
-        *n = 0;
-    }
     return st;
 }
 

@@ -462,3 +462,35 @@ gp_status gp_pool_capture_release(gp_pool *p, uint64_t key)
     pthread_mutex_unlock(&p->lock);
     return st;
 }
+
+/* Record e on stream s unless one of events[0..*n) is on s already. */
+static gp_status gp_fence_add(gp_pool *p, gp_stream s, gp_stream *on, uint64_t *events, size_t cap, size_t *n)
+{
+    for (size_t i = 0; i < *n; i++)
+        if (on[i] == s) return GP_OK;
+    if (*n == cap) return gp_error_set(GP_ERR_TOO_MANY, "gpupool: more than %zu streams to fence", cap);
+    gp_status st = p->be->event_record(p->be, s, &events[*n]);
+    if (st == GP_OK) on[(*n)++] = s;
+    return st;
+}
+
+gp_status gp_fence_locked(gp_pool *p, uint64_t *events, size_t cap, size_t *n)
+{
+    *n = 0;
+    gp_stream on[GP_FENCE_STREAMS];
+    if (cap > GP_FENCE_STREAMS) cap = GP_FENCE_STREAMS;
+    gp_status st = GP_OK;
+    /* (An event recorded on a capturing stream would join the capture.) */
+    if (p->n_capturing)
+        st = gp_error_set(GP_ERR_INVALID, "gpupool: no fence while a CUDA graph is being captured");
+    for (unsigned i = 0; st == GP_OK && i < p->n_streams; i++)
+        if (p->slot_kind[i] != GP_SLOT_SPARE) st = gp_fence_add(p, p->streams[i], on, events, cap, n);
+    for (unsigned i = 0; st == GP_OK && i < p->n_recs; i++)
+        for (unsigned k = 0; st == GP_OK && k < p->recs[i].n; k++)
+            st = gp_fence_add(p, p->recs[i].streams[k], on, events, cap, n);
+    if (st != GP_OK) {
+        for (size_t i = 0; i < *n; i++) p->be->event_release(p->be, events[i]);
+        *n = 0;
+    }
+    return st;
+}
