@@ -620,7 +620,9 @@ enum { GP_STAT_CURRENT = 0, GP_STAT_PEAK = 1, GP_STAT_TOTAL = 2 };
     X(mapped_total, GP_STAT_TOTAL, "reserved_bytes.all.allocated")    /* bytes mapped */        \
     X(unmapped_total, GP_STAT_TOTAL, "reserved_bytes.all.freed")      /* bytes unmapped */      \
     X(pending, GP_STAT_CURRENT, NULL)      /* freed bytes waiting for record_stream events */   \
-    X(n_capture_maps, GP_STAT_TOTAL, NULL) /* chunks mapped while a graph captured */
+    X(n_capture_maps, GP_STAT_TOTAL, NULL) /* chunks mapped while a graph captured */ \
+    X(ns_lock_wait, GP_STAT_TOTAL, NULL)   /* ns allocs and frees waited for the pool's lock */ \
+    X(ns_slow, GP_STAT_TOTAL, NULL)        /* ns allocs spent past the cache (growth, trims, pressure) */
 
 /* Per tag. */
 #define GP_TAG_STATS_FIELDS(X)                                                  \

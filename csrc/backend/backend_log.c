@@ -13,7 +13,9 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend_forward.h"
 #include "util.h"
@@ -22,12 +24,15 @@ static void gp_log_line(gp_backend *be, const char *what, uintptr_t addr, uint64
                         gp_status st)
 {
     double us = (double)(gp_now_ns() - t0) / 1e3;
+    /* The thread says whose time it was: the one that allocates (a
+     * training loop's) or a background offload's. */
+    long tid = (long)syscall(SYS_gettid);
     if (size)
-        fprintf(stderr, "gpupool: device %d: %s %.2f MiB at 0x%" PRIxPTR " (%.0f us)%s%s\n", be->device,
-                what, (double)size / (1 << 20), addr, us, st == GP_OK ? "" : ": failed, ",
+        fprintf(stderr, "gpupool: device %d: %s %.2f MiB at 0x%" PRIxPTR " (%.0f us, thread %ld)%s%s\n",
+                be->device, what, (double)size / (1 << 20), addr, us, tid, st == GP_OK ? "" : ": failed, ",
                 st == GP_OK ? "" : gp_status_str(st));
     else
-        fprintf(stderr, "gpupool: device %d: %s (%.0f us)%s%s\n", be->device, what, us,
+        fprintf(stderr, "gpupool: device %d: %s (%.0f us, thread %ld)%s%s\n", be->device, what, us, tid,
                 st == GP_OK ? "" : ": failed, ", st == GP_OK ? "" : gp_status_str(st));
 }
 

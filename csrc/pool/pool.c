@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "pool.h"
+#include "util.h"
 
 /* The size a request occupies.  Small requests round to 512 B; large ones to
  * 1/256 of their power of two (at most 2 MiB), which bounds the waste at
@@ -707,9 +708,20 @@ static int gp_ask_pressure(gp_pool *p, uint64_t bsize, int prio, gp_status st)
     return got != 0 || releasing;
 }
 
+/* The pool's lock for an allocation or a free: the time another thread made
+ * it wait is counted (the hot path pays a trylock, no clock). */
+static void gp_lock_counted(gp_pool *p)
+{
+    if (pthread_mutex_trylock(&p->lock) == 0) return;
+    uint64_t t0 = gp_now_ns();
+    pthread_mutex_lock(&p->lock);
+    p->st.ns_lock_wait += gp_now_ns() - t0;
+}
+
 void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priority, gp_status *status)
 {
     gp_status st = GP_OK, dummy;
+    uint64_t t_slow = 0; /* when the request went past the cache */
     if (!status) status = &dummy;
     if (size == 0) {
         *status = gp_error_set(GP_ERR_INVALID, "gpupool: cannot allocate 0 bytes: sizes from 1 byte are accepted");
@@ -724,7 +736,7 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
         return NULL;
     }
     if ((*status = gp_pool_usable(p)) != GP_OK) return NULL;
-    pthread_mutex_lock(&p->lock);
+    gp_lock_counted(p);
     /* More than any device holds: out of memory, as PyTorch's allocator
      * says (a caller that shrinks its request on OOM may then retry). */
     if (size > GP_MAX_SIZE) {
@@ -768,6 +780,7 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
             p->st.cache_hits++;
             break;
         }
+        if (!t_slow) t_slow = gp_now_ns();
         /* (A capture cannot wait on another stream: it never steals.) */
         if (gslot < 0 && (b = gp_steal(p, a, sidx, bsize))) break;
         if ((b = gp_grow(p, a, sidx, bsize, priority, &st))) break;
@@ -821,6 +834,7 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
     gp_peak(&p->prio_alloc[priority], &p->prio_peak[priority], b->size);
     GP_TRACE(p, GP_EV_ALLOC, b->addr, b->size, stream, tag, priority);
     gp_debug_tick(p);
+    if (t_slow) p->st.ns_slow += gp_now_ns() - t_slow;
     pthread_mutex_unlock(&p->lock);
     *status = GP_OK;
     return (void *)b->addr;
@@ -846,6 +860,7 @@ fail:
             gp_error_set(st, "%s", p->last_oom); /* (mem_info may have left its own) */
         }
     }
+    if (t_slow) p->st.ns_slow += gp_now_ns() - t_slow;
     pthread_mutex_unlock(&p->lock);
     *status = st;
     return NULL;
@@ -891,7 +906,7 @@ gp_status gp_free(gp_pool *p, void *ptr)
     if (!ptr) return GP_OK;
     gp_status st = gp_pool_usable(p);
     if (st != GP_OK) return st;
-    pthread_mutex_lock(&p->lock);
+    gp_lock_counted(p);
     gp_block *b = gp_hash_remove(p, (uintptr_t)ptr);
     if (!b) {
         st = gp_bad_pointer(p, ptr, "free");

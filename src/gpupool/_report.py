@@ -42,6 +42,8 @@ def format_report(name: str, s: Dict[str, Any]) -> str:
         f"{s['n_sync']}), stream waits {s['n_stream_waits']}, trims {s['n_trim']} "
         f"({s['n_trim_idle']} without a sync), "
         f"retries {s['n_alloc_retries']}, OOMs {s['n_oom']}",
+        f"allocating threads waited {s['ns_lock_wait'] / 1e6:.1f} ms for the lock and spent "
+        f"{s['ns_slow'] / 1e6:.1f} ms past the cache (growth, trims, syncs, pressure)",
     ]
     if s["offloaded"] or s["pending"]:
         lines.append(f"offloaded to host {fb(s['offloaded'])} (in {fb(s.get('host_bytes', 0))} of host memory); "

@@ -4,6 +4,7 @@
  * trimming and reserve mode.  Run under ASan and UBSan by the test suite.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -819,6 +820,51 @@ static void test_trim_without_sync(void)
     done(p);
 }
 
+/* The allocating threads' time: what they waited for the lock
+ * (ns_lock_wait) and spent past the cache (ns_slow); a cache hit adds to
+ * neither. */
+static atomic_int lock_held;
+
+static void *hold_lock(void *arg)
+{
+    gp_pool *p = arg;
+    pthread_mutex_lock(&p->lock);
+    atomic_store(&lock_held, 1);
+    struct timespec ts = {0, 30 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    pthread_mutex_unlock(&p->lock);
+    return NULL;
+}
+
+static void test_alloc_time(void)
+{
+    gp_config cfg;
+    gp_config_default(&cfg);
+    gp_backend *be;
+    gp_pool *p;
+    CHECK(gp_backend_host_create(256 * MiB, &be) == GP_OK);
+    CHECK(gp_pool_create(be, &cfg, &p) == GP_OK);
+    gp_stats s0, s1, s2;
+    gp_pool_stats(p, &s0, 0);
+    void *x = A(p, 4 * MiB); /* (grows) */
+    gp_free(p, x);
+    gp_pool_stats(p, &s1, 0);
+    CHECK(s1.ns_slow > s0.ns_slow && s1.ns_lock_wait == 0);
+    x = A(p, 4 * MiB); /* (a hit) */
+    gp_free(p, x);
+    gp_pool_stats(p, &s2, 0);
+    CHECK(s2.ns_slow == s1.ns_slow);
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, hold_lock, p) == 0);
+    while (!atomic_load(&lock_held)) sched_yield();
+    x = A(p, 4 * MiB);
+    pthread_join(t, NULL);
+    gp_free(p, x);
+    gp_pool_stats(p, &s2, 0);
+    CHECK(s2.ns_lock_wait >= 1000 * 1000); /* (held 30 ms from before we asked) */
+    done(p);
+}
+
 /* A device larger than the bins can hold (a HostPool asked for 2^63 bytes
  * and more): refused with its size named, in both modes, nothing written
  * out of bounds; a large one (1 TiB) is a pool that works. */
@@ -871,5 +917,6 @@ int main(void)
     test_fork_while_interning();
     test_lean_growth();
     test_trim_without_sync();
+    test_alloc_time();
     return check_done();
 }
