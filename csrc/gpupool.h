@@ -305,10 +305,13 @@ typedef struct gp_block_info {
  * address stays valid and reserved, no kernel may touch it until restored.
  * FREE_OFFLOADED: free memory inside an offloaded run; it becomes FREE when
  * the run is restored (and a live OFFLOADED block that is freed becomes
- * one). */
+ * one).
+ * TRANSIT: whole chunks of cache a trim unmaps without the pool's lock (a
+ * restore's, on a thread that does not allocate); they become unmapped
+ * space when that thread takes the lock again. */
 enum {
     GP_BLOCK_FREE_UNMAPPED = 0, GP_BLOCK_FREE = 1, GP_BLOCK_USED = 2, GP_BLOCK_PENDING = 3,
-    GP_BLOCK_OFFLOADED = 4, GP_BLOCK_FREE_OFFLOADED = 5
+    GP_BLOCK_OFFLOADED = 4, GP_BLOCK_FREE_OFFLOADED = 5, GP_BLOCK_TRANSIT = 6
 };
 enum { GP_ARENA_SMALL = 0, GP_ARENA_LARGE = 1, GP_ARENA_COUNT = 2 };
 

@@ -86,7 +86,7 @@ static uint64_t gp_check_bins(gp_checker *c, const gp_pool *p, const gp_arena *a
 
 typedef struct gp_sums {
     uint64_t used, requested, n_used, free_mapped, pending, n_pending, n_rec_blocks;
-    uint64_t offloaded, n_offloaded, offl_mapped; /* offl_mapped: bytes of runs still mapped */
+    uint64_t offloaded, n_offloaded, offl_mapped; /* offl_mapped: bytes of runs and TRANSIT blocks still mapped */
     uint64_t tag_alloc[GP_MAX_TAGS], tag_req[GP_MAX_TAGS], tag_blocks[GP_MAX_TAGS], tag_off[GP_MAX_TAGS];
     uint64_t prio_alloc[GP_PRIO_MAX + 1];
     uint64_t free_in_slot[GP_ARENA_COUNT][GP_MAX_STREAMS];
@@ -188,6 +188,11 @@ static void gp_check_arena(gp_checker *c, gp_pool *p, unsigned k, gp_sums *s)
         case GP_BLOCK_FREE_OFFLOADED:
             VIOLATION_IF(c, b->rec, "free offloaded block 0x%" PRIxPTR " still has a record_stream record", b->addr);
             break;
+        case GP_BLOCK_TRANSIT:
+            VIOLATION_IF(c, b->addr % a->chunk || b->size % a->chunk,
+                         "block 0x%" PRIxPTR " of %" PRIu64 " bytes in transit is not on chunk boundaries", b->addr,
+                         b->size);
+            break;
         case GP_BLOCK_FREE_UNMAPPED:
             s->unmapped_in[k][b->life]++;
             VIOLATION_IF(c, b->addr % a->chunk || b->size % a->chunk,
@@ -200,9 +205,10 @@ static void gp_check_arena(gp_checker *c, gp_pool *p, unsigned k, gp_sums *s)
         if (b->rec) s->n_rec_blocks++;
 
         /* The chunk table: a chunk under mapped memory has a handle, one
-         * under unmapped memory none; an offloaded run's chunks are mapped
-         * or not, all of a chunk alike (runs are whole chunks). */
-        if (b->state == GP_BLOCK_OFFLOADED || b->state == GP_BLOCK_FREE_OFFLOADED) {
+         * under unmapped memory none; an offloaded run's chunks, and those
+         * in transit, are mapped or not, all of a chunk alike (runs are
+         * whole chunks). */
+        if (b->state == GP_BLOCK_OFFLOADED || b->state == GP_BLOCK_FREE_OFFLOADED || b->state == GP_BLOCK_TRANSIT) {
             for (uintptr_t x = b->addr / a->chunk * a->chunk; x < b->addr + b->size; x += a->chunk) {
                 if (!a->handles[gp_chunk_index(a, x)]) continue;
                 uintptr_t lo = x > b->addr ? x : b->addr, hi = x + a->chunk;
@@ -274,8 +280,8 @@ static size_t gp_check_locked(gp_pool *p, char *msg, size_t n)
                  "the pointer hash holds %" PRIu64 " blocks (count %" PRIu64 "), %" PRIu64 " are live", hashed,
                  p->hcount, s.n_used + s.n_offloaded);
 
-    /* Every header is in a block list or spare. */
-    uint64_t spare = 0;
+    /* Every header is in a block list, spare, or held by a trim in transit. */
+    uint64_t spare = p->held;
     for (const gp_block *b = p->spare; b && spare <= c.headers; b = b->fnext) spare++;
     VIOLATION_IF(&c, spare + s.blocks != c.headers,
                  "%" PRIu64 " spare headers and %" PRIu64 " blocks, but %" PRIu64 " headers exist", spare,

@@ -68,7 +68,7 @@ gp_status gp_reserve_headers(gp_pool *p, int n)
     return have >= n ? GP_OK : gp_refill_spare(p);
 }
 
-static void gp_drop_block(gp_pool *p, gp_block *b)
+void gp_drop_block(gp_pool *p, gp_block *b)
 {
     b->fnext = p->spare;
     p->spare = b;
@@ -260,30 +260,90 @@ uint64_t gp_unmap_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len)
 
 /* ------------------------------------------------------------------- trim */
 
-/* Unmap the whole chunks inside free block b (in its bins): b splits into a
- * mapped head, an unmapped middle and a mapped tail, each put back in its
- * bins.  Returns the bytes released; *resume is the first block after the
- * pieces, where a walk of the arena goes on (b itself may be merged away). */
-static uint64_t gp_trim_block(gp_pool *p, gp_arena *a, gp_block *b, gp_block **resume)
+/* Take the whole chunks inside free block b (in its bins) out as a TRANSIT
+ * block d->b, to be unmapped: b splits into a free head, the chunks and a
+ * free tail, head and tail back in their bins (freed when b was, not now:
+ * a trim that follows may take them without a new fence).  d->spare is a
+ * header kept for gp_trim_settle, which may cut the chunks in two.
+ * Returns 0 (nothing taken) when b holds no whole chunk or headers are
+ * short; *resume is the first block after the pieces, where a walk of the
+ * arena goes on (b itself may be merged away). */
+static int gp_trim_detach(gp_pool *p, gp_arena *a, gp_block *b, gp_detached *d, gp_block **resume)
 {
     uintptr_t lo = gp_round_up(b->addr, a->chunk);
     uintptr_t hi = (b->addr + b->size) / a->chunk * a->chunk;
     *resume = b->next;
-    if (lo >= hi || gp_reserve_headers(p, 2) != GP_OK) return 0;
-    uint64_t freed = gp_unmap_range(p, a, lo, hi - lo), when = b->freed;
-    if (freed == 0) return 0;
+    if (lo >= hi || gp_reserve_headers(p, 3) != GP_OK) {
+        gp_error_clear();
+        return 0;
+    }
+    uint64_t when = b->freed;
     gp_bins_remove(gp_bins_of(a, b), b);
     gp_block *mid = lo > b->addr ? gp_split(p, b, lo - b->addr) : b;
-    gp_block *tail = mid->size > freed ? gp_split(p, mid, freed) : NULL;
-    mid->state = GP_BLOCK_FREE_UNMAPPED;
-    /* b was a maximal free block, so the head and the tail merge with
-     * nothing, and were freed when it was (not now: a trim that follows
-     * may take them without a new fence). */
+    gp_block *tail = mid->size > hi - lo ? gp_split(p, mid, hi - lo) : NULL;
+    mid->state = GP_BLOCK_TRANSIT;
+    /* b was a maximal free block: the head merges with nothing, the tail
+     * at most with what follows. */
     if (mid != b) gp_insert_free(p, a, b)->freed = when;
-    if (tail) gp_insert_free(p, a, tail)->freed = when;
-    mid = gp_insert_free(p, a, mid);
+    if (tail) tail = gp_insert_free(p, a, tail);
+    if (tail) tail->freed = when;
     *resume = tail ? tail->next : mid->next;
-    return freed;
+    *d = (gp_detached){.b = mid, .spare = gp_new_block(p), .sidx = mid->sidx, .prio = mid->prio, .freed = when};
+    p->held++;
+    return 1;
+}
+
+/* Unmap the chunks of detached block d->b from its start, with or without
+ * the lock (the block is the caller's); d->done is what went. */
+void gp_trim_unmap(gp_pool *p, gp_detached *d)
+{
+    const gp_block *b = d->b;
+    gp_arena *a = &p->arenas[b->arena];
+    d->done = 0;
+    for (uintptr_t x = b->addr; x < b->addr + b->size; x += a->chunk) {
+        d->tried++;
+        if (p->be->unmap(p->be, x, a->chunk, a->handles[gp_chunk_index(a, x)]) != GP_OK) break;
+        d->done += a->chunk;
+    }
+}
+
+/* With the lock: the unmapped part of d->b becomes unmapped space, what
+ * would not go (a backend failure) free cache again as it was. */
+void gp_trim_settle(gp_pool *p, gp_detached *d)
+{
+    gp_block *b = d->b;
+    gp_arena *a = &p->arenas[b->arena];
+    p->st.n_unmap += d->tried;
+    for (uintptr_t x = b->addr; x < b->addr + d->done; x += a->chunk) a->handles[gp_chunk_index(a, x)] = 0;
+    p->st.reserved -= d->done;
+    p->st.unmapped_total += d->done;
+    if (d->done) GP_TRACE(p, GP_EV_UNMAP, b->addr, d->done, NULL, GP_TAG_UNTAGGED, 0);
+    gp_block *rest = NULL;
+    gp_drop_block(p, d->spare); /* (back to the spare list: the cut below takes it) */
+    p->held--;
+    if (d->done && d->done < b->size) rest = gp_split(p, b, d->done);
+    if (!d->done) rest = b;
+    if (rest) {
+        rest->state = GP_BLOCK_FREE;
+        rest->sidx = d->sidx;
+        rest->prio = d->prio;
+        gp_insert_free(p, a, rest)->freed = d->freed;
+    }
+    if (d->done) {
+        b->state = GP_BLOCK_FREE_UNMAPPED;
+        gp_insert_free(p, a, b);
+    }
+}
+
+/* Unmap the whole chunks inside free block b (in its bins), with the lock.
+ * Returns the bytes released; *resume as gp_trim_detach. */
+static uint64_t gp_trim_block(gp_pool *p, gp_arena *a, gp_block *b, gp_block **resume)
+{
+    gp_detached d;
+    if (!gp_trim_detach(p, a, b, &d, resume)) return 0;
+    gp_trim_unmap(p, &d);
+    gp_trim_settle(p, &d);
+    return d.done;
 }
 
 /* Once the device is idle no stream can still be reading a free block, so
@@ -308,9 +368,7 @@ void gp_coalesce_idle(gp_pool *p, gp_arena *a)
         }
     }
 }
-/* The lowest priority >= min of cache in arena `only` (NULL: all), or
- * GP_PRIO_MAX + 1 if none. */
-static int gp_cache_level(const gp_pool *p, const gp_arena *only, int min, int whole)
+int gp_cache_level(const gp_pool *p, const gp_arena *only, int min, int whole)
 {
     int level = GP_PRIO_MAX + 1;
     for (unsigned k = 0; k < p->n_arenas; k++) {
@@ -325,8 +383,11 @@ static int gp_cache_level(const gp_pool *p, const gp_arena *only, int min, int w
 /* Give back up to `want` bytes of the whole chunks of cache of priority
  * <= max_prio freed at free_seq `upto` or before, from arena `only` (NULL:
  * every arena), the lowest priority first (a pass over the arenas per
- * priority that holds cache; one pass when all is one priority). */
-static uint64_t gp_trim_cached(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio, uint64_t upto)
+ * priority that holds cache; one pass when all is one priority).  With
+ * `out`, the chunks are detached into it (at most out->cap blocks) for
+ * the caller to unmap without the lock, and counted as if released. */
+uint64_t gp_trim_cached(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio, uint64_t upto,
+                        gp_detach_list *out)
 {
     uint64_t freed = 0;
     for (int level = gp_cache_level(p, only, 0, 1); level <= max_prio && freed < want;
@@ -336,11 +397,18 @@ static uint64_t gp_trim_cached(gp_pool *p, const gp_arena *only, uint64_t want, 
             if (only && a != only) continue;
             for (gp_block *b = a->first, *nx; b && freed < want; b = nx) {
                 nx = b->next;
-                if (b->freed <= upto && gp_cached(p, a, b, level, level, 1)) freed += gp_trim_block(p, a, b, &nx);
+                if (b->freed > upto || !gp_cached(p, a, b, level, level, 1)) continue;
+                if (!out) {
+                    freed += gp_trim_block(p, a, b, &nx);
+                } else if (out->n == out->cap) {
+                    return freed; /* (the caller comes back for the rest) */
+                } else if (gp_trim_detach(p, a, b, &out->d[out->n], &nx)) {
+                    freed += out->d[out->n++].b->size;
+                }
             }
         }
     }
-    if (freed) p->st.n_trim++;
+    if (freed && !out) p->st.n_trim++;
     return freed;
 }
 
@@ -365,7 +433,7 @@ uint64_t gp_trim_in(gp_pool *p, const gp_arena *only, uint64_t want, int max_pri
     if (p->reserve_mode) return 0;
     for (unsigned k = 0; k < p->n_arenas; k++)
         if (!only || &p->arenas[k] == only) gp_coalesce_idle(p, &p->arenas[k]);
-    return gp_trim_cached(p, only, want, max_prio, UINT64_MAX);
+    return gp_trim_cached(p, only, want, max_prio, UINT64_MAX, NULL);
 }
 
 /* ------------------------------------------------- trims without a sync */
@@ -398,7 +466,7 @@ static void gp_idle_fence_drop(gp_pool *p)
  * named).  A training loop's trims, a few per step,
  * so find the cache of the previous ones idle.  None while a graph
  * captures: an event recorded then would join the capture. */
-static void gp_idle_refresh(gp_pool *p)
+void gp_idle_refresh(gp_pool *p)
 {
     if (p->n_idle_ev && gp_idle_fence_done(p)) {
         if (p->fence_seq > p->idle_seq) p->idle_seq = p->fence_seq;
@@ -426,7 +494,7 @@ uint64_t gp_trim_idle(gp_pool *p, const gp_arena *only, uint64_t want, int max_p
 {
     if (p->n_capturing || p->reserve_mode || p->st.reserved == p->st.allocated || !want) return 0;
     gp_idle_refresh(p);
-    uint64_t got = gp_trim_cached(p, only, want, max_prio, p->idle_seq);
+    uint64_t got = gp_trim_cached(p, only, want, max_prio, p->idle_seq, NULL);
     if (got) p->st.n_trim_idle++;
     return got;
 }
@@ -478,7 +546,7 @@ static uint64_t gp_releasable(const gp_pool *p, int prio)
  * captures: a call the driver deems unsafe then would invalidate the
  * capture).  If not, *short_by is what is missing and *could what a trim
  * for `prio` might add. */
-static int gp_device_fits(gp_pool *p, uint64_t need, int prio, uint64_t *short_by, uint64_t *could)
+int gp_device_fits(gp_pool *p, uint64_t need, int prio, uint64_t *short_by, uint64_t *could)
 {
     uint64_t dev_free = 0, dev_total = 0;
     if (p->n_capturing) return 1;
@@ -496,7 +564,7 @@ static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t siz
                             int may_trim);
 
 /* The bytes of cache gp_trim_slack gives back (the lock is held). */
-static uint64_t gp_slack_over(const gp_pool *p, uint64_t need, uint64_t size, uint64_t floor, uint64_t most)
+uint64_t gp_slack_over(const gp_pool *p, uint64_t need, uint64_t size, uint64_t floor, uint64_t most)
 {
     double slack = p->cfg.cache_slack;
     if (slack < 0 || p->n_capturing) return 0;
@@ -523,25 +591,6 @@ uint64_t gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t
     uint64_t over = gp_slack_over(p, need, size, floor, most);
     uint64_t got = sync ? gp_trim_first_idle(p, only, over, prio) : gp_trim_idle(p, only, over, prio);
     return got < over ? over - got : 0;
-}
-
-void gp_trim_slack_unlocked(gp_pool *p, uint64_t need, uint64_t size, int prio, uint64_t floor, uint64_t most)
-{
-    pthread_mutex_lock(&p->lock);
-    uint64_t seq = p->free_seq;
-    int short_of = gp_trim_slack(p, NULL, need, size, prio, floor, most, 0) > 0 && !p->reserve_mode;
-    pthread_mutex_unlock(&p->lock);
-    if (!short_of) return;
-    /* (A capture that begins meanwhile: the sync is refused or waits, and
-     * nothing is trimmed while it runs.) */
-    gp_status st = p->be->synchronize(p->be);
-    pthread_mutex_lock(&p->lock);
-    p->st.n_sync++;
-    if (st != GP_OK) gp_error_clear();
-    else if (seq > p->idle_seq) p->idle_seq = seq; /* (what came to the bins since may still be in use) */
-    uint64_t over = gp_slack_over(p, need, size, floor, most);
-    if (st == GP_OK && over && !p->n_capturing) gp_trim_cached(p, NULL, over, prio, p->idle_seq);
-    pthread_mutex_unlock(&p->lock);
 }
 
 /* Map new memory so that a free block of at least `size` bytes exists on

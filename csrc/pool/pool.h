@@ -128,6 +128,7 @@ struct gp_pool {
     uint64_t hmask, hcount;
 
     gp_block *spare;    /* free block headers */
+    uint64_t held;      /* headers trims in transit keep for their cut (gp_detached.spare) */
     void **slabs;
     size_t n_slabs, cap_slabs;
 
@@ -260,10 +261,49 @@ uint64_t gp_trim_first_idle(gp_pool *p, const gp_arena *only, uint64_t want, int
  * bytes still over. */
 uint64_t gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t size, int prio, uint64_t floor,
                        uint64_t most, int sync);
-/* gp_trim_slack for a caller that holds no lock: the device sync, where
- * idle cache is short, runs without the pool's lock (other threads
- * allocate meanwhile), and what was cached when it began is trimmed. */
+/* gp_trim_slack for a caller that holds no lock (transit.c): the unmaps,
+ * and the device sync where idle cache is short, run without the pool's
+ * lock (other threads allocate meanwhile); after the sync, what was
+ * cached when it began is trimmed. */
 void gp_trim_slack_unlocked(gp_pool *p, uint64_t need, uint64_t size, int prio, uint64_t floor, uint64_t most);
+/* Give back `want` bytes of cache of priority <= prio toward the limit
+ * the same way; the lock is held on entry and on return, and let go
+ * meanwhile (the caller decides afresh).  Returns the bytes released. */
+uint64_t gp_trim_unlocked(gp_pool *p, uint64_t want, int prio);
+/* Trims whose driver calls run without the lock (transit.c): chunks of
+ * cache taken out as a TRANSIT block, with what it was before. */
+typedef struct gp_detached {
+    gp_block *b;            /* the TRANSIT block                           */
+    gp_block *spare;        /* a header for gp_trim_settle's cut           */
+    uint64_t freed, done;   /* b's free_seq; bytes unmapped from its start */
+    unsigned tried;         /* unmap calls made                            */
+    uint8_t sidx, prio;
+} gp_detached;
+typedef struct gp_detach_list {
+    gp_detached *d;
+    size_t n, cap;
+} gp_detach_list;
+/* gp_trim_in's selection without the sync; with `out`, detached into it
+ * rather than unmapped (see pool.c). */
+uint64_t gp_trim_cached(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio, uint64_t upto,
+                        gp_detach_list *out);
+/* Unmap a detached block (no lock needed: it is the caller's), then, with
+ * the lock, make it unmapped space (what failed to go: cache again). */
+void gp_trim_unmap(gp_pool *p, gp_detached *d);
+void gp_trim_settle(gp_pool *p, gp_detached *d);
+/* Learn what cache is idle without waiting (a completed fence), and
+ * record a new fence where blocks came to the bins since. */
+void gp_idle_refresh(gp_pool *p);
+/* The cache gp_trim_slack would give back (0 when none is over). */
+uint64_t gp_slack_over(const gp_pool *p, uint64_t need, uint64_t size, uint64_t floor, uint64_t most);
+/* Whether `need` more bytes fit on the device (its figures); if not,
+ * *short_by is what is missing and *could what a trim for `prio` may add. */
+int gp_device_fits(gp_pool *p, uint64_t need, int prio, uint64_t *short_by, uint64_t *could);
+/* The lowest priority >= min of cache in arena `only` (NULL: all), at
+ * least a chunk long when `whole`; GP_PRIO_MAX + 1 if none. */
+int gp_cache_level(const gp_pool *p, const gp_arena *only, int min, int whole);
+/* A header back to the spare list. */
+void gp_drop_block(gp_pool *p, gp_block *b);
 /* Merge free neighbours of different streams (the device is idle). */
 void gp_coalesce_idle(gp_pool *p, gp_arena *a);
 /* Map so that a free block of `size` exists on slot sidx; returned removed

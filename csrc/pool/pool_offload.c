@@ -594,6 +594,14 @@ gp_status gp_pool_plan_map(gp_pool *p, gp_offload_plan *pl, uintptr_t addr, uint
     pthread_mutex_lock(&p->lock);
     gp_arena *a = gp_arena_of(p, addr);
     gp_status st = GP_OK;
+    /* The room the limit lacks for all of it is made first, the unmaps
+     * (and the sync where idle cache is short) without the lock: the
+     * thread that allocates goes on meanwhile.  Decided afresh below. */
+    uint64_t unmapped = 0;
+    for (uintptr_t x = addr; p->st.limit && x < addr + size; x += a->chunk)
+        unmapped += a->handles[gp_chunk_index(a, x)] ? 0 : a->chunk;
+    if (p->st.limit && p->st.reserved + unmapped > p->st.limit)
+        gp_trim_unlocked(p, p->st.reserved + unmapped - p->st.limit, priority);
     for (uintptr_t x = addr; x < addr + size && st == GP_OK;) {
         if (a->handles[gp_chunk_index(a, x)]) {
             x += a->chunk;

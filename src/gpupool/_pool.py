@@ -13,8 +13,9 @@ from ._snapshot import pool_snapshot
 __all__ = ["Block", "PoolView", "HostPool", "PoolCorruptError", "format_bytes"]
 
 # pending: waits for record_stream events; offloaded: live, its memory on the
-# host; free_offloaded: free space inside an offloaded run (indexed by GP_BLOCK_*)
-_STATES = ("unmapped", "free", "used", "pending", "offloaded", "free_offloaded")
+# host; free_offloaded: free space inside an offloaded run; transit: chunks a
+# background thread maps or unmaps now (indexed by GP_BLOCK_*)
+_STATES = ("unmapped", "free", "used", "pending", "offloaded", "free_offloaded", "transit")
 _ARENAS = ("small", "large")
 
 
@@ -27,7 +28,7 @@ class Block(NamedTuple):
     stream: int
     tag: str
     priority: int
-    state: str   # "used", "free", "unmapped", "pending", "offloaded" or "free_offloaded"
+    state: str   # "used", "free", "unmapped", "pending", "offloaded", "free_offloaded" or "transit"
     arena: str   # "small" or "large"
     lifetime: str  # region of the arena it lies in: "short" or "long" (placement)
 

@@ -81,7 +81,7 @@ def pool_snapshot(view: "PoolView", device: int = 0,
     for b in blocks:
         # Offloaded memory is on the host: outside the device's segments (its
         # blocks' offload and restore are in the trace).
-        if b.state in ("unmapped", "offloaded", "free_offloaded"):
+        if b.state in ("unmapped", "offloaded", "free_offloaded", "transit"):
             seg = None
             continue
         if seg is None or b.addr != end or b.arena != arena:

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend_forward.h"
 #include "pool.h" /* test_debug corrupts a pool on purpose */
 #include "pool_check.h"
 
@@ -865,6 +866,83 @@ static void test_alloc_time(void)
     done(p);
 }
 
+/* A restore's trim (gp_trim_slack_unlocked, on a thread that does not
+ * allocate) makes its unmaps and its device sync without the pool's lock:
+ * held, it stopped every allocation of the training thread for their
+ * length.  The backend asks, in each call, whether the lock is free, and
+ * checks the pool meanwhile (the chunks being unmapped are in transit). */
+static gp_pool *unlocked_pool;
+static int calls_unlocked, calls_locked, violations_unlocked;
+
+static void note_lock(void)
+{
+    if (!unlocked_pool) return;
+    if (pthread_mutex_trylock(&unlocked_pool->lock) != 0) {
+        calls_locked++;
+        return;
+    }
+    pthread_mutex_unlock(&unlocked_pool->lock);
+    calls_unlocked++;
+    char msg[256];
+    if (gp_pool_check(unlocked_pool, msg, sizeof msg)) {
+        violations_unlocked++;
+        fprintf(stderr, "pool corrupt during an unlocked trim: %s\n", msg);
+    }
+}
+
+static gp_status noting_unmap(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t handle)
+{
+    note_lock();
+    return GP_INNER(be)->unmap(GP_INNER(be), addr, size, handle);
+}
+
+static gp_status noting_sync(gp_backend *be)
+{
+    note_lock();
+    return GP_INNER(be)->synchronize(GP_INNER(be));
+}
+
+static void test_trim_unlocked(void)
+{
+    gp_config cfg;
+    gp_config_default(&cfg);
+    cfg.chunk = 256 * KiB;
+    cfg.large_chunk = 1 * MiB;
+    cfg.small_size = 64 * KiB;
+    gp_backend *host;
+    CHECK(gp_backend_host_create(256 * MiB, &host) == GP_OK);
+    gp_backend_wrap *w = calloc(1, sizeof *w);
+    CHECK(w != NULL);
+    gp_backend_forward(w, host);
+    w->be.unmap = noting_unmap;
+    w->be.synchronize = noting_sync;
+    gp_pool *p;
+    CHECK(gp_pool_create(&w->be, &cfg, &p) == GP_OK);
+    void *a = A(p, 8 * MiB), *s1 = A(p, 1 * MiB), *b = A(p, 8 * MiB), *s2 = A(p, 1 * MiB);
+    CHECK(a && s1 && b && s2);
+    gp_free(p, a);
+    gp_free(p, b);
+    gp_stats s0, s;
+    gp_pool_stats(p, &s0, 0);
+    /* No fence has completed: the cache is not known idle, so the trim
+     * syncs first (without the lock too), then unmaps both holes. */
+    unlocked_pool = p;
+    gp_trim_slack_unlocked(p, 16 * MiB, 0, GP_PRIO_MAX, 0, 16 * MiB);
+    unlocked_pool = NULL;
+    gp_pool_stats(p, &s, 0);
+    CHECK(s.reserved == s0.reserved - 16 * MiB);
+    CHECK(s.n_sync == s0.n_sync + 1 && s.n_unmap == s0.n_unmap + 16);
+    CHECK(calls_unlocked == 17 && calls_locked == 0 && violations_unlocked == 0);
+    CHECK(pool_consistent(p, host) == 0);
+    /* What it released serves the next growth as any unmapped space. */
+    void *c = A(p, 16 * MiB);
+    CHECK(c != NULL && pool_consistent(p, host) == 0);
+    gp_free(p, c);
+    gp_free(p, s1);
+    gp_free(p, s2);
+    done(p);
+}
+
 /* A device larger than the bins can hold (a HostPool asked for 2^63 bytes
  * and more): refused with its size named, in both modes, nothing written
  * out of bounds; a large one (1 TiB) is a pool that works. */
@@ -918,5 +996,6 @@ int main(void)
     test_lean_growth();
     test_trim_without_sync();
     test_alloc_time();
+    test_trim_unlocked();
     return check_done();
 }
