@@ -783,17 +783,24 @@ static void test_lean_growth(void)
  * before a fence that has completed.  An 8 MiB hole freed before the fence
  * goes once its stream has run past it; one freed after stays (its stream
  * may still use it) until the stream has run past the next fence. */
-static void test_trim_without_sync(void)
+/* The trim tests' pool on `be`: 1 MiB chunks for blocks of 64 KiB and up. */
+static gp_pool *trim_pool(gp_backend *be)
 {
     gp_config cfg;
     gp_config_default(&cfg);
     cfg.chunk = 256 * KiB;
     cfg.large_chunk = 1 * MiB;
     cfg.small_size = 64 * KiB;
-    gp_backend *be;
-    gp_pool *p;
-    CHECK(gp_backend_host_create(256 * MiB, &be) == GP_OK);
+    gp_pool *p = NULL;
     CHECK(gp_pool_create(be, &cfg, &p) == GP_OK);
+    return p;
+}
+
+static void test_trim_without_sync(void)
+{
+    gp_backend *be;
+    CHECK(gp_backend_host_create(256 * MiB, &be) == GP_OK);
+    gp_pool *p = trim_pool(be);
     void *a = A(p, 8 * MiB), *s1 = A(p, 1 * MiB), *b = A(p, 8 * MiB), *s2 = A(p, 1 * MiB);
     CHECK(a && s1 && b && s2);
     gp_free(p, a);
@@ -904,11 +911,6 @@ static gp_status noting_sync(gp_backend *be)
 
 static void test_trim_unlocked(void)
 {
-    gp_config cfg;
-    gp_config_default(&cfg);
-    cfg.chunk = 256 * KiB;
-    cfg.large_chunk = 1 * MiB;
-    cfg.small_size = 64 * KiB;
     gp_backend *host;
     CHECK(gp_backend_host_create(256 * MiB, &host) == GP_OK);
     gp_backend_wrap *w = calloc(1, sizeof *w);
@@ -916,8 +918,7 @@ static void test_trim_unlocked(void)
     gp_backend_forward(w, host);
     w->be.unmap = noting_unmap;
     w->be.synchronize = noting_sync;
-    gp_pool *p;
-    CHECK(gp_pool_create(&w->be, &cfg, &p) == GP_OK);
+    gp_pool *p = trim_pool(&w->be);
     void *a = A(p, 8 * MiB), *s1 = A(p, 1 * MiB), *b = A(p, 8 * MiB), *s2 = A(p, 1 * MiB);
     CHECK(a && s1 && b && s2);
     gp_free(p, a);
