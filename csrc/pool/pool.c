@@ -68,7 +68,7 @@ gp_status gp_reserve_headers(gp_pool *p, int n)
     return have >= n ? GP_OK : gp_refill_spare(p);
 }
 
-void gp_drop_block(gp_pool *p, gp_block *b)
+static void gp_drop_block(gp_pool *p, gp_block *b)
 {
     b->fnext = p->spare;
     p->spare = b;
@@ -546,7 +546,7 @@ static uint64_t gp_releasable(const gp_pool *p, int prio)
  * captures: a call the driver deems unsafe then would invalidate the
  * capture).  If not, *short_by is what is missing and *could what a trim
  * for `prio` might add. */
-int gp_device_fits(gp_pool *p, uint64_t need, int prio, uint64_t *short_by, uint64_t *could)
+static int gp_device_fits(gp_pool *p, uint64_t need, int prio, uint64_t *short_by, uint64_t *could)
 {
     uint64_t dev_free = 0, dev_total = 0;
     if (p->n_capturing) return 1;

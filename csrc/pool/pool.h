@@ -296,14 +296,9 @@ void gp_trim_settle(gp_pool *p, gp_detached *d);
 void gp_idle_refresh(gp_pool *p);
 /* The cache gp_trim_slack would give back (0 when none is over). */
 uint64_t gp_slack_over(const gp_pool *p, uint64_t need, uint64_t size, uint64_t floor, uint64_t most);
-/* Whether `need` more bytes fit on the device (its figures); if not,
- * *short_by is what is missing and *could what a trim for `prio` may add. */
-int gp_device_fits(gp_pool *p, uint64_t need, int prio, uint64_t *short_by, uint64_t *could);
 /* The lowest priority >= min of cache in arena `only` (NULL: all), at
  * least a chunk long when `whole`; GP_PRIO_MAX + 1 if none. */
 int gp_cache_level(const gp_pool *p, const gp_arena *only, int min, int whole);
-/* A header back to the spare list. */
-void gp_drop_block(gp_pool *p, gp_block *b);
 /* Merge free neighbours of different streams (the device is idle). */
 void gp_coalesce_idle(gp_pool *p, gp_arena *a);
 /* Map so that a free block of `size` exists on slot sidx; returned removed
