@@ -171,9 +171,9 @@ gp_status gp_offloader_create(gp_pool *pool, uint64_t host_limit, unsigned threa
     if (st == GP_OK) o->sums_dev = gp_alloc(pool, sums, NULL, own, GP_PRIO_CRITICAL, &st);
     if (st == GP_OK && !(o->sums_host = malloc(sums)))
         st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the offloader");
-    if (st == GP_OK) st = gp_workq_create(threads, &o->q);
-    if (st == GP_OK) st = gp_workq_create(1, &o->mq);
-    if (st == GP_OK) st = gp_workq_create(1, &o->pq);
+    if (st == GP_OK) st = gp_workq_create("gpupool-unmap", threads, &o->q);
+    if (st == GP_OK) st = gp_workq_create("gpupool-map", 1, &o->mq);
+    if (st == GP_OK) st = gp_workq_create("gpupool-bg", 1, &o->pq);
     if (st != GP_OK) {
         gp_offloader_destroy(o);
         return st;

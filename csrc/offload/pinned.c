@@ -91,7 +91,7 @@ gp_status gp_pinned_create(gp_backend *be, uint64_t limit, uint64_t slab, unsign
     hs->be = be;
     hs->limit = limit;
     hs->slab_size = slab;
-    gp_status st = gp_workq_create(threads ? threads : 1, &hs->pinq);
+    gp_status st = gp_workq_create("gpupool-pin", threads ? threads : 1, &hs->pinq);
     if (st != GP_OK) {
         gp_pinned_destroy(hs);
         return st;

@@ -1,8 +1,10 @@
 /*
  * workq.c -- a fixed pool of threads and a FIFO of jobs (workq.h).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 
 #include "workq.h"
 
@@ -19,6 +21,7 @@ struct gp_workq {
     size_t head, n, cap;
     int stop;
     unsigned n_threads;
+    char name[16];
     pthread_t threads[];
 };
 
@@ -36,6 +39,7 @@ static void gp_batch_done(gp_batch *b, gp_status st)
 static void *gp_worker(void *arg)
 {
     gp_workq *q = arg;
+    prctl(PR_SET_NAME, q->name, 0, 0, 0);
     pthread_mutex_lock(&q->lock);
     for (;;) {
         while (!q->n && !q->stop) pthread_cond_wait(&q->cond, &q->lock);
@@ -52,13 +56,14 @@ static void *gp_worker(void *arg)
     return NULL;
 }
 
-gp_status gp_workq_create(unsigned threads, gp_workq **out)
+gp_status gp_workq_create(const char *name, unsigned threads, gp_workq **out)
 {
     *out = NULL;
     if (threads == 0 || threads > 64)
         return gp_error_set(GP_ERR_INVALID, "gpupool: %u worker threads (1..64)", threads);
     gp_workq *q = calloc(1, sizeof *q + threads * sizeof(pthread_t));
     if (!q) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for worker threads");
+    snprintf(q->name, sizeof q->name, "%s", name);
     pthread_mutex_init(&q->lock, NULL);
     pthread_cond_init(&q->cond, NULL);
     for (unsigned i = 0; i < threads; i++) {

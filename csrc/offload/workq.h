@@ -26,7 +26,9 @@ typedef struct gp_batch {
 /* A job returns a status; on failure it has set the thread's error slot. */
 typedef gp_status (*gp_job_fn)(void *arg);
 
-gp_status gp_workq_create(unsigned threads, gp_workq **out);
+/* `name` (at most 15 characters) names its threads, as `top -H` and
+ * debuggers show them. */
+gp_status gp_workq_create(const char *name, unsigned threads, gp_workq **out);
 /* Runs every queued job, then stops and joins the threads. */
 void gp_workq_destroy(gp_workq *q);
 

@@ -6,9 +6,11 @@
  * offloads idle lower-priority tags only; several tags at once; raw pieces
  * fill the pinned slabs; a restore
  * maps its chunks in the order its copies need them; the pool's integrity
- * after each step.
+ * after each step; the offloader's threads carry names.
  */
+#include <dirent.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -257,6 +259,43 @@ static void test_destroy_while_offloaded(void)
     CHECK(gp_prefetch_tags(o, &T_W, 1) == GP_OK);
     CHECK(offload_ok(o));
     gp_offloader_destroy(o);
+    done(p);
+}
+
+/* Threads of this process whose name (as `top -H` shows it) is `name`. */
+static int threads_named(const char *name)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        char path[300], comm[32] = "";
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        if (fgets(comm, sizeof comm, f)) comm[strcspn(comm, "\n")] = 0;
+        fclose(f);
+        n += strcmp(comm, name) == 0;
+    }
+    closedir(d);
+    return n;
+}
+
+/* The offloader's threads say what they are in `top -H`, a debugger and
+ * per-thread CPU accounting (the copies' waits, a restore's maps, the
+ * unmaps behind an offload), apart from the threads that allocate. */
+static void test_thread_names(void)
+{
+    gp_backend *be;
+    gp_pool *p = pool_with(64 * MiB, &be);
+    gp_offloader *o;
+    CHECK(gp_offloader_create(p, 0, 3, NULL, &o) == GP_OK);
+    CHECK(threads_named("gpupool-unmap") == 3);
+    CHECK(threads_named("gpupool-map") == 1);
+    CHECK(threads_named("gpupool-bg") == 1);
+    gp_offloader_destroy(o);
+    CHECK(threads_named("gpupool-unmap") == 0 && threads_named("gpupool-bg") == 0);
     done(p);
 }
 
@@ -543,6 +582,7 @@ int main(void)
     test_prefetch_multi();
     test_pressure();
     test_destroy_while_offloaded();
+    test_thread_names();
     test_compressed();
     test_maps_in_order();
     test_fills_slabs(GP_CODEC_RAW);
