@@ -1,0 +1,211 @@
+"""What the fp32 fine-tune loses to PCIe traffic beside it, gpupool's offload or not.
+
+    python -m benchmarks.interference [--reps 3] [--runs none,h2d,both,d2d,offload] [--quick]
+
+The optimizer-offload goal compares the fp32 recipe (``--only finetune``)
+with its state crossing PCIe each step against the recipe without.  This
+measures what that traffic costs by itself: the recipe under gpupool
+without offload while a thread of the same process copies 256 MiB buffers
+without pause on a stream of its own -- pinned host to device (``h2d``),
+both directions at once (``both``), or device to device (``d2d``: no PCIe,
+the device's memory and copy kernels) -- with nothing of gpupool in the
+copies' path; and the recipe with the optimizer offloaded (``offload``).
+
+Fresh processes, the runs interleaved, median and spread of ``--reps``; per
+run the host CPU time per step of the two threads that drive the device (the
+Python thread, which runs the forward pass, and autograd's, which runs the
+backward pass; from /proc, Linux only).  A host-bound step whose launches
+find the device slower spends that time spinning in the driver: the CPU
+time grows with the device's share as well as with host work.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from .modes import child_env
+from .workloads import _FT, _FT_QUICK, ROOT
+
+__all__ = ["RUNS", "main", "summarize"]
+
+# run -> (what the copier thread does, or None; extra arguments of the example)
+RUNS: Dict[str, Any] = {
+    "none": (None, ()),
+    "h2d": ("h2d", ()),
+    "both": ("both", ()),
+    "d2d": ("d2d", ()),
+    "offload": (None, ("--offload-optimizer",)),
+}
+_BUF = 256 << 20
+_MARK = "INTERFERENCE "
+
+
+# ------------------------------------------------------------ the worker side
+
+def _thread_cpu() -> Dict[str, int]:
+    """CPU nanoseconds of this process's main and autograd threads so far."""
+    out: Dict[str, int] = {}
+    pid = str(os.getpid())
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            name = open(f"/proc/self/task/{tid}/comm").read().strip()
+            run_ns = int(open(f"/proc/self/task/{tid}/schedstat").read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        who = "main" if tid == pid else "autograd" if name.startswith("pt_autograd") else None
+        if who:
+            out[who] = out.get(who, 0) + run_ns
+    return out
+
+
+def _copier(kind: str, stop: threading.Event, moved: List[float]) -> None:
+    import torch
+
+    stream = torch.cuda.Stream()
+    host = [torch.empty(_BUF, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+    dev = [torch.empty(_BUF, dtype=torch.uint8, device="cuda") for _ in range(2)]
+    n, t0 = 0, time.perf_counter()
+    while not stop.is_set():
+        with torch.cuda.stream(stream):
+            if kind in ("h2d", "both"):
+                dev[0].copy_(host[0], non_blocking=True)
+                n += _BUF
+            if kind == "both":
+                host[1].copy_(dev[1], non_blocking=True)
+                n += _BUF
+            if kind == "d2d":
+                dev[0].copy_(dev[1], non_blocking=True)
+                n += _BUF
+        stream.synchronize()
+    moved.append(n / (time.perf_counter() - t0) / 1e9)
+
+
+def _worker(kind: Optional[str], warmup: int, steps: int, argv: List[str]) -> None:
+    """Run the example with `argv`; the copier and the CPU count span its timed steps."""
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    seen = [0]
+    cpu: Dict[str, Any] = {}
+    stop, moved = threading.Event(), []  # type: ignore[var-annotated]
+
+    def post(opt: Any, args: Any, kwargs: Any) -> None:
+        seen[0] += 1
+        if seen[0] == warmup:
+            cpu["start"] = _thread_cpu()
+            if kind:
+                threading.Thread(target=_copier, args=(kind, stop, moved), daemon=True).start()
+        elif seen[0] == warmup + steps:
+            end = _thread_cpu()
+            cpu["ms_per_step"] = {k: (end[k] - cpu["start"].get(k, 0)) / steps / 1e6 for k in end}
+            stop.set()
+
+    register_optimizer_step_post_hook(post)
+    sys.argv = argv
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    finally:
+        stop.set()
+        deadline = time.time() + 5
+        while kind and not moved and time.time() < deadline and torch.cuda.is_available():
+            time.sleep(0.05)
+        print(_MARK + json.dumps({"cpu_ms_per_step": cpu.get("ms_per_step", {}),
+                                  "copier_gbps": moved[0] if moved else None}), flush=True)
+
+
+# ------------------------------------------------------------ the parent side
+
+def _option(argv: Sequence[str], name: str) -> int:
+    return int(argv[list(argv).index(name) + 1])
+
+
+def _one(run: str, quick: bool) -> Dict[str, Any]:
+    kind, extra = RUNS[run]
+    base = list(_FT_QUICK if quick else _FT)
+    with tempfile.TemporaryDirectory() as d:
+        js = Path(d) / "result.json"
+        argv = [*base, *extra, "--allocator", "gpupool", "--json", str(js)]
+        cmd = [sys.executable, "-m", "benchmarks.interference", "--child", kind or "-",
+               str(_option(base, "--warmup")), str(_option(base, "--steps")), "--", *argv]
+        p = subprocess.run(cmd, cwd=ROOT, env=child_env(os.environ, [str(ROOT)]), capture_output=True, text=True,
+                           timeout=900)
+        extra_out = next((json.loads(line[len(_MARK):]) for line in p.stdout.splitlines()
+                          if line.startswith(_MARK)), {})
+        if p.returncode or not js.exists():
+            tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+            return {"run": run, "error": " / ".join(tail) or f"exit status {p.returncode}"}
+        result = json.loads(js.read_text())
+    return {"run": run, "tokens_per_s": result["tokens_per_s"], "peak_reserved": result["peak_reserved"],
+            **extra_out}
+
+
+def summarize(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str]:
+    """The table: per run the median tokens/s (spread), the ratio to `none`'s median,
+    the training threads' CPU ms per step and the copier's rate (medians)."""
+    def med(xs: List[float]) -> Optional[float]:
+        return statistics.median(xs) if xs else None
+
+    by = {r: [x for x in results if x["run"] == r and "tokens_per_s" in x] for r in runs}
+    base = med([x["tokens_per_s"] for x in by.get("none", [])])
+    lines = ["| run | tokens/s median (min..max) | vs none | main CPU ms/step | autograd CPU ms/step | copier GB/s |",
+             "|---|---|---|---|---|---|"]
+    for r in runs:
+        xs = by[r]
+        failed = sum(1 for x in results if x["run"] == r and "error" in x)
+        if not xs:
+            lines.append(f"| {r} | failed ({failed}) | | | | |")
+            continue
+        tps = [x["tokens_per_s"] for x in xs]
+        m = med(tps)
+        ratio = f"{m / base:.3f}x ({min(tps) / base:.3f}..{max(tps) / base:.3f})" if base and m else ""
+
+        def cpu(who: str) -> str:
+            v = med([x["cpu_ms_per_step"][who] for x in xs if who in x.get("cpu_ms_per_step", {})])
+            return "" if v is None else f"{v:.1f}"
+
+        gbps = med([x["copier_gbps"] for x in xs if x.get("copier_gbps")])
+        lines.append(f"| {r} | {m:,.0f} ({min(tps):,.0f}..{max(tps):,.0f}){f' [{failed} failed]' if failed else ''}"
+                     f" | {ratio} | {cpu('main')} | {cpu('autograd')} | {'' if gbps is None else f'{gbps:.1f}'} |")
+    return lines
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--child"]:
+        kind = None if args[1] == "-" else args[1]
+        _worker(kind, int(args[2]), int(args[3]), args[5:])
+        return 0
+    p = argparse.ArgumentParser(prog="python -m benchmarks.interference", description=__doc__.split("\n")[0])
+    p.add_argument("--reps", type=int, default=3, help="interleaved repetitions of each run (default: 3)")
+    p.add_argument("--runs", default="none,h2d,both,offload",
+                   help=f"comma-separated, of {', '.join(RUNS)} (default: none,h2d,both,offload)")
+    p.add_argument("--quick", action="store_true", help="the tiny shape (a smoke test)")
+    a = p.parse_args(args)
+    runs = [r.strip() for r in a.runs.split(",") if r.strip()]
+    bad = [r for r in runs if r not in RUNS]
+    if bad or a.reps < 1:
+        p.error(f"unknown run(s) {', '.join(bad)}; expected some of {', '.join(RUNS)}" if bad
+                else f"--reps must be at least 1, got {a.reps}")
+    results = []
+    for rep in range(a.reps):
+        for r in runs:
+            x = _one(r, a.quick)
+            results.append(x)
+            print(f"rep {rep + 1} {r}: " + (f"{x['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in x
+                                            else f"failed: {x['error']}"), flush=True)
+    print("\n".join(summarize(results, runs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
