@@ -56,7 +56,11 @@ def _thread_cpu() -> Dict[str, int]:
     """CPU nanoseconds of this process's main and autograd threads so far."""
     out: Dict[str, int] = {}
     pid = str(os.getpid())
-    for tid in os.listdir("/proc/self/task"):
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out  # (not Linux: no per-thread figures)
+    for tid in tids:
         try:
             name = open(f"/proc/self/task/{tid}/comm").read().strip()
             run_ns = int(open(f"/proc/self/task/{tid}/schedstat").read().split()[0])
@@ -97,7 +101,8 @@ def _worker(kind: Optional[str], warmup: int, steps: int, argv: List[str]) -> No
 
     seen = [0]
     cpu: Dict[str, Any] = {}
-    stop, moved = threading.Event(), []  # type: ignore[var-annotated]
+    stop = threading.Event()
+    moved: List[float] = []
 
     def post(opt: Any, args: Any, kwargs: Any) -> None:
         seen[0] += 1
