@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 
 #include "workq.h"
 
@@ -21,7 +20,6 @@ struct gp_workq {
     size_t head, n, cap;
     int stop;
     unsigned n_threads;
-    char name[16];
     pthread_t threads[];
 };
 
@@ -39,7 +37,6 @@ static void gp_batch_done(gp_batch *b, gp_status st)
 static void *gp_worker(void *arg)
 {
     gp_workq *q = arg;
-    prctl(PR_SET_NAME, q->name, 0, 0, 0);
     pthread_mutex_lock(&q->lock);
     for (;;) {
         while (!q->n && !q->stop) pthread_cond_wait(&q->cond, &q->lock);
@@ -63,7 +60,6 @@ gp_status gp_workq_create(const char *name, unsigned threads, gp_workq **out)
         return gp_error_set(GP_ERR_INVALID, "gpupool: %u worker threads (1..64)", threads);
     gp_workq *q = calloc(1, sizeof *q + threads * sizeof(pthread_t));
     if (!q) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for worker threads");
-    snprintf(q->name, sizeof q->name, "%s", name);
     pthread_mutex_init(&q->lock, NULL);
     pthread_cond_init(&q->cond, NULL);
     for (unsigned i = 0; i < threads; i++) {
@@ -72,6 +68,12 @@ gp_status gp_workq_create(const char *name, unsigned threads, gp_workq **out)
             gp_workq_destroy(q);
             return gp_error_set(GP_ERR_NOMEM, "gpupool: cannot start worker thread %u of %u", i + 1, threads);
         }
+        /* Named by the creator, not the thread, so that the name is there
+         * on return (a name is at most 15 characters; a failure only
+         * leaves the process's name). */
+        char nm[16];
+        snprintf(nm, sizeof nm, "%s", name);
+        (void)pthread_setname_np(q->threads[i], nm);
     }
     q->n_threads = threads;
     *out = q;
