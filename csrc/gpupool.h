@@ -606,8 +606,9 @@ enum { GP_STAT_CURRENT = 0, GP_STAT_PEAK = 1, GP_STAT_TOTAL = 2 };
     X(n_map_fail, GP_STAT_TOTAL, NULL)             /* mapping calls that failed */              \
     X(n_stream_waits, GP_STAT_TOTAL, NULL)         /* cross-stream reuses */                    \
     X(n_sync, GP_STAT_TOTAL, "num_sync_all_streams") /* device synchronisations */              \
+    X(n_sync_pool, GP_STAT_TOTAL, NULL)  /* host waits for the pool's streams alone (trims) */      \
     X(n_trim, GP_STAT_TOTAL, NULL)                 /* trims that released something */          \
-    X(n_trim_idle, GP_STAT_TOTAL, NULL)            /* of them, without a device sync */         \
+    X(n_trim_idle, GP_STAT_TOTAL, NULL)            /* of them, of idle cache with no wait */    \
     X(n_oom, GP_STAT_TOTAL, "num_ooms")            /* allocations that failed for OOM / limit */ \
     X(n_alloc_retries, GP_STAT_TOTAL, "num_alloc_retries") /* allocs that trimmed and retried */ \
     X(segments, GP_STAT_CURRENT, "segment.all.current") /* maximal mapped address runs (full) */ \

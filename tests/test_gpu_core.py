@@ -1,8 +1,9 @@
 """GPU tests (marked gpu) of the allocator core's hardening (issue 14) on a
 real device: a hopeless request fails from the driver's figures without
-mapping, pending record_stream blocks are given back by empty_cache, and a
-forked child gets a clear error from its parent's pool.  Each body runs in
-its own process (conftest.run_py)."""
+mapping, pending record_stream blocks are given back by empty_cache, a trim
+waits for the pool's streams and not the device, and a forked child gets a
+clear error from its parent's pool.  Each body runs in its own process
+(conftest.run_py)."""
 from __future__ import annotations
 
 import pytest
@@ -56,6 +57,31 @@ def test_empty_cache_frees_pending_blocks(run_py) -> None:
     freed = gpupool.empty_cache()
     st = gpupool.stats()
     assert freed >= 256 << 20 and st["pending"] == 0 and st["reserved"] < 8 << 20, (freed, st)
+    """)
+
+
+def test_trim_does_not_wait_for_other_streams(run_py) -> None:
+    # A trim waits for the streams the pool knows (the last users of its
+    # cache), not for the device: work on a stream that allocates nothing
+    # from the pool (the offloader's copies beside a training step, a
+    # user's copier) runs on.  It used to be a device sync, under the lock.
+    run_py("""
+    import torch, gpupool
+    gpupool.enable()
+    other = torch.cuda.Stream()
+    x = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    x.fill_(1)
+    del x
+    with torch.cuda.stream(other):
+        torch.cuda._sleep(4_000_000_000)  # about 2 s; allocates nothing
+    s0 = gpupool.stats()
+    freed = gpupool.empty_cache()
+    busy = not other.query()
+    s1 = gpupool.stats()
+    other.synchronize()
+    assert freed >= 256 << 20, (freed, s1)
+    assert busy, "empty_cache waited for a stream that holds none of the pool's memory"
+    assert s1["n_sync"] == s0["n_sync"] and s1["n_sync_pool"] == s0["n_sync_pool"] + 1, (s0, s1)
     """)
 
 

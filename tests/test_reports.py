@@ -80,7 +80,7 @@ def test_stats_identities() -> None:
     assert s["segments"] == mapped_runs(blocks)
     assert s["fragmentation"] == pytest.approx(1 - s["largest_free"] / s["free_bytes"])
     assert s["cache_hit_rate"] == pytest.approx(s["cache_hits"] / s["n_alloc"])
-    assert s["driver_calls"] == s["n_map"] + s["n_unmap"] + s["n_sync"] > 0
+    assert s["driver_calls"] == s["n_map"] + s["n_unmap"] + s["n_sync"] + s["n_sync_pool"] > 0
     assert s["allocated_peak"] >= s["allocated"] and s["reserved_peak"] >= s["reserved"]
     assert all(t["allocated_peak"] <= s["allocated_peak"] for t in s["tags"].values())
     assert set(s["tags"]) == tags and len(tags) > 40 and s["offloaded"] == 0

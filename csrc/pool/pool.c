@@ -419,14 +419,14 @@ uint64_t gp_trim_in(gp_pool *p, const gp_arena *only, uint64_t want, int max_pri
 {
     /* No synchronisation (illegal) nor unmapping while a graph captures. */
     if (p->n_capturing || p->st.reserved == p->st.allocated) return 0;
-    /* Nothing this request may release: spare the device sync.  Pending
-     * blocks count (the sync frees them; reserve mode then keeps them as
+    /* Nothing this request may release: spare the wait.  Pending
+     * blocks count (the wait frees them; reserve mode then keeps them as
      * cache, never unmapping). */
     int cache = !p->reserve_mode && gp_cache_level(p, only, 0, 0) <= max_prio;
     if (!cache && !gp_pending_upto(p, max_prio)) return 0;
-    /* A stream may still read a block it freed: wait for the device before
-     * giving any chunk back. */
-    if (gp_sync_locked(p) != GP_OK) {
+    /* A stream may still read a block it freed: wait for the pool's
+     * streams before giving any chunk back. */
+    if (gp_quiesce_locked(p) != GP_OK) {
         gp_error_clear();
         return 0;
     }
@@ -436,7 +436,7 @@ uint64_t gp_trim_in(gp_pool *p, const gp_arena *only, uint64_t want, int max_pri
     return gp_trim_cached(p, only, want, max_prio, UINT64_MAX, NULL);
 }
 
-/* ------------------------------------------------- trims without a sync */
+/* ------------------------------------------------- trims without a wait */
 
 /* Whether every event of the idle fence has completed (a failed query:
  * not known to). */
@@ -531,7 +531,7 @@ static uint64_t gp_cached_bytes(const gp_pool *p, int min, int max)
 
 /* At most what a trim for a request of `prio` could give back: its cache
  * (whole chunks or not) and the blocks pending record_stream events, which
- * the trim's sync frees; nothing while a graph captures. */
+ * the trim's wait frees; nothing while a graph captures. */
 static uint64_t gp_releasable(const gp_pool *p, int prio)
 {
     if (p->n_capturing) return 0;
@@ -577,17 +577,18 @@ uint64_t gp_slack_over(const gp_pool *p, uint64_t need, uint64_t size, uint64_t 
 /* Keep reserved near allocated.  The free memory a request cannot use
  * lies in holes between live blocks (on a LoRA step: two holes of 2.2 GiB
  * beside a 4.6 GiB request).  Rather than map new memory beside them, give
- * their chunks back first -- idle ones with no sync, the rest after one --
- * so that the physical memory moves to where it is needed.
- * GPUPOOL_CACHE_SLACK is how much cache may stay; growing is rare once a
- * workload has seen its largest step, so the syncs are too (not so when an
- * offload between steps gives memory back each step). */
+ * their chunks back first -- idle ones with no wait, the rest after the
+ * pool's streams have run -- so that the physical memory moves to where it
+ * is needed.  GPUPOOL_CACHE_SLACK is how much cache may stay; growing is
+ * rare once a workload has seen its largest step, so the waits are too (not
+ * so when an offload between steps gives memory back each step). */
 uint64_t gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t size, int prio, uint64_t floor,
                        uint64_t most, int sync)
 {
-    /* Idle cache first: a sync under the lock stops every thread that
-     * allocates until the device has run what was queued (a training
-     * loop's trims, a few per step, cost it its lead over the device). */
+    /* Idle cache first: a wait under the lock stops every thread that
+     * allocates until the pool's streams have run what was queued (a
+     * training loop's trims, a few per step, cost it its lead over the
+     * device). */
     uint64_t over = gp_slack_over(p, need, size, floor, most);
     uint64_t got = sync ? gp_trim_first_idle(p, only, over, prio) : gp_trim_idle(p, only, over, prio);
     return got < over ? over - got : 0;
@@ -702,10 +703,11 @@ static int gp_lower_live(const gp_pool *p, int prio)
 
 /* The limit or the device stands in the way of a request of `prio` that
  * found no cached block: take back the blocks pending record_stream events
- * (a device sync), then, if the device's figures say a trim can make room,
- * release cached chunks of priorities up to its own, the lowest first, as
- * many as it needs, then all of them (gp_grow has done this already for the
- * limit and for the device's figures), retrying after each step.  Nothing
+ * (a wait for the pool's streams), then, if the device's figures say a
+ * trim can make room, release cached chunks of priorities up to its own,
+ * the lowest first, as many as it needs, then all of them (gp_grow has
+ * done this already for the limit and for the device's figures), retrying
+ * after each step.  Nothing
  * of a higher priority is touched.  The pressure callback, the next step,
  * is gp_alloc's: it needs the lock dropped. */
 static gp_block *gp_displace(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t bsize, int prio,
@@ -714,10 +716,10 @@ static gp_block *gp_displace(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t bs
     gp_block *b = NULL;
     p->st.n_alloc_retries++;
     /* Blocks waiting for record_stream events (or for a sync, when an event
-     * could not be recorded) are freed by a device sync: before failing,
-     * wait for them (a capture cannot). */
+     * could not be recorded) come back once their streams have run: before
+     * failing, wait for them (a capture cannot). */
     if (p->n_pending && !p->n_capturing) {
-        gp_status ss = gp_sync_locked(p);
+        gp_status ss = gp_quiesce_locked(p);
         if (ss != GP_OK) {
             *st = ss;
             return NULL;

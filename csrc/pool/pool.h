@@ -242,29 +242,30 @@ gp_block *gp_split(gp_pool *p, gp_block *b, uint64_t size);
 gp_status gp_map_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len, uint64_t *kept);
 uint64_t gp_unmap_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len);
 /* Give back at least `want` bytes of cached chunks of priority <= max_prio
- * (arena `only`, or all when NULL), after a device sync; returns the bytes
- * released. */
+ * (arena `only`, or all when NULL), after the pool's streams have run
+ * (gp_quiesce_locked); returns the bytes released. */
 uint64_t gp_trim_in(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio);
-/* The same without a sync: only cache known idle (a fence recorded after
+/* The same without a wait: only cache known idle (a fence recorded after
  * it was freed has completed). */
 uint64_t gp_trim_idle(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio);
-/* The device was synchronized with the lock held: every block in the bins
- * is idle. */
+/* The pool's streams (or the device) were waited for with the lock held:
+ * every block in the bins is idle. */
 void gp_idle_synced(gp_pool *p);
-/* Idle cache first (gp_trim_idle), then the rest after a sync (gp_trim_in). */
+/* Idle cache first (gp_trim_idle), then the rest after a wait (gp_trim_in). */
 uint64_t gp_trim_first_idle(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio);
 /* Before `need` bytes are mapped for `size` bytes of live blocks: give
  * back cache of priority <= prio (arena `only`, or all when NULL) beyond
  * GPUPOOL_CACHE_SLACK of what will be allocated then, or beyond `floor`
  * reserved bytes if that is more; at most `most`.  Idle cache first;
- * then, where `sync`, after a device sync under the lock.  Returns the
+ * then, where `sync`, after a wait for the pool's streams under the lock
+ * (gp_quiesce_locked).  Returns the
  * bytes still over. */
 uint64_t gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t size, int prio, uint64_t floor,
                        uint64_t most, int sync);
 /* gp_trim_slack for a caller that holds no lock (transit.c): the unmaps,
- * and the device sync where idle cache is short, run without the pool's
- * lock (other threads allocate meanwhile); after the sync, what was
- * cached when it began is trimmed. */
+ * and the wait for the pool's streams where idle cache is short, run
+ * without the pool's lock (other threads allocate meanwhile); after the
+ * wait, what was cached when it began is trimmed. */
 void gp_trim_slack_unlocked(gp_pool *p, uint64_t need, uint64_t size, int prio, uint64_t floor, uint64_t most);
 /* Give back `want` bytes of cache of priority <= prio toward the limit
  * the same way; the lock is held on entry and on return, and let go
@@ -334,6 +335,23 @@ void gp_free_recorded(gp_pool *p, gp_block *b);
 /* Synchronise the device (counted in n_sync); then every pending block is
  * safe and goes back to the bins. */
 gp_status gp_sync_locked(gp_pool *p);
+/* What a trim waits for before it gives cache back: the pool's own
+ * streams (gp_fence_locked: the last users of every block in the bins and
+ * of every pending one) have run what was queued on them, so that every
+ * block in the bins is idle and every pending one goes back to them.  A
+ * device sync would also wait for the streams of others -- the
+ * offloader's copies beside a training step, a user's copier -- with the
+ * lock held.  It is one where no fence can be had (a capture under way,
+ * an event refused, a pending block whose events could not be recorded)
+ * or a wait fails.  Counted in n_sync_pool, or n_sync for a device sync. */
+gp_status gp_quiesce_locked(gp_pool *p);
+/* The same in two steps, for a caller that waits without the lock:
+ * gp_fence_begin (lock held) records the fence into events[0..*n),
+ * GP_FENCE_STREAMS of room, and returns whether it could (0: the finish
+ * syncs the device); gp_fence_finish (no lock needed) waits for the
+ * events and releases them, or syncs the device, *synced saying which. */
+int gp_fence_begin(gp_pool *p, uint64_t *events, size_t *n);
+gp_status gp_fence_finish(gp_backend *be, uint64_t *events, size_t n, int fenced, int *synced);
 /* Whether a pending block of priority <= max_prio exists (a sync would
  * turn it into cache that priority may release). */
 int gp_pending_upto(const gp_pool *p, int max_prio);

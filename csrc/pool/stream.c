@@ -158,6 +158,54 @@ gp_status gp_sync_locked(gp_pool *p)
     return st;
 }
 
+/* A pending block whose events could not all be recorded (a capture was
+ * under way): only a device sync says its streams are done with it. */
+static int gp_pending_needs_sync(const gp_pool *p)
+{
+    for (unsigned i = 0; i < p->n_recs; i++)
+        if (p->recs[i].pending && p->recs[i].wait_sync) return 1;
+    return 0;
+}
+
+int gp_fence_begin(gp_pool *p, uint64_t *events, size_t *n)
+{
+    *n = 0;
+    if (!gp_pending_needs_sync(p) && gp_fence_locked(p, events, GP_FENCE_STREAMS, n) == GP_OK) return 1;
+    gp_error_clear();
+    return 0;
+}
+
+gp_status gp_fence_finish(gp_backend *be, uint64_t *events, size_t n, int fenced, int *synced)
+{
+    gp_status st = GP_OK;
+    for (size_t i = 0; i < n; i++) {
+        if (st == GP_OK) st = be->event_wait(be, events[i]);
+        be->event_release(be, events[i]);
+    }
+    if (fenced && st == GP_OK) {
+        *synced = 0;
+        return GP_OK;
+    }
+    gp_error_clear();
+    *synced = 1;
+    return be->synchronize(be);
+}
+
+gp_status gp_quiesce_locked(gp_pool *p)
+{
+    uint64_t ev[GP_FENCE_STREAMS];
+    size_t n;
+    int synced, fenced = gp_fence_begin(p, ev, &n);
+    gp_status st = gp_fence_finish(p->be, ev, n, fenced, &synced);
+    if (synced) p->st.n_sync++;
+    else p->st.n_sync_pool++;
+    if (st == GP_OK) {
+        gp_idle_synced(p);
+        gp_release_pending(p);
+    }
+    return st;
+}
+
 int gp_pending_upto(const gp_pool *p, int max_prio)
 {
     for (unsigned i = 0; i < p->n_recs; i++)

@@ -48,17 +48,21 @@ static uint64_t gp_transit_trim(gp_pool *p, uint64_t want, int prio, uint64_t up
     return got;
 }
 
-/* A device sync without the lock (held on entry and on return): what came
- * to the bins before it is idle after it. */
-static int gp_sync_unlocked(gp_pool *p)
+/* Wait for the pool's streams without the lock (held on entry and on
+ * return; gp_quiesce_locked says why not a device sync): what came to the
+ * bins before it is idle after it. */
+static int gp_quiesce_unlocked(gp_pool *p)
 {
-    uint64_t seq = p->free_seq;
+    uint64_t seq = p->free_seq, ev[GP_FENCE_STREAMS];
+    size_t n;
+    int synced, fenced = gp_fence_begin(p, ev, &n);
     pthread_mutex_unlock(&p->lock);
     /* (A capture that begins meanwhile: the sync is refused or waits, and
      * the callers trim nothing while it runs.) */
-    gp_status st = p->be->synchronize(p->be);
+    gp_status st = gp_fence_finish(p->be, ev, n, fenced, &synced);
     pthread_mutex_lock(&p->lock);
-    p->st.n_sync++;
+    if (synced) p->st.n_sync++;
+    else p->st.n_sync_pool++;
     if (st != GP_OK) {
         gp_error_clear();
         return 0;
@@ -74,7 +78,7 @@ uint64_t gp_trim_unlocked(gp_pool *p, uint64_t want, int prio)
     uint64_t got = gp_transit_trim(p, want, prio, p->idle_seq);
     if (got) p->st.n_trim_idle++;
     /* The rest after a sync, if there is cache that may go. */
-    if (got < want && gp_cache_level(p, NULL, 0, 1) <= prio && gp_sync_unlocked(p))
+    if (got < want && gp_cache_level(p, NULL, 0, 1) <= prio && gp_quiesce_unlocked(p))
         got += gp_transit_trim(p, want - got, prio, p->idle_seq);
     return got;
 }

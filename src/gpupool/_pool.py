@@ -59,7 +59,8 @@ class PoolView:
     def stats(self) -> Dict[str, Any]:
         """All figures: allocated, reserved, active (allocated + freed blocks
         waiting for record_stream streams), their peaks, counts, cache hit
-        rate, driver calls (maps + unmaps + device syncs), mapped runs
+        rate, driver calls (maps + unmaps + device syncs + host waits for
+        the pool's own streams), mapped runs
         ('segments'), the largest free block, fragmentation (share of free
         mapped bytes outside the largest free block), offloaded bytes and the
         host bytes holding them ('host_bytes'; 'offload': the offloader's
@@ -70,7 +71,7 @@ class PoolView:
         s["cache_hit_rate"] = s["cache_hits"] / n if n else 1.0
         s["fragmentation"] = 1.0 - s["largest_free"] / s["free_bytes"] if s["free_bytes"] else 0.0
         s["active"] = s["allocated"] + s["pending"]
-        s["driver_calls"] = s["n_map"] + s["n_unmap"] + s["n_sync"]
+        s["driver_calls"] = s["n_map"] + s["n_unmap"] + s["n_sync"] + s["n_sync_pool"]
         # Offload's figures (an offloader exists once something offloaded or
         # registered; its own lock): host bytes of the pool and per tag.
         off = self._pool.offload_stats()

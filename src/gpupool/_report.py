@@ -38,9 +38,9 @@ def format_report(name: str, s: Dict[str, Any]) -> str:
         f"{s['free_blocks']} blocks, largest {fb(s['largest_free'])} "
         f"(fragmentation {100 * s['fragmentation']:.1f}%); {s['segments']} mapped runs",
         f"allocs {s['n_alloc']}, frees {s['n_free']}, cache hits {100 * s['cache_hit_rate']:.2f}%, "
-        f"driver calls {s['driver_calls']} (maps {s['n_map']}, unmaps {s['n_unmap']}, syncs "
-        f"{s['n_sync']}), stream waits {s['n_stream_waits']}, trims {s['n_trim']} "
-        f"({s['n_trim_idle']} without a sync), "
+        f"driver calls {s['driver_calls']} (maps {s['n_map']}, unmaps {s['n_unmap']}, device syncs "
+        f"{s['n_sync']}, waits for the pool's streams {s['n_sync_pool']}), stream waits "
+        f"{s['n_stream_waits']}, trims {s['n_trim']} ({s['n_trim_idle']} with no wait), "
         f"retries {s['n_alloc_retries']}, OOMs {s['n_oom']}",
         f"allocating threads waited {s['ns_lock_wait'] / 1e6:.1f} ms for the lock and spent "
         f"{s['ns_slow'] / 1e6:.1f} ms past the cache (growth, trims, syncs, pressure)",

@@ -180,7 +180,7 @@ static void test_oom_and_trim(void)
     CHECK(freed == 8 * MiB && s.reserved == 0);
     gp_host_counters c;
     gp_host_counters_get(be, &c);
-    CHECK(c.mapped == 0 && c.n_sync >= 1);
+    CHECK(c.mapped == 0 && s.n_sync_pool >= 1);
     CHECK(pool_consistent(p, be) == 0);
     done(p);
 }
@@ -428,7 +428,8 @@ static void test_hopeless_request_fails_fast(void)
            (unsigned long long)(c1.n_map - c0.n_map), (unsigned long long)(c1.n_unmap - c0.n_unmap),
            (unsigned long long)(c1.n_sync - c0.n_sync));
     CHECK(st == GP_ERR_OOM && strstr(gp_last_error(), "device lacks") != NULL);
-    CHECK(c1.n_map == c0.n_map && c1.n_unmap == c0.n_unmap && c1.n_sync == c0.n_sync);
+    CHECK(c1.n_map == c0.n_map && c1.n_unmap == c0.n_unmap && c1.n_sync == c0.n_sync &&
+          c1.calls[GP_HOST_EVENT_WAIT] == c0.calls[GP_HOST_EVENT_WAIT]);
     gp_stats s;
     gp_pool_stats(p, &s, 0);
     CHECK(s.reserved == 640 * MiB + 64 * KiB);
@@ -437,7 +438,7 @@ static void test_hopeless_request_fails_fast(void)
     CHECK(x != NULL);
     gp_host_counters_get(be, &c1);
     gp_pool_stats(p, &s, 0);
-    CHECK(s.n_map_fail == 0 && c1.n_sync == c0.n_sync + 1);
+    CHECK(s.n_map_fail == 0 && c1.n_sync == c0.n_sync && c1.calls[GP_HOST_EVENT_WAIT] > c0.calls[GP_HOST_EVENT_WAIT]);
     CHECK(pool_consistent(p, be) == 0);
     gp_free(p, x);
     gp_free(p, live);
@@ -770,13 +771,13 @@ static void test_lean_growth(void)
 {
     gp_stats lean = lean_growth(0.05), fat = lean_growth(-1);
     CHECK(lean.allocated == 14 * MiB && lean.reserved == 14 * MiB);
-    CHECK(lean.n_sync == 1 && lean.n_unmap == 16);
+    CHECK(lean.n_sync == 0 && lean.n_sync_pool == 1 && lean.n_unmap == 16);
     CHECK(fat.allocated == 14 * MiB && fat.reserved == 30 * MiB);
-    CHECK(fat.n_sync == 0 && fat.n_unmap == 0);
+    CHECK(fat.n_sync == 0 && fat.n_sync_pool == 0 && fat.n_unmap == 0);
     /* A slack of 100% keeps up to 14 MiB of cache: 2 MiB too many, so one
      * hole goes (trim gives back whole free blocks), the other stays. */
     gp_stats roomy = lean_growth(1.0);
-    CHECK(roomy.reserved == 22 * MiB && roomy.n_sync == 1 && roomy.n_unmap == 8);
+    CHECK(roomy.reserved == 22 * MiB && roomy.n_sync_pool == 1 && roomy.n_unmap == 8);
 }
 
 /* Cache given back without a device sync (gp_trim_idle): only blocks freed
@@ -909,6 +910,12 @@ static gp_status noting_sync(gp_backend *be)
     return GP_INNER(be)->synchronize(GP_INNER(be));
 }
 
+static gp_status noting_event_wait(gp_backend *be, uint64_t event)
+{
+    note_lock();
+    return GP_INNER(be)->event_wait(GP_INNER(be), event);
+}
+
 static void test_trim_unlocked(void)
 {
     gp_backend *host;
@@ -918,6 +925,7 @@ static void test_trim_unlocked(void)
     gp_backend_forward(w, host);
     w->be.unmap = noting_unmap;
     w->be.synchronize = noting_sync;
+    w->be.event_wait = noting_event_wait;
     gp_pool *p = trim_pool(&w->be);
     void *a = A(p, 8 * MiB), *s1 = A(p, 1 * MiB), *b = A(p, 8 * MiB), *s2 = A(p, 1 * MiB);
     CHECK(a && s1 && b && s2);
@@ -926,13 +934,14 @@ static void test_trim_unlocked(void)
     gp_stats s0, s;
     gp_pool_stats(p, &s0, 0);
     /* No fence has completed: the cache is not known idle, so the trim
-     * syncs first (without the lock too), then unmaps both holes. */
+     * waits for the pool's one stream first (without the lock too), then
+     * unmaps both holes. */
     unlocked_pool = p;
     gp_trim_slack_unlocked(p, 16 * MiB, 0, GP_PRIO_MAX, 0, 16 * MiB);
     unlocked_pool = NULL;
     gp_pool_stats(p, &s, 0);
     CHECK(s.reserved == s0.reserved - 16 * MiB);
-    CHECK(s.n_sync == s0.n_sync + 1 && s.n_unmap == s0.n_unmap + 16);
+    CHECK(s.n_sync == s0.n_sync && s.n_sync_pool == s0.n_sync_pool + 1 && s.n_unmap == s0.n_unmap + 16);
     CHECK(calls_unlocked == 17 && calls_locked == 0 && violations_unlocked == 0);
     CHECK(pool_consistent(p, host) == 0);
     /* What it released serves the next growth as any unmapped space. */
@@ -942,6 +951,97 @@ static void test_trim_unlocked(void)
     gp_free(p, s1);
     gp_free(p, s2);
     done(p);
+}
+
+/* A trim that must wait for cache in use waits for the pool's own streams
+ * (an event on each: the slots' and those record_stream named), not for
+ * the device: a device sync also waits for the streams of others (the
+ * offloader's copies beside a training step), under the lock.  It syncs
+ * the device only where no fence can be had: an event refused, a wait
+ * that fails, a pending block whose event could not be recorded. */
+enum { FENCE_STREAMS = 8 };
+static gp_stream fence_of[64];  /* the stream of each host event (by id) */
+static gp_stream fence_waited[FENCE_STREAMS];
+static unsigned n_fence_waited;
+
+static gp_status fence_event_record(gp_backend *be, gp_stream s, uint64_t *ev)
+{
+    gp_status st = GP_INNER(be)->event_record(GP_INNER(be), s, ev);
+    if (st == GP_OK && *ev < 64) fence_of[*ev] = s;
+    return st;
+}
+
+static gp_status fence_event_wait(gp_backend *be, uint64_t ev)
+{
+    if (n_fence_waited < FENCE_STREAMS && ev < 64) fence_waited[n_fence_waited++] = fence_of[ev];
+    return GP_INNER(be)->event_wait(GP_INNER(be), ev);
+}
+
+static int fence_waited_on(gp_stream s)
+{
+    for (unsigned i = 0; i < n_fence_waited; i++)
+        if (fence_waited[i] == s) return 1;
+    return 0;
+}
+
+/* What fails in trim_waits: nothing, an event of the trim's fence, the
+ * wait for one, or the event of the pending block's free. */
+enum { FAIL_NONE, FAIL_FENCE_RECORD, FAIL_FENCE_WAIT, FAIL_FREE_RECORD };
+
+/* Cache on two streams and a block pending on a third; an empty_cache,
+ * with `fail`: what it released, and the device syncs (pool, backend) it
+ * made. */
+static void trim_waits(int fail, uint64_t *released, uint64_t *syncs, uint64_t *host_syncs)
+{
+    gp_backend *host;
+    CHECK(gp_backend_host_create(256 * MiB, &host) == GP_OK);
+    gp_backend_wrap *w = calloc(1, sizeof *w);
+    CHECK(w != NULL);
+    gp_backend_forward(w, host);
+    w->be.event_record = fence_event_record;
+    w->be.event_wait = fence_event_wait;
+    gp_stream s_a = (gp_stream)0x10, s_b = (gp_stream)0x20, side = (gp_stream)0x30;
+    gp_pool *p = trim_pool(&w->be);
+    gp_status st;
+    void *a = gp_alloc(p, 8 * MiB, s_a, GP_TAG_UNTAGGED, GP_PRIO_NORMAL, &st);
+    void *b = gp_alloc(p, 8 * MiB, s_b, GP_TAG_UNTAGGED, GP_PRIO_NORMAL, &st);
+    void *c = gp_alloc(p, 8 * MiB, s_a, GP_TAG_UNTAGGED, GP_PRIO_NORMAL, &st);
+    CHECK(a && b && c && gp_record_stream(p, c, side) == GP_OK);
+    CHECK(gp_free(p, a) == GP_OK && gp_free(p, b) == GP_OK);
+    if (fail == FAIL_FREE_RECORD) gp_host_fail(host, GP_HOST_EVENT_RECORD, 1, GP_ERR_BACKEND, GP_HOST_FAIL_ONCE);
+    CHECK(gp_free(p, c) == GP_OK);
+    if (fail == FAIL_FENCE_RECORD || fail == FAIL_FENCE_WAIT)
+        gp_host_fail(host, fail == FAIL_FENCE_RECORD ? GP_HOST_EVENT_RECORD : GP_HOST_EVENT_WAIT, 1, GP_ERR_BACKEND,
+                     GP_HOST_FAIL_ONCE);
+    gp_stats s0, s1;
+    gp_host_counters c0, c1;
+    gp_pool_stats(p, &s0, 0);
+    gp_host_counters_get(host, &c0);
+    n_fence_waited = 0;
+    *released = gp_pool_empty_cache(p);
+    gp_pool_stats(p, &s1, 0);
+    gp_host_counters_get(host, &c1);
+    gp_host_fail_none(host);
+    CHECK(s1.pending == 0 && s1.reserved == 0);
+    CHECK(s1.n_sync + s1.n_sync_pool == s0.n_sync + s0.n_sync_pool + 1);
+    *syncs = s1.n_sync - s0.n_sync;
+    *host_syncs = c1.n_sync - c0.n_sync;
+    CHECK(pool_consistent(p, host) == 0);
+    done(p);
+}
+
+static void test_trim_waits_for_its_streams(void)
+{
+    uint64_t released, syncs, host_syncs;
+    trim_waits(FAIL_NONE, &released, &syncs, &host_syncs);
+    CHECK(released == 24 * MiB && syncs == 0 && host_syncs == 0);
+    CHECK(n_fence_waited == 3 && fence_waited_on((gp_stream)0x10) && fence_waited_on((gp_stream)0x20) &&
+          fence_waited_on((gp_stream)0x30));
+    /* No fence to be had, or one whose wait failed: the device, as before. */
+    for (int fail = FAIL_FENCE_RECORD; fail <= FAIL_FREE_RECORD; fail++) {
+        trim_waits(fail, &released, &syncs, &host_syncs);
+        CHECK(released == 24 * MiB && syncs == 1 && host_syncs == 1);
+    }
 }
 
 /* A device larger than the bins can hold (a HostPool asked for 2^63 bytes
@@ -998,5 +1098,6 @@ int main(void)
     test_trim_without_sync();
     test_alloc_time();
     test_trim_unlocked();
+    test_trim_waits_for_its_streams();
     return check_done();
 }
