@@ -1,6 +1,7 @@
 """What the fp32 fine-tune loses to PCIe traffic beside it, gpupool's offload or not.
 
-    python -m benchmarks.interference [--reps 3] [--runs none,h2d,both,d2d,offload] [--quick]
+    python -m benchmarks.interference [--reps 3] [--runs none,h2d,both,d2d,offload,cap] [--quick]
+    python -m benchmarks.interference --runs none,offload,cap --base DIR   # this build against another
 
 The optimizer-offload goal compares the fp32 recipe (``--only finetune``)
 with its state crossing PCIe each step against the recipe without.  This
@@ -9,7 +10,15 @@ without offload while a thread of the same process copies 256 MiB buffers
 without pause on a stream of its own -- pinned host to device (``h2d``),
 both directions at once (``both``), or device to device (``d2d``: no PCIe,
 the device's memory and copy kernels) -- with nothing of gpupool in the
-copies' path; and the recipe with the optimizer offloaded (``offload``).
+copies' path; and the recipe with the optimizer offloaded (``offload``), and
+so at the cap where every PyTorch mode runs out of memory (``cap``).
+
+``--base DIR`` runs each run twice, with this checkout's gpupool and with the
+one installed in DIR (first on the workers' PYTHONPATH: ``pip install
+--no-build-isolation --no-deps --target DIR`` of another checkout, say the
+commit before a change), interleaved, the order alternating between
+repetitions; the base's rows are marked ``@base``.  Between processes the
+machine moves by 10-25%: a change is judged against its base in one call.
 
 Fresh processes, the runs interleaved, median and spread of ``--reps``; per
 run the host CPU time per step of the two threads that drive the device (the
@@ -34,18 +43,22 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from .modes import child_env
-from .workloads import _FT, _FT_QUICK, ROOT
+from .workloads import _FT, _FT_QUICK, FINETUNE_CAP_GIB, ROOT
 
-__all__ = ["RUNS", "main", "summarize"]
+__all__ = ["RUNS", "against_base", "main", "summarize"]
 
-# run -> (what the copier thread does, or None; extra arguments of the example)
+# run -> (what the copier thread does, or None; extra arguments of the example,
+# of its --quick shape)
+_OFF = ("--offload-optimizer",)
 RUNS: Dict[str, Any] = {
-    "none": (None, ()),
-    "h2d": ("h2d", ()),
-    "both": ("both", ()),
-    "d2d": ("d2d", ()),
-    "offload": (None, ("--offload-optimizer",)),
+    "none": (None, (), ()),
+    "h2d": ("h2d", (), ()),
+    "both": ("both", (), ()),
+    "d2d": ("d2d", (), ()),
+    "offload": (None, _OFF, _OFF),
+    "cap": (None, (*_OFF, "--cap", FINETUNE_CAP_GIB), (*_OFF, "--cap", "0.25")),
 }
+_BASE = "@base"
 _BUF = 256 << 20
 _MARK = "INTERFERENCE "
 
@@ -134,15 +147,18 @@ def _option(argv: Sequence[str], name: str) -> int:
     return int(argv[list(argv).index(name) + 1])
 
 
-def _one(run: str, quick: bool) -> Dict[str, Any]:
-    kind, extra = RUNS[run]
+def _one(run: str, quick: bool, site: Optional[str] = None) -> Dict[str, Any]:
+    """One worker of `run`, with the gpupool installed in `site` where given."""
+    kind, extra, extra_quick = RUNS[run]
+    extra = extra_quick if quick else extra
     base = list(_FT_QUICK if quick else _FT)
+    path = [site, str(ROOT)] if site else [str(ROOT)]
     with tempfile.TemporaryDirectory() as d:
         js = Path(d) / "result.json"
         argv = [*base, *extra, "--allocator", "gpupool", "--json", str(js)]
         cmd = [sys.executable, "-m", "benchmarks.interference", "--child", kind or "-",
                str(_option(base, "--warmup")), str(_option(base, "--steps")), "--", *argv]
-        p = subprocess.run(cmd, cwd=ROOT, env=child_env(os.environ, [str(ROOT)]), capture_output=True, text=True,
+        p = subprocess.run(cmd, cwd=ROOT, env=child_env(os.environ, path), capture_output=True, text=True,
                            timeout=900)
         extra_out = next((json.loads(line[len(_MARK):]) for line in p.stdout.splitlines()
                           if line.startswith(_MARK)), {})
@@ -155,17 +171,20 @@ def _one(run: str, quick: bool) -> Dict[str, Any]:
 
 
 def summarize(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str]:
-    """The table: per run the median tokens/s (spread), the ratio to `none`'s median,
-    the training threads' CPU ms per step and the copier's rate (medians)."""
+    """The table: per run the median tokens/s (spread), the ratio to the median of
+    `none` of the same build (a run marked @base: the base's), the training threads'
+    CPU ms per step and the copier's rate (medians)."""
     def med(xs: List[float]) -> Optional[float]:
         return statistics.median(xs) if xs else None
 
     by = {r: [x for x in results if x["run"] == r and "tokens_per_s" in x] for r in runs}
-    base = med([x["tokens_per_s"] for x in by.get("none", [])])
     lines = ["| run | tokens/s median (min..max) | vs none | main CPU ms/step | autograd CPU ms/step | copier GB/s |",
              "|---|---|---|---|---|---|"]
     for r in runs:
         xs = by[r]
+        none = [x["tokens_per_s"] for x in results
+                if x["run"] == "none" + (_BASE if r.endswith(_BASE) else "") and "tokens_per_s" in x]
+        base = med(none)
         failed = sum(1 for x in results if x["run"] == r and "error" in x)
         if not xs:
             lines.append(f"| {r} | failed ({failed}) | | | | |")
@@ -184,6 +203,24 @@ def summarize(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str]:
     return lines
 
 
+def against_base(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str]:
+    """Per run, this build's tokens/s over the base's: the ratio of the medians, and
+    that of each repetition's pair (run one after the other, the fairest comparison)."""
+    lines = []
+    for r in runs:
+        got = {(x["run"], x["rep"]): x["tokens_per_s"] for x in results if "tokens_per_s" in x}
+        reps = sorted({rep for (run, rep) in got if run == r and (r + _BASE, rep) in got})
+        if not reps:
+            lines.append(f"{r}: no pair of runs to compare")
+            continue
+        pairs = [got[(r, rep)] / got[(r + _BASE, rep)] for rep in reps]
+        heads = statistics.median([got[(r, rep)] for rep in reps])
+        bases = statistics.median([got[(r + _BASE, rep)] for rep in reps])
+        lines.append(f"{r}: this build / base {heads / bases:.3f}x (pairs: "
+                     f"{', '.join(f'{q:.3f}' for q in pairs)})")
+    return lines
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--child"]:
@@ -195,20 +232,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--runs", default="none,h2d,both,offload",
                    help=f"comma-separated, of {', '.join(RUNS)} (default: none,h2d,both,offload)")
     p.add_argument("--quick", action="store_true", help="the tiny shape (a smoke test)")
+    p.add_argument("--base", metavar="DIR",
+                   help="also run each run with the gpupool installed in DIR (pip install --target DIR of "
+                        "another checkout), interleaved: rows marked @base")
     a = p.parse_args(args)
     runs = [r.strip() for r in a.runs.split(",") if r.strip()]
     bad = [r for r in runs if r not in RUNS]
     if bad or a.reps < 1:
         p.error(f"unknown run(s) {', '.join(bad)}; expected some of {', '.join(RUNS)}" if bad
                 else f"--reps must be at least 1, got {a.reps}")
+    if a.base and not (Path(a.base) / "gpupool").is_dir():
+        p.error(f"--base {a.base}: no gpupool package there (make it with pip install --no-build-isolation "
+                f"--no-deps --target {a.base} PATH-OF-ANOTHER-CHECKOUT)")
+    builds = ["", _BASE] if a.base else [""]
     results = []
     for rep in range(a.reps):
         for r in runs:
-            x = _one(r, a.quick)
-            results.append(x)
-            print(f"rep {rep + 1} {r}: " + (f"{x['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in x
-                                            else f"failed: {x['error']}"), flush=True)
-    print("\n".join(summarize(results, runs)))
+            for b in builds if rep % 2 == 0 else builds[::-1]:
+                x = _one(r, a.quick, str(Path(a.base).resolve()) if b else None)
+                x["run"], x["rep"] = r + b, rep
+                results.append(x)
+                print(f"rep {rep + 1} {r + b}: " + (f"{x['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in x
+                                                    else f"failed: {x['error']}"), flush=True)
+    print("\n".join(summarize(results, [r + b for r in runs for b in builds])))
+    if a.base:
+        print("\n".join(against_base(results, runs)))
     return 0
 
 

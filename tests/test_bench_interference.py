@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.interference import main, summarize
+from benchmarks.interference import against_base, main, summarize
 
 
 def _run(run: str, tps: float, main_ms: float = 80.0, gbps: object = None) -> dict:
@@ -27,3 +27,20 @@ def test_bad_options_are_named() -> None:
         main(["--runs", "none,sideways"])
     with pytest.raises(SystemExit):
         main(["--reps", "0"])
+
+
+def test_a_base_build_has_rows_and_pairs_of_its_own() -> None:
+    results = [dict(_run("none", 100.0), rep=0), dict(_run("none@base", 50.0), rep=0),
+               dict(_run("offload", 90.0), rep=0), dict(_run("offload@base", 40.0), rep=0),
+               dict(_run("offload", 80.0), rep=1), {"run": "offload@base", "rep": 1, "error": "killed"}]
+    rows = summarize(results, ["none", "none@base", "offload", "offload@base"])
+    assert rows[4].startswith("| offload | 85 (80..90) | 0.850x")
+    assert rows[5].startswith("| offload@base | 40 (40..40) [1 failed] | 0.800x")
+    assert against_base(results, ["none", "offload", "cap"]) == [
+        "none: this build / base 2.000x (pairs: 2.000)", "offload: this build / base 2.250x (pairs: 2.250)",
+        "cap: no pair of runs to compare"]
+
+
+def test_a_base_without_gpupool_is_named(tmp_path) -> None:
+    with pytest.raises(SystemExit):
+        main(["--runs", "none", "--base", str(tmp_path)])
