@@ -916,13 +916,21 @@ static gp_status noting_event_wait(gp_backend *be, uint64_t event)
     return GP_INNER(be)->event_wait(GP_INNER(be), event);
 }
 
+/* A host backend of 256 MiB (*host) behind a wrapper whose calls a test
+ * replaces; the pool made on it destroys both. */
+static gp_backend_wrap *wrapped_host(gp_backend **host)
+{
+    CHECK(gp_backend_host_create(256 * MiB, host) == GP_OK);
+    gp_backend_wrap *w = calloc(1, sizeof *w);
+    CHECK(w != NULL);
+    gp_backend_forward(w, *host);
+    return w;
+}
+
 static void test_trim_unlocked(void)
 {
     gp_backend *host;
-    CHECK(gp_backend_host_create(256 * MiB, &host) == GP_OK);
-    gp_backend_wrap *w = calloc(1, sizeof *w);
-    CHECK(w != NULL);
-    gp_backend_forward(w, host);
+    gp_backend_wrap *w = wrapped_host(&host);
     w->be.unmap = noting_unmap;
     w->be.synchronize = noting_sync;
     w->be.event_wait = noting_event_wait;
@@ -994,10 +1002,7 @@ enum { FAIL_NONE, FAIL_FENCE_RECORD, FAIL_FENCE_WAIT, FAIL_FREE_RECORD };
 static void trim_waits(int fail, uint64_t *released, uint64_t *syncs, uint64_t *host_syncs)
 {
     gp_backend *host;
-    CHECK(gp_backend_host_create(256 * MiB, &host) == GP_OK);
-    gp_backend_wrap *w = calloc(1, sizeof *w);
-    CHECK(w != NULL);
-    gp_backend_forward(w, host);
+    gp_backend_wrap *w = wrapped_host(&host);
     w->be.event_record = fence_event_record;
     w->be.event_wait = fence_event_wait;
     gp_stream s_a = (gp_stream)0x10, s_b = (gp_stream)0x20, side = (gp_stream)0x30;
