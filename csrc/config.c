@@ -717,7 +717,8 @@ static int gp_print_share(const gp_config *c, char *buf, size_t len)
     X("GPUPOOL_LOG", "log", "oom", "off, oom or all",                                     \
       "what to print on stderr: nothing; the report of each allocation PyTorch asked for " \
       "that ran out of memory; or also each pool's creation and every map (growth), unmap " \
-      "(trim) and device synchronisation, with its duration and thread (slow paths only)", \
+      "(trim), device synchronisation and host wait for a stream (a trim's, an offload's), " \
+      "with its duration and thread (slow paths only)",                                   \
       gp_parse_log, gp_print_log)                                                         \
     X("GPUPOOL_TRACE", "trace", "0", GP_BOOL_TEXT,                                        \
       "record an alloc/free history for snapshots", gp_parse_trace, gp_print_trace)       \

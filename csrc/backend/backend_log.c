@@ -2,13 +2,14 @@
  * backend_log.c -- GPUPOOL_LOG=all: a backend that forwards every call to
  * another and prints, on stderr, each call that changes or waits on the
  * device's memory: map (the pool grows), unmap (it gives memory back: trims,
- * lean growth) and synchronize (a device sync), with its size and how long
- * it took.  These are the pool's slow paths by construction (the hot path
+ * lean growth), synchronize (a device sync) and event_wait (a host wait for
+ * a stream: a trim's for the pool's streams, an offload's for its copies),
+ * with its size and how long it took.  These are the pool's slow paths by construction (the hot path
  * never calls the backend), so logging costs nothing where it matters.
  *
  * A decorator rather than prints inside the pool: pool.c stays free of
- * output, and every map, unmap and sync the pool or the layers above make
- * is seen, whichever path makes it.
+ * output, and every map, unmap, sync and wait the pool or the layers above
+ * make is seen, whichever path makes it.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -62,6 +63,16 @@ static gp_status log_synchronize(gp_backend *be)
     return st;
 }
 
+/* A host wait for one stream's work, not the device's: a trim's for the
+ * pool's streams, an offload's for its copies. */
+static gp_status log_event_wait(gp_backend *be, uint64_t event)
+{
+    uint64_t t0 = gp_now_ns();
+    gp_status st = GP_INNER(be)->event_wait(GP_INNER(be), event);
+    gp_log_line(be, "event wait", 0, 0, t0, st);
+    return st;
+}
+
 gp_status gp_backend_logged(gp_backend *inner, gp_backend **out)
 {
     gp_backend_wrap *l = calloc(1, sizeof *l);
@@ -73,6 +84,7 @@ gp_status gp_backend_logged(gp_backend *inner, gp_backend **out)
     l->be.map = log_map;
     l->be.unmap = log_unmap;
     l->be.synchronize = log_synchronize;
+    l->be.event_wait = log_event_wait;
     *out = &l->be;
     return GP_OK;
 }
