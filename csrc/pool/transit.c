@@ -5,12 +5,13 @@
  *
  * A trim made with the lock held stops every thread that allocates for
  * the length of its unmaps (0.1 ms or more per 64 MiB chunk) and of the
- * device sync it needs where idle cache is short: a training loop whose
+ * wait for the pool's streams it needs where idle cache is short (a device
+ * sync, then): a training loop whose
  * optimizer state comes back during the backward pass waited for the lock
  * 9 ms a step.  Here the chunks to unmap are taken out of the pool's
  * structures first, as a TRANSIT block nobody else touches (in no bin,
  * merging with nothing, never a candidate of a trim or an offload), the
- * lock is let go for the unmaps and the sync, and the block becomes
+ * lock is let go for the unmaps and the wait, and the block becomes
  * unmapped space (or, where the backend refused, cache again) once it is
  * taken again.  What was decided before is decided afresh after: these
  * calls return with the lock held and the pool possibly changed.
@@ -57,8 +58,8 @@ static int gp_quiesce_unlocked(gp_pool *p)
     size_t n;
     int synced, fenced = gp_fence_begin(p, ev, &n);
     pthread_mutex_unlock(&p->lock);
-    /* (A capture that begins meanwhile: the sync is refused or waits, and
-     * the callers trim nothing while it runs.) */
+    /* (A capture that begins meanwhile: the wait or sync is refused or
+     * waits, and the callers trim nothing while it runs.) */
     gp_status st = gp_fence_finish(p->be, ev, n, fenced, &synced);
     pthread_mutex_lock(&p->lock);
     if (synced) p->st.n_sync++;
@@ -77,7 +78,7 @@ uint64_t gp_trim_unlocked(gp_pool *p, uint64_t want, int prio)
     gp_idle_refresh(p);
     uint64_t got = gp_transit_trim(p, want, prio, p->idle_seq);
     if (got) p->st.n_trim_idle++;
-    /* The rest after a sync, if there is cache that may go. */
+    /* The rest after a wait, if there is cache that may go. */
     if (got < want && gp_cache_level(p, NULL, 0, 1) <= prio && gp_quiesce_unlocked(p))
         got += gp_transit_trim(p, want - got, prio, p->idle_seq);
     return got;
