@@ -5,8 +5,8 @@
  *
  * A trim made with the lock held stops every thread that allocates for
  * the length of its unmaps (0.1 ms or more per 64 MiB chunk) and of the
- * wait for the pool's streams it needs where idle cache is short (a device
- * sync, then): a training loop whose
+ * wait for the pool's streams it needs where idle cache is short (a
+ * device sync when this was measured): a training loop whose
  * optimizer state comes back during the backward pass waited for the lock
  * 9 ms a step.  Here the chunks to unmap are taken out of the pool's
  * structures first, as a TRANSIT block nobody else touches (in no bin,
