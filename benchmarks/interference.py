@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from .modes import child_env
-from .workloads import _FT, _FT_QUICK, FINETUNE_CAP_GIB, ROOT
+from .workloads import _FT, _FT_QUICK, FINETUNE_CAP_GIB, FINETUNE_CAP_QUICK_GIB, ROOT
 
 __all__ = ["RUNS", "against_base", "main", "summarize"]
 
@@ -56,7 +56,7 @@ RUNS: Dict[str, Any] = {
     "both": ("both", (), ()),
     "d2d": ("d2d", (), ()),
     "offload": (None, _OFF, _OFF),
-    "cap": (None, (*_OFF, "--cap", FINETUNE_CAP_GIB), (*_OFF, "--cap", "0.25")),
+    "cap": (None, (*_OFF, "--cap", FINETUNE_CAP_GIB), (*_OFF, "--cap", FINETUNE_CAP_QUICK_GIB)),
 }
 _BASE = "@base"
 _BUF = 256 << 20
@@ -207,8 +207,8 @@ def against_base(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str
     """Per run, this build's tokens/s over the base's: the ratio of the medians, and
     that of each repetition's pair (run one after the other, the fairest comparison)."""
     lines = []
+    got = {(x["run"], x["rep"]): x["tokens_per_s"] for x in results if "tokens_per_s" in x}
     for r in runs:
-        got = {(x["run"], x["rep"]): x["tokens_per_s"] for x in results if "tokens_per_s" in x}
         reps = sorted({rep for (run, rep) in got if run == r and (r + _BASE, rep) in got})
         if not reps:
             lines.append(f"{r}: no pair of runs to compare")

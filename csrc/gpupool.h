@@ -606,7 +606,7 @@ enum { GP_STAT_CURRENT = 0, GP_STAT_PEAK = 1, GP_STAT_TOTAL = 2 };
     X(n_map_fail, GP_STAT_TOTAL, NULL)             /* mapping calls that failed */              \
     X(n_stream_waits, GP_STAT_TOTAL, NULL)         /* cross-stream reuses */                    \
     X(n_sync, GP_STAT_TOTAL, "num_sync_all_streams") /* device synchronisations */              \
-    X(n_sync_pool, GP_STAT_TOTAL, NULL)  /* host waits for the pool's streams alone (trims) */      \
+    X(n_sync_pool, GP_STAT_TOTAL, NULL)            /* host waits for the pool's streams alone */ \
     X(n_trim, GP_STAT_TOTAL, NULL)                 /* trims that released something */          \
     X(n_trim_idle, GP_STAT_TOTAL, NULL)            /* of them, of idle cache with no wait */    \
     X(n_oom, GP_STAT_TOTAL, "num_ooms")            /* allocations that failed for OOM / limit */ \

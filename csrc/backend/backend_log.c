@@ -4,8 +4,9 @@
  * device's memory: map (the pool grows), unmap (it gives memory back: trims,
  * lean growth), synchronize (a device sync) and event_wait (a host wait for
  * a stream: a trim's for the pool's streams, an offload's for its copies),
- * with its size and how long it took.  These are the pool's slow paths by construction (the hot path
- * never calls the backend), so logging costs nothing where it matters.
+ * with its size and how long it took.  These are the pool's slow paths by
+ * construction (the hot path never calls the backend), so logging costs
+ * nothing where it matters.
  *
  * A decorator rather than prints inside the pool: pool.c stays free of
  * output, and every map, unmap, sync and wait the pool or the layers above

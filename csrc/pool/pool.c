@@ -707,9 +707,8 @@ static int gp_lower_live(const gp_pool *p, int prio)
  * trim can make room, release cached chunks of priorities up to its own,
  * the lowest first, as many as it needs, then all of them (gp_grow has
  * done this already for the limit and for the device's figures), retrying
- * after each step.  Nothing
- * of a higher priority is touched.  The pressure callback, the next step,
- * is gp_alloc's: it needs the lock dropped. */
+ * after each step.  Nothing of a higher priority is touched.  The pressure
+ * callback, the next step, is gp_alloc's: it needs the lock dropped. */
 static gp_block *gp_displace(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t bsize, int prio,
                              gp_status *st)
 {

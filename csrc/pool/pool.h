@@ -258,8 +258,7 @@ uint64_t gp_trim_first_idle(gp_pool *p, const gp_arena *only, uint64_t want, int
  * GPUPOOL_CACHE_SLACK of what will be allocated then, or beyond `floor`
  * reserved bytes if that is more; at most `most`.  Idle cache first;
  * then, where `sync`, after a wait for the pool's streams under the lock
- * (gp_quiesce_locked).  Returns the
- * bytes still over. */
+ * (gp_quiesce_locked).  Returns the bytes still over. */
 uint64_t gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t size, int prio, uint64_t floor,
                        uint64_t most, int sync);
 /* gp_trim_slack for a caller that holds no lock (transit.c): the unmaps,
