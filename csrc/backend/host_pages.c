@@ -77,33 +77,87 @@ static uint64_t gp_count_at(const char *s, uint64_t none)
     return strtoull(s, NULL, 10);
 }
 
-/* The directory of this process's cgroup (v2), found once: "" where
- * there is none to read. */
-static char gp_cgroup_dir[1040]; /* ("/sys/fs/cgroup" and a line of /proc/self/cgroup) */
-static pthread_once_t gp_cgroup_once = PTHREAD_ONCE_INIT;
-
-static void gp_cgroup_find(void)
+/* Limit less usage of the group in directory `dir`, from its files
+ * `limit` and `usage`: UINT64_MAX where it has no limit ("max", no file),
+ * 0 where the usage cannot be read. */
+static uint64_t gp_group_room(const char *dir, const char *limit, const char *usage)
 {
-    char buf[1024];
-    if (gp_read_small("/proc/self/cgroup", buf, sizeof buf) <= 0) return;
-    char *line = strstr(buf, "0::"); /* (the v2 line; v1 controllers have their own) */
-    if (line != buf && (!line || line[-1] != '\n')) return;
-    line += 3;
-    line[strcspn(line, "\n")] = '\0';
-    snprintf(gp_cgroup_dir, sizeof gp_cgroup_dir, "/sys/fs/cgroup%s", strcmp(line, "/") ? line : "");
-}
-
-static uint64_t gp_cgroup_room(void)
-{
-    pthread_once(&gp_cgroup_once, gp_cgroup_find);
-    if (!gp_cgroup_dir[0]) return UINT64_MAX;
-    char path[1064], buf[64];
-    snprintf(path, sizeof path, "%s/memory.max", gp_cgroup_dir);
+    char path[2 * GP_CGROUP_PATH + 32], buf[64];
+    snprintf(path, sizeof path, "%s/%s", dir, limit);
     uint64_t max = gp_read_small(path, buf, sizeof buf) > 0 ? gp_count_at(buf, UINT64_MAX) : UINT64_MAX;
     if (max == UINT64_MAX) return UINT64_MAX;
-    snprintf(path, sizeof path, "%s/memory.current", gp_cgroup_dir);
+    snprintf(path, sizeof path, "%s/%s", dir, usage);
     uint64_t cur = gp_read_small(path, buf, sizeof buf) > 0 ? gp_count_at(buf, max) : max;
     return cur < max ? max - cur : 0;
+}
+
+/* Whether the comma-separated list [ctl, end) names controller `want`. */
+static int gp_has_controller(const char *ctl, const char *end, const char *want)
+{
+    size_t wlen = strlen(want);
+    while (ctl < end) {
+        const char *comma = memchr(ctl, ',', (size_t)(end - ctl));
+        const char *stop = comma ? comma : end;
+        if ((size_t)(stop - ctl) == wlen && !memcmp(ctl, want, wlen)) return 1;
+        ctl = stop + 1;
+    }
+    return 0;
+}
+
+/* The path of the group in `membership` (lines "id:controllers:path")
+ * whose controllers name `want`, or, for want "", whose controllers field
+ * is empty (v2's line); copied into out (n bytes).  0 where none has it. */
+static int gp_group_path(const char *membership, const char *want, char *out, size_t n)
+{
+    for (const char *line = membership; *line;) {
+        const char *end = strchr(line, '\n');
+        if (!end) end = line + strlen(line);
+        const char *ctl = memchr(line, ':', (size_t)(end - line));
+        const char *path = ctl ? memchr(ctl + 1, ':', (size_t)(end - ctl - 1)) : NULL;
+        if (path && (*want ? gp_has_controller(ctl + 1, path, want) : path == ctl + 1)) {
+            size_t len = (size_t)(end - path - 1);
+            if (len >= n) return 0;
+            memcpy(out, path + 1, len);
+            out[len] = '\0';
+            return 1;
+        }
+        line = *end ? end + 1 : end;
+    }
+    return 0;
+}
+
+uint64_t gp_host_pages_cgroup_room(const char *root, const char *membership)
+{
+    /* v1's memory controller where the process has one (also on a hybrid
+     * host, whose v2 hierarchy holds no memory controller), else v2. */
+    char group[GP_CGROUP_PATH], dir[2 * GP_CGROUP_PATH];
+    const char *limit = "memory.limit_in_bytes", *usage = "memory.usage_in_bytes", *mount = "/memory";
+    if (!gp_group_path(membership, "memory", group, sizeof group)) {
+        if (!gp_group_path(membership, "", group, sizeof group)) return UINT64_MAX;
+        limit = "memory.max", usage = "memory.current", mount = "";
+    }
+    /* Every group up to the root limits the process: the least room wins.
+     * A container that sees only its own group finds none of the groups
+     * above it under root and reads its own at the root. */
+    uint64_t room = UINT64_MAX;
+    for (;;) {
+        int len = snprintf(dir, sizeof dir, "%s%s%s", root, mount, strcmp(group, "/") ? group : "");
+        if (len < 0 || (size_t)len >= sizeof dir) return room;
+        uint64_t r = gp_group_room(dir, limit, usage);
+        if (r < room) room = r;
+        char *slash = strrchr(group, '/');
+        if (!slash || !strcmp(group, "/")) return room;
+        slash[slash == group] = '\0'; /* ("/a" goes to "/", the root) */
+    }
+}
+
+/* /proc/self/cgroup, read once: which groups this process is in. */
+static char gp_membership[GP_CGROUP_PATH];
+static pthread_once_t gp_membership_once = PTHREAD_ONCE_INIT;
+
+static void gp_membership_read(void)
+{
+    if (gp_read_small("/proc/self/cgroup", gp_membership, sizeof gp_membership) <= 0) gp_membership[0] = '\0';
 }
 
 uint64_t gp_host_pages_room(void)
@@ -113,6 +167,7 @@ uint64_t gp_host_pages_room(void)
     uint64_t avail = 0;
     if (gp_read_small("/proc/meminfo", buf, sizeof buf) > 0 && (at = strstr(buf, "MemAvailable:")))
         avail = gp_count_at(at + strlen("MemAvailable:"), 0) << 10; /* (kB) */
-    uint64_t cg = gp_cgroup_room();
+    pthread_once(&gp_membership_once, gp_membership_read);
+    uint64_t cg = gp_host_pages_cgroup_room("/sys/fs/cgroup", gp_membership);
     return cg < avail ? cg : avail;
 }

@@ -16,9 +16,24 @@
 gp_status gp_host_pages_populate(void *ptr, uint64_t size);
 
 /* Bytes the host can still give this process: MemAvailable, within the
- * memory cgroup's memory.max less its memory.current where one is set
- * (cgroup v2).  0 where neither can be read. */
+ * room its memory cgroups leave it (gp_host_pages_cgroup_room of
+ * /sys/fs/cgroup and /proc/self/cgroup).  0 where neither can be read. */
 uint64_t gp_host_pages_room(void);
+
+/* The room the memory cgroups of a process leave it, read under `root`
+ * (where the cgroup filesystems are mounted) for a process whose
+ * /proc/<pid>/cgroup reads `membership`: the least, over its group and
+ * each group above it, of the limit less the usage.  cgroup v1's memory
+ * controller where the process has one (memory.limit_in_bytes and
+ * memory.usage_in_bytes under root/memory), else v2 (memory.max and
+ * memory.current under root).  A group above root's view (a container
+ * that sees only its own group) is not there to read and counts as
+ * unlimited, and the container's own is read at root.  0 for a group whose
+ * usage cannot be read; UINT64_MAX where no limit is set. */
+uint64_t gp_host_pages_cgroup_room(const char *root, const char *membership);
+
+/* The longest /proc/self/cgroup read, and the longest group path. */
+#define GP_CGROUP_PATH 4096
 
 /* Fault [ptr, ptr+size) in, knowing the host has `room` bytes left.  With
  * room to spare (size plus GP_HOST_PAGES_MARGIN) the pages are touched,

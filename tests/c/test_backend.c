@@ -23,7 +23,9 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "arbiter.h"
@@ -501,6 +503,77 @@ static void test_host_pages(void)
     printf("host_pages: %s\n", check_fail ? "FAILS" : "conforms");
 }
 
+/* Write `text` to root/rel, making its directories. */
+static void put(const char *root, const char *rel, const char *text)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", root, rel);
+    for (char *slash = strchr(path + strlen(root) + 1, '/'); slash; slash = strchr(slash + 1, '/')) {
+        *slash = '\0';
+        mkdir(path, 0700);
+        *slash = '/';
+    }
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f) return;
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The cgroup limits on a tree of our own: v2 and v1 (a hybrid host's
+ * membership names both; v1's memory controller holds the limit), every
+ * group up to the root counted, a container that sees only its own group
+ * at the root, and the membership lines that name no memory group. */
+static void test_cgroup_room(void)
+{
+    char root[] = "/tmp/gp_cgroup_XXXXXX";
+    CHECK(mkdtemp(root) != NULL);
+    /* v2: the parent's room is the smaller. */
+    put(root, "v2/a/b/memory.max", "1000\n");
+    put(root, "v2/a/b/memory.current", "300\n");
+    put(root, "v2/a/memory.max", "500\n");
+    put(root, "v2/a/memory.current", "450\n");
+    put(root, "v2/memory.max", "max\n"); /* (a root without a limit) */
+    char v2[1100];
+    snprintf(v2, sizeof v2, "%s/v2", root);
+    CHECK(gp_host_pages_cgroup_room(v2, "0::/a/b\n") == 50);
+    CHECK(gp_host_pages_cgroup_room(v2, "0::/a\n") == 50);
+    put(root, "v2/a/memory.max", "max\n");
+    CHECK(gp_host_pages_cgroup_room(v2, "0::/a/b\n") == 700);
+    CHECK(gp_host_pages_cgroup_room(v2, "0::/a\n") == UINT64_MAX);
+    /* Usage at or past the limit, or unreadable: no room. */
+    put(root, "v2/a/b/memory.current", "1200\n");
+    CHECK(gp_host_pages_cgroup_room(v2, "0::/a/b") == 0);
+    put(root, "v2/a/b/memory.current", "");
+    CHECK(gp_host_pages_cgroup_room(v2, "0::/a/b") == 0);
+    /* A container's view: its group is the root, the path names groups
+     * it cannot see. */
+    put(root, "v2/memory.max", "2000\n");
+    put(root, "v2/memory.current", "500\n");
+    CHECK(gp_host_pages_cgroup_room(v2, "0::/docker/abc\n") == 1500);
+    CHECK(gp_host_pages_cgroup_room(v2, "0::/\n") == 1500);
+    /* v1, the memory controller among others, beside a v2 line whose
+     * group would say otherwise: v1 holds the limit. */
+    put(root, "v2/x/memory.max", "10\n");
+    put(root, "v2/x/memory.current", "0\n");
+    put(root, "v2/memory/x/memory.limit_in_bytes", "4096\n");
+    put(root, "v2/memory/x/memory.usage_in_bytes", "1024\n");
+    put(root, "v2/memory/memory.limit_in_bytes", "9223372036854771712\n"); /* (v1's "unlimited") */
+    put(root, "v2/memory/memory.usage_in_bytes", "100000\n");
+    const char *hybrid = "12:cpu,cpuacct:/x\n4:hugetlb,memory:/x\n1:name=systemd:/x\n0::/x\n";
+    CHECK(gp_host_pages_cgroup_room(v2, hybrid) == 3072);
+    /* No memory controller in the v1 lines ("memoryx" is another): v2. */
+    CHECK(gp_host_pages_cgroup_room(v2, "4:memoryx:/x\n1:name=memory:/x\n0::/x") == 10);
+    /* Nothing to read: no limit. */
+    CHECK(gp_host_pages_cgroup_room(v2, "") == UINT64_MAX);
+    CHECK(gp_host_pages_cgroup_room(v2, "garbage") == UINT64_MAX);
+    CHECK(gp_host_pages_cgroup_room("/nonexistent", "0::/a\n") == UINT64_MAX);
+    char cmd[1100];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    CHECK(system(cmd) == 0);
+    printf("cgroup_room: %s\n", check_fail ? "FAILS" : "conforms");
+}
+
 static void run(const char *name)
 {
     variant v;
@@ -550,6 +623,7 @@ int main(int argc, char **argv)
 {
     static const char *const all[] = {"host", "log", "tenant"};
     test_host_pages();
+    test_cgroup_room();
     if (argc > 1)
         for (int i = 1; i < argc; i++) run(argv[i]);
     else
