@@ -173,13 +173,14 @@ def _one(run: str, quick: bool, site: Optional[str] = None) -> Dict[str, Any]:
 def summarize(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str]:
     """The table: per run the median tokens/s (spread), the ratio to the median of
     `none` of the same build (a run marked @base: the base's), the training threads'
-    CPU ms per step and the copier's rate (medians)."""
+    CPU ms per step, the copier's rate and peak reserved (medians)."""
     def med(xs: List[float]) -> Optional[float]:
         return statistics.median(xs) if xs else None
 
     by = {r: [x for x in results if x["run"] == r and "tokens_per_s" in x] for r in runs}
-    lines = ["| run | tokens/s median (min..max) | vs none | main CPU ms/step | autograd CPU ms/step | copier GB/s |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| run | tokens/s median (min..max) | vs none | main CPU ms/step | autograd CPU ms/step | copier GB/s "
+             "| peak reserved GiB (min..max) |",
+             "|---|---|---|---|---|---|---|"]
     for r in runs:
         xs = by[r]
         none = [x["tokens_per_s"] for x in results
@@ -187,7 +188,7 @@ def summarize(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str]:
         base = med(none)
         failed = sum(1 for x in results if x["run"] == r and "error" in x)
         if not xs:
-            lines.append(f"| {r} | failed ({failed}) | | | | |")
+            lines.append(f"| {r} | failed ({failed}) | | | | | |")
             continue
         tps = [x["tokens_per_s"] for x in xs]
         m = med(tps)
@@ -198,8 +199,10 @@ def summarize(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str]:
             return "" if v is None else f"{v:.1f}"
 
         gbps = med([x["copier_gbps"] for x in xs if x.get("copier_gbps")])
+        peaks = [x["peak_reserved"] / 2**30 for x in xs]
         lines.append(f"| {r} | {m:,.0f} ({min(tps):,.0f}..{max(tps):,.0f}){f' [{failed} failed]' if failed else ''}"
-                     f" | {ratio} | {cpu('main')} | {cpu('autograd')} | {'' if gbps is None else f'{gbps:.1f}'} |")
+                     f" | {ratio} | {cpu('main')} | {cpu('autograd')} | {'' if gbps is None else f'{gbps:.1f}'}"
+                     f" | {med(peaks):.2f} ({min(peaks):.2f}..{max(peaks):.2f}) |")
     return lines
 
 
@@ -252,7 +255,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 x = _one(r, a.quick, str(Path(a.base).resolve()) if b else None)
                 x["run"], x["rep"] = r + b, rep
                 results.append(x)
-                print(f"rep {rep + 1} {r + b}: " + (f"{x['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in x
+                print(f"rep {rep + 1} {r + b}: " + (f"{x['tokens_per_s']:,.0f} tokens/s, peak reserved "
+                                                    f"{x['peak_reserved'] / 2**30:.2f} GiB" if "tokens_per_s" in x
                                                     else f"failed: {x['error']}"), flush=True)
     print("\n".join(summarize(results, [r + b for r in runs for b in builds])))
     if a.base:

@@ -6,20 +6,20 @@ import pytest
 from benchmarks.interference import against_base, main, summarize
 
 
-def _run(run: str, tps: float, main_ms: float = 80.0, gbps: object = None) -> dict:
-    return {"run": run, "tokens_per_s": tps, "peak_reserved": 1,
+def _run(run: str, tps: float, main_ms: float = 80.0, gbps: object = None, peak_gib: float = 10.0) -> dict:
+    return {"run": run, "tokens_per_s": tps, "peak_reserved": int(peak_gib * 2**30),
             "cpu_ms_per_step": {"main": main_ms, "autograd": 2 * main_ms}, "copier_gbps": gbps}
 
 
 def test_table_medians_ratios_and_failures() -> None:
     results = [_run("none", t) for t in (100.0, 120.0, 110.0)]
-    results += [_run("h2d", t, 90.0, 48.0) for t in (88.0, 99.0, 77.0)]
+    results += [_run("h2d", t, 90.0, 48.0, g) for t, g in ((88.0, 11.5), (99.0, 12.0), (77.0, 11.0))]
     results += [_run("offload", 80.0), {"run": "offload", "error": "out of memory"}]
     rows = summarize(results, ["none", "h2d", "offload", "both"])
-    assert rows[2] == "| none | 110 (100..120) | 1.000x (0.909..1.091) | 80.0 | 160.0 |  |"
-    assert rows[3] == "| h2d | 88 (77..99) | 0.800x (0.700..0.900) | 90.0 | 180.0 | 48.0 |"
+    assert rows[2] == "| none | 110 (100..120) | 1.000x (0.909..1.091) | 80.0 | 160.0 |  | 10.00 (10.00..10.00) |"
+    assert rows[3] == "| h2d | 88 (77..99) | 0.800x (0.700..0.900) | 90.0 | 180.0 | 48.0 | 11.50 (11.00..12.00) |"
     assert rows[4].startswith("| offload | 80 (80..80) [1 failed] | 0.727x")
-    assert rows[5] == "| both | failed (0) | | | | |"
+    assert rows[5] == "| both | failed (0) | | | | | |"
 
 
 def test_bad_options_are_named() -> None:
