@@ -61,8 +61,8 @@ class PoolView:
         waiting for record_stream streams), their peaks, counts, cache hit
         rate, driver calls (maps + unmaps + device syncs + host waits for
         the pool's own streams), mapped runs ('segments'), the largest free
-        block, fragmentation (share of free
-        mapped bytes outside the largest free block), offloaded bytes and the
+        block, fragmentation (share of free mapped bytes outside the largest
+        free block), offloaded bytes and the
         host bytes holding them ('host_bytes'; 'offload': the offloader's
         figures, None before any offload), the
         history's state, per tag ('tags') and per priority ('priorities')."""
