@@ -62,10 +62,10 @@ class PoolView:
         rate, driver calls (maps + unmaps + device syncs + host waits for
         the pool's own streams), mapped runs ('segments'), the largest free
         block, fragmentation (share of free mapped bytes outside the largest
-        free block), offloaded bytes and the
-        host bytes holding them ('host_bytes'; 'offload': the offloader's
-        figures, None before any offload), the
-        history's state, per tag ('tags') and per priority ('priorities')."""
+        free block), offloaded bytes and the host bytes holding them
+        ('host_bytes'; 'offload': the offloader's figures, None before any
+        offload), the history's state, per tag ('tags') and per priority
+        ('priorities')."""
         s: Dict[str, Any] = self._pool.stats(True)  # one copy, under one hold of the lock
         n = s["n_alloc"]
         s["cache_hit_rate"] = s["cache_hits"] / n if n else 1.0
