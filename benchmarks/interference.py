@@ -1,6 +1,6 @@
 """What the fp32 fine-tune loses to PCIe traffic beside it, gpupool's offload or not.
 
-    python -m benchmarks.interference [--reps 3] [--runs none,h2d,both,d2d,offload,cap] [--quick]
+    python -m benchmarks.interference [--reps 3] [--runs none,h2d,d2h,both,d2d,offload,cap] [--quick]
     python -m benchmarks.interference --runs none,offload,cap --base DIR   # this build against another
 
 The optimizer-offload goal compares the fp32 recipe (``--only finetune``)
@@ -8,7 +8,7 @@ with its state crossing PCIe each step against the recipe without.  This
 measures what that traffic costs by itself: the recipe under gpupool
 without offload while a thread of the same process copies 256 MiB buffers
 without pause on a stream of its own -- pinned host to device (``h2d``),
-both directions at once (``both``), or device to device (``d2d``: no PCIe,
+device to pinned host (``d2h``), both directions at once (``both``), or device to device (``d2d``: no PCIe,
 the device's memory and copy kernels) -- with nothing of gpupool in the
 copies' path; and the recipe with the optimizer offloaded (``offload``), and
 so at the cap where every PyTorch mode runs out of memory (``cap``).
@@ -53,6 +53,7 @@ _OFF = ("--offload-optimizer",)
 RUNS: Dict[str, Any] = {
     "none": (None, (), ()),
     "h2d": ("h2d", (), ()),
+    "d2h": ("d2h", (), ()),
     "both": ("both", (), ()),
     "d2d": ("d2d", (), ()),
     "offload": (None, _OFF, _OFF),
@@ -97,7 +98,7 @@ def _copier(kind: str, stop: threading.Event, moved: List[float]) -> None:
             if kind in ("h2d", "both"):
                 dev[0].copy_(host[0], non_blocking=True)
                 n += _BUF
-            if kind == "both":
+            if kind in ("d2h", "both"):
                 host[1].copy_(dev[1], non_blocking=True)
                 n += _BUF
             if kind == "d2d":
