@@ -415,7 +415,7 @@ static CUresult cu_event_get(cu_backend *cb, CUevent *ev)
         return CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&cb->ev_lock);
-    return cu_api.event_create(ev, CU_EVENT_DISABLE_TIMING);
+    return cu_api.event_create(ev, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC);
 }
 
 static void cu_event_put(cu_backend *cb, CUevent ev)
