@@ -80,10 +80,19 @@ gp_status gp_reclaim_locked(gp_offloader *o, uint64_t needed, int below, const g
         tried[best] = 1;
         gp_tag_stats ts;
         gp_pool_tag_stats(o->pool, (gp_tag)best, &ts);
-        /* Compressed when it pays and the staging exists (it is taken from
-         * the pool, which is short of memory now: else raw; and raw inside
-         * a restore, whose lanes hold the staging). */
-        gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_AUTO, .elem_size = elem};
+        /* With the pool's codec (GPUPOOL_CODEC) where it pays, and only
+         * where the staging exists already: taken now, at critical
+         * priority, from a pool short of memory, it displaced the room the
+         * request was waiting for, and stayed.  Raw inside a restore too,
+         * whose lanes hold the staging. */
+        gp_config cfg;
+        gp_pool_config(o->pool, &cfg);
+        gp_codec_id codec = GP_CODEC_RAW;
+        if (o->staging && gp_codec_parse(cfg.codec, &codec) != GP_OK) {
+            gp_error_clear();
+            codec = GP_CODEC_RAW;
+        }
+        gp_offload_opts opts = {.keep = 1, .codec = (int)codec, .elem_size = elem};
         gp_offload_result res;
         gp_tag t = (gp_tag)best;
         gp_status st = ts.allocated ? gp_offload_locked(o, &t, 1, &opts, &res) : GP_ERR_INVALID;
