@@ -395,6 +395,16 @@ def test_under_a_limit_the_optimizer_offloads_only_the_part_the_limit_needs() ->
     for limit in ("64MiB", None):
         p = pool(256 * MiB, codec="raw", **({"limit": limit} if limit else {}))
         own = p.stats()["allocated"]  # (the offloader's checksums)
+        if limit:
+            # An earlier pressure offload, of another tag, is not one the
+            # optimizer's part must make room for.
+            low = p.alloc(40 * MiB, tag="cap_low_t", priority="low")
+            p._pool.offload_register(tag_id("cap_low_t"), 0)
+            p.free(p.alloc(40 * MiB, tag="cap_hungry_t"))
+            assert p.stats()["offload"]["n_pressure"] == 1
+            gpupool.restore("cap_low_t", pool=p)
+            p._pool.offload_register(tag_id("cap_low_t"), -1)
+            p.free(low)
         params = [_FakeParam(MiB) for _ in range(2)]
         opt = _FakeOptimizer(params)
         tag = f"cap_opt_{limit}_t"

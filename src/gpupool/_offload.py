@@ -193,9 +193,12 @@ class OffloadHandle:
         self._part: Optional[int] = None
         self._measured = False
         # What the pool took of the state beyond the measure, under
-        # pressure, at most so far; and its count of such offloads then.
+        # pressure, at most so far; its count of such offloads at the last
+        # measure; and the part the offload behind the last step asked for
+        # (None: all of it, nothing the pool could add).
         self._margin = 0
         self._pressed = 0
+        self._sent: Optional[int] = None
 
     # -- what a user may call ------------------------------------------------
     def offload(self, **kw: Any) -> Optional[Dict[str, Any]]:
@@ -271,6 +274,7 @@ class OffloadHandle:
         which the next peak is measured starts."""
         self._pool._pool.window_peak(True)
         self._measured = False
+        self._sent = self._part
         if self._part == 0:
             return  # (the limit has room for all of it: nothing moves)
         with _mark("gpupool.offload"):
@@ -301,7 +305,7 @@ class OffloadHandle:
         others = peak - max(0, self._state_bytes - away)
         need = others + self._state_bytes + limit // 16 - limit
         pressed = (s.get("offload") or {}).get("n_pressure", 0)
-        if pressed > self._pressed and away > need:
+        if self._sent is not None and pressed > self._pressed and away > need:
             self._margin = max(self._margin, away - need)
         self._pressed = pressed
         need += self._margin
