@@ -8,9 +8,9 @@ with its state crossing PCIe each step against the recipe without.  This
 measures what that traffic costs by itself: the recipe under gpupool
 without offload while a thread of the same process copies 256 MiB buffers
 without pause on a stream of its own -- pinned host to device (``h2d``),
-device to pinned host (``d2h``), both directions at once (``both``), or device to device (``d2d``: no PCIe,
-the device's memory and copy kernels) -- with nothing of gpupool in the
-copies' path; and the recipe with the optimizer offloaded (``offload``), and
+device to pinned host (``d2h``), both directions at once (``both``), or
+device to device (``d2d``: no PCIe, the device's memory and copy kernels)
+-- with nothing of gpupool in the copies' path; and the recipe with the optimizer offloaded (``offload``), and
 so at the cap where every PyTorch mode runs out of memory (``cap``).
 
 ``--base DIR`` runs each run twice, with this checkout's gpupool and with the

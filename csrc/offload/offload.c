@@ -57,6 +57,18 @@ gp_status gp_reclaim_locked(gp_offloader *o, uint64_t needed, int below, const g
                             uint64_t *released)
 {
     *released = 0;
+    /* With the pool's codec (GPUPOOL_CODEC) where it pays, and only where
+     * the staging exists already: taken now, at critical priority, from a
+     * pool short of memory, it displaced the room the request was waiting
+     * for, and stayed.  Raw inside a restore too, whose lanes hold the
+     * staging. */
+    gp_config cfg;
+    gp_pool_config(o->pool, &cfg);
+    gp_codec_id codec = GP_CODEC_RAW;
+    if (o->staging && gp_codec_parse(cfg.codec, &codec) != GP_OK) {
+        gp_error_clear();
+        codec = GP_CODEC_RAW;
+    }
     uint8_t tried[GP_MAX_TAGS] = {0};
     while (*released < needed) {
         int best = -1;
@@ -80,18 +92,6 @@ gp_status gp_reclaim_locked(gp_offloader *o, uint64_t needed, int below, const g
         tried[best] = 1;
         gp_tag_stats ts;
         gp_pool_tag_stats(o->pool, (gp_tag)best, &ts);
-        /* With the pool's codec (GPUPOOL_CODEC) where it pays, and only
-         * where the staging exists already: taken now, at critical
-         * priority, from a pool short of memory, it displaced the room the
-         * request was waiting for, and stayed.  Raw inside a restore too,
-         * whose lanes hold the staging. */
-        gp_config cfg;
-        gp_pool_config(o->pool, &cfg);
-        gp_codec_id codec = GP_CODEC_RAW;
-        if (o->staging && gp_codec_parse(cfg.codec, &codec) != GP_OK) {
-            gp_error_clear();
-            codec = GP_CODEC_RAW;
-        }
         gp_offload_opts opts = {.keep = 1, .codec = (int)codec, .elem_size = elem};
         gp_offload_result res;
         gp_tag t = (gp_tag)best;
