@@ -2,6 +2,7 @@
 
     python -m benchmarks.interference [--reps 3] [--runs none,h2d,d2h,both,d2d,offload,cap] [--quick]
     python -m benchmarks.interference --runs none,offload,cap --base DIR   # this build against another
+    python -m benchmarks.interference --runs none,offload,cap --lengths 128..1024 --steps 30 --cap 18
 
 The optimizer-offload goal compares the fp32 recipe (``--only finetune``)
 with its state crossing PCIe each step against the recipe without.  This
@@ -12,6 +13,13 @@ device to pinned host (``d2h``), both directions at once (``both``), or
 device to device (``d2d``: no PCIe, the device's memory and copy kernels)
 -- with nothing of gpupool in the copies' path; and the recipe with the optimizer offloaded (``offload``), and
 so at the cap where every PyTorch mode runs out of memory (``cap``).
+
+``--lengths MIN..MAX``, ``--steps N`` and ``--cap GIB`` vary the recipe as a
+user would: sequence lengths drawn from MIN..MAX instead of 512 each, more
+timed steps (variable lengths need more to average), and the cap of the
+``cap`` run.  A cap every PyTorch mode runs out of memory under at those
+lengths is the user's to choose (the example with ``--allocator native``
+and the same ``--cap`` says).
 
 ``--base DIR`` runs each run twice, with this checkout's gpupool and with the
 one installed in DIR (first on the workers' PYTHONPATH: ``pip install
@@ -148,11 +156,22 @@ def _option(argv: Sequence[str], name: str) -> int:
     return int(argv[list(argv).index(name) + 1])
 
 
-def _one(run: str, quick: bool, site: Optional[str] = None) -> Dict[str, Any]:
-    """One worker of `run`, with the gpupool installed in `site` where given."""
+def _shape(argv: Sequence[str], changes: Dict[str, str]) -> List[str]:
+    """`argv` with the value after each option named in `changes` replaced."""
+    out = list(argv)
+    for name, value in changes.items():
+        out[out.index(name) + 1] = value
+    return out
+
+
+def _one(run: str, quick: bool, site: Optional[str] = None,
+         changes: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """One worker of `run`, with the gpupool installed in `site` where given and
+    the recipe's options in `changes` (option -> value) replaced."""
     kind, extra, extra_quick = RUNS[run]
-    extra = extra_quick if quick else extra
-    base = list(_FT_QUICK if quick else _FT)
+    changes = changes or {}
+    base = _shape(_FT_QUICK if quick else _FT, {k: v for k, v in changes.items() if k != "--cap"})
+    extra = _shape(extra_quick if quick else extra, {k: v for k, v in changes.items() if k == "--cap" and k in extra})
     path = [site, str(ROOT)] if site else [str(ROOT)]
     with tempfile.TemporaryDirectory() as d:
         js = Path(d) / "result.json"
@@ -239,12 +258,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--base", metavar="DIR",
                    help="also run each run with the gpupool installed in DIR (pip install --target DIR of "
                         "another checkout), interleaved: rows marked @base")
+    p.add_argument("--lengths", metavar="MIN..MAX",
+                   help="sequence lengths drawn from MIN..MAX tokens (default: the recipe's 512..512)")
+    p.add_argument("--steps", type=int, help="timed steps of each run (default: the recipe's)")
+    p.add_argument("--cap", type=float, metavar="GIB", help=f"the cap run's cap (default: {FINETUNE_CAP_GIB})")
     a = p.parse_args(args)
     runs = [r.strip() for r in a.runs.split(",") if r.strip()]
     bad = [r for r in runs if r not in RUNS]
     if bad or a.reps < 1:
         p.error(f"unknown run(s) {', '.join(bad)}; expected some of {', '.join(RUNS)}" if bad
                 else f"--reps must be at least 1, got {a.reps}")
+    changes: Dict[str, str] = {}
+    if a.lengths is not None:
+        lo, sep, hi = a.lengths.partition("..")
+        if not (sep and lo.isdigit() and hi.isdigit() and 0 < int(lo) <= int(hi)):
+            p.error(f"--lengths {a.lengths!r}: expected MIN..MAX, whole numbers with 0 < MIN <= MAX (say 128..1024)")
+        changes.update({"--min-len": lo, "--max-len": hi})
+    if a.steps is not None:
+        if a.steps < 1:
+            p.error(f"--steps must be at least 1, got {a.steps}")
+        changes["--steps"] = str(a.steps)
+    if a.cap is not None:
+        if not a.cap > 0:
+            p.error(f"--cap must be a positive number of GiB, got {a.cap}")
+        changes["--cap"] = f"{a.cap:g}"
     if a.base and not (Path(a.base) / "gpupool").is_dir():
         p.error(f"--base {a.base}: no gpupool package there (make it with pip install --no-build-isolation "
                 f"--no-deps --target {a.base} PATH-OF-ANOTHER-CHECKOUT)")
@@ -253,7 +290,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for rep in range(a.reps):
         for r in runs:
             for b in builds if rep % 2 == 0 else builds[::-1]:
-                x = _one(r, a.quick, str(Path(a.base).resolve()) if b else None)
+                x = _one(r, a.quick, str(Path(a.base).resolve()) if b else None, changes)
                 x["run"], x["rep"] = r + b, rep
                 results.append(x)
                 print(f"rep {rep + 1} {r + b}: " + (f"{x['tokens_per_s']:,.0f} tokens/s, peak reserved "

@@ -44,3 +44,34 @@ def test_a_base_build_has_rows_and_pairs_of_its_own() -> None:
 def test_a_base_without_gpupool_is_named(tmp_path) -> None:
     with pytest.raises(SystemExit):
         main(["--runs", "none", "--base", str(tmp_path)])
+
+
+@pytest.mark.parametrize("option", [["--lengths", "1024..128"], ["--lengths", "512"], ["--lengths", "0..8"],
+                                    ["--steps", "0"], ["--cap", "0"], ["--cap", "-1"]])
+def test_bad_shapes_are_named(option, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--runs", "none", *option])
+    assert option[0] in capsys.readouterr().err
+
+
+def test_lengths_steps_and_cap_reach_the_example(monkeypatch) -> None:
+    import subprocess
+
+    from benchmarks import interference
+
+    seen = []
+
+    def fake_run(cmd, **kw):
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "no GPU here")
+
+    monkeypatch.setattr(interference.subprocess, "run", fake_run)
+    assert main(["--runs", "offload,cap", "--reps", "1", "--lengths", "128..1024", "--steps", "30",
+                 "--cap", "18"]) == 0
+    offload, cap = (c[c.index("--") + 1:] for c in seen)
+    for argv in (offload, cap):
+        assert argv[argv.index("--min-len") + 1] == "128" and argv[argv.index("--max-len") + 1] == "1024"
+        assert argv[argv.index("--steps") + 1] == "30"
+    assert "--cap" not in offload and cap[cap.index("--cap") + 1] == "18"
+    # The worker counts the same timed steps as the example runs.
+    assert [c[c.index("--") - 1] for c in seen] == ["30", "30"]
