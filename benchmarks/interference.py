@@ -169,9 +169,12 @@ def _one(run: str, quick: bool, site: Optional[str] = None,
     """One worker of `run`, with the gpupool installed in `site` where given and
     the recipe's options in `changes` (option -> value) replaced."""
     kind, extra, extra_quick = RUNS[run]
-    changes = changes or {}
-    base = _shape(_FT_QUICK if quick else _FT, {k: v for k, v in changes.items() if k != "--cap"})
-    extra = _shape(extra_quick if quick else extra, {k: v for k, v in changes.items() if k == "--cap" and k in extra})
+    changes = dict(changes or {})
+    cap = changes.pop("--cap", None)
+    base = _shape(_FT_QUICK if quick else _FT, changes)
+    extra = extra_quick if quick else extra
+    if cap is not None and "--cap" in extra:  # (only the cap run has one)
+        extra = _shape(extra, {"--cap": cap})
     path = [site, str(ROOT)] if site else [str(ROOT)]
     with tempfile.TemporaryDirectory() as d:
         js = Path(d) / "result.json"
