@@ -1,6 +1,6 @@
 """What the fp32 fine-tune loses to PCIe traffic beside it, gpupool's offload or not.
 
-    python -m benchmarks.interference [--reps 3] [--runs none,h2d,d2h,both,d2d,offload,cap] [--quick]
+    python -m benchmarks.interference [--reps 3] [--runs none,h2d,d2h,both,d2d,trip,offload,cap] [--quick]
     python -m benchmarks.interference --runs none,offload,cap --base DIR   # this build against another
     python -m benchmarks.interference --runs none,offload,cap --lengths 128..1024 --steps 30 --cap 18
 
@@ -11,8 +11,12 @@ without offload while a thread of the same process copies 256 MiB buffers
 without pause on a stream of its own -- pinned host to device (``h2d``),
 device to pinned host (``d2h``), both directions at once (``both``), or
 device to device (``d2d``: no PCIe, the device's memory and copy kernels)
--- with nothing of gpupool in the copies' path; and the recipe with the optimizer offloaded (``offload``), and
-so at the cap where every PyTorch mode runs out of memory (``cap``).
+-- or the offload's bytes on the offload's rhythm (``trip``: after each
+optimizer step, as many bytes as the optimizer's state to pinned host
+memory and back, in 256 MiB pieces, then a wait for the next step) -- with
+nothing of gpupool in the copies' path; and the recipe with the optimizer
+offloaded (``offload``), and so at the cap where every PyTorch mode runs out
+of memory (``cap``).
 
 ``--lengths MIN..MAX``, ``--steps N`` and ``--cap GIB`` vary the recipe as a
 user would: sequence lengths drawn from MIN..MAX instead of 512 each, more
@@ -53,7 +57,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from .modes import child_env
 from .workloads import _FT, _FT_QUICK, FINETUNE_CAP_GIB, FINETUNE_CAP_QUICK_GIB, ROOT
 
-__all__ = ["RUNS", "against_base", "main", "summarize"]
+__all__ = ["RUNS", "against_base", "main", "state_bytes", "summarize"]
 
 # run -> (what the copier thread does, or None; extra arguments of the example,
 # of its --quick shape)
@@ -64,6 +68,7 @@ RUNS: Dict[str, Any] = {
     "d2h": ("d2h", (), ()),
     "both": ("both", (), ()),
     "d2d": ("d2d", (), ()),
+    "trip": ("trip", (), ()),
     "offload": (None, _OFF, _OFF),
     "cap": (None, (*_OFF, "--cap", FINETUNE_CAP_GIB), (*_OFF, "--cap", FINETUNE_CAP_QUICK_GIB)),
 }
@@ -94,14 +99,37 @@ def _thread_cpu() -> Dict[str, int]:
     return out
 
 
-def _copier(kind: str, stop: threading.Event, moved: List[float]) -> None:
+def state_bytes(optimizer: Any) -> int:
+    """Bytes of the tensors in `optimizer`'s state: what its offload moves each way."""
+    import torch
+
+    return sum(t.numel() * t.element_size() for st in optimizer.state.values() for t in st.values()
+               if isinstance(t, torch.Tensor))
+
+
+def _buffers(kind: str, size: int) -> Any:
+    """The copier's pinned host and device buffers: ``trip``'s hold `size` bytes
+    in 256 MiB pieces (pinning takes seconds: made before the timed steps)."""
+    import torch
+
+    pieces = [min(_BUF, size - o) for o in range(0, size, _BUF)] if kind == "trip" else [_BUF, _BUF]
+    return ([torch.empty(n, dtype=torch.uint8, pin_memory=True) for n in pieces],
+            [torch.empty(n, dtype=torch.uint8, device="cuda") for n in pieces])
+
+
+def _copier(kind: str, bufs: Any, stop: threading.Event, moved: List[float], tick: threading.Event) -> None:
+    """Copy on a stream of this thread's own until `stop`: without pause, or for
+    ``trip`` all of `bufs` out and back at each `tick`."""
     import torch
 
     stream = torch.cuda.Stream()
-    host = [torch.empty(_BUF, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
-    dev = [torch.empty(_BUF, dtype=torch.uint8, device="cuda") for _ in range(2)]
+    host, dev = bufs
     n, t0 = 0, time.perf_counter()
     while not stop.is_set():
+        if kind == "trip":
+            if not tick.wait(0.1):
+                continue
+            tick.clear()
         with torch.cuda.stream(stream):
             if kind in ("h2d", "both"):
                 dev[0].copy_(host[0], non_blocking=True)
@@ -112,6 +140,12 @@ def _copier(kind: str, stop: threading.Event, moved: List[float]) -> None:
             if kind == "d2d":
                 dev[0].copy_(dev[1], non_blocking=True)
                 n += _BUF
+            if kind == "trip":
+                for h, d in zip(host, dev):
+                    h.copy_(d, non_blocking=True)
+                for h, d in zip(host, dev):
+                    d.copy_(h, non_blocking=True)
+                n += 2 * sum(h.numel() for h in host)
         stream.synchronize()
     moved.append(n / (time.perf_counter() - t0) / 1e9)
 
@@ -123,15 +157,19 @@ def _worker(kind: Optional[str], warmup: int, steps: int, argv: List[str]) -> No
 
     seen = [0]
     cpu: Dict[str, Any] = {}
-    stop = threading.Event()
+    stop, tick = threading.Event(), threading.Event()
     moved: List[float] = []
+    bufs: List[Any] = []
 
     def post(opt: Any, args: Any, kwargs: Any) -> None:
         seen[0] += 1
+        tick.set()
+        if kind and not bufs:  # the first step: the state exists, and the timed steps are to come
+            bufs.append(_buffers(kind, state_bytes(opt)))
         if seen[0] == warmup:
             cpu["start"] = _thread_cpu()
             if kind:
-                threading.Thread(target=_copier, args=(kind, stop, moved), daemon=True).start()
+                threading.Thread(target=_copier, args=(kind, bufs[0], stop, moved, tick), daemon=True).start()
         elif seen[0] == warmup + steps:
             end = _thread_cpu()
             cpu["ms_per_step"] = {k: (end[k] - cpu["start"].get(k, 0)) / steps / 1e6 for k in end}

@@ -75,3 +75,24 @@ def test_lengths_steps_and_cap_reach_the_example(monkeypatch) -> None:
     assert "--cap" not in offload and cap[cap.index("--cap") + 1] == "18"
     # The worker counts the same timed steps as the example runs.
     assert [c[c.index("--") - 1] for c in seen] == ["30", "30"]
+
+
+def test_trip_moves_the_optimizers_state_bytes(monkeypatch) -> None:
+    torch = pytest.importorskip("torch")
+    import subprocess
+
+    from benchmarks import interference
+
+    params = [torch.nn.Parameter(torch.ones(n)) for n in (3, 1000, 17)]
+    opt = torch.optim.AdamW(params)
+    assert interference.state_bytes(opt) == 0
+    sum(p.sum() for p in params).backward()
+    opt.step()
+    # exp_avg and exp_avg_sq in fp32 per parameter, and AdamW's step counter each
+    assert interference.state_bytes(opt) == sum(2 * 4 * p.numel() + 4 for p in params)
+
+    seen = []
+    monkeypatch.setattr(interference.subprocess, "run",
+                        lambda cmd, **kw: seen.append(cmd) or subprocess.CompletedProcess(cmd, 1, "", "no GPU"))
+    assert main(["--runs", "trip", "--reps", "1"]) == 0
+    assert seen[0][seen[0].index("--child") + 1] == "trip" and "--offload-optimizer" not in seen[0]
