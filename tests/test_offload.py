@@ -475,6 +475,31 @@ def test_under_a_limit_what_the_pool_took_under_pressure_leaves_behind_the_next_
     assert p.stats()["tags"]["gpupool"]["allocated"] == own
 
 
+def test_pressure_offloads_raw_where_the_pools_codec_cannot_run() -> None:
+    # GPUPOOL_CODEC names a codec this machine lacks (ans on the host
+    # backend, or on a GPU without nvCOMP), and an offload of another codec
+    # has opened the staging: the pressure path offloaded with the pool's
+    # codec, each tag's offload was refused, and the request ran out of
+    # memory with idle memory of a lower priority in the pool.
+    p = pool(256 * MiB, codec="ans", limit="128MiB")
+    keep = p.alloc(2 * MiB, tag="codec_open_t")
+    with pytest.raises(ValueError, match="ans needs a CUDA device"):
+        gpupool.offload("codec_open_t", pool=p)
+    gpupool.offload("codec_open_t", pool=p, codec="zstd")  # (the staging opens)
+    gpupool.restore("codec_open_t", pool=p)
+    low = p.alloc(40 * MiB, tag="codec_low_t", priority="low")
+    fill(low, 40 * MiB, 7)
+    p._pool.offload_register(tag_id("codec_low_t"), 0)
+    p.free(p.alloc(60 * MiB, tag="codec_hungry_t"))  # (the staging holds 32 MiB of the limit)
+    assert p.stats()["offload"]["n_pressure"] == 1
+    assert p.stats()["tags"]["codec_low_t"]["offloaded"] == 40 * MiB
+    gpupool.restore("codec_low_t", pool=p)
+    assert same(low, 40 * MiB, 7)
+    p._pool.offload_register(tag_id("codec_low_t"), -1)
+    p.free(low)
+    p.free(keep)
+
+
 def test_snapshot_of_an_offloaded_pool() -> None:
     p = pool()
     p.alloc(4 * MiB, tag="snap_t")

@@ -96,6 +96,14 @@ gp_status gp_reclaim_locked(gp_offloader *o, uint64_t needed, int below, const g
         gp_offload_result res;
         gp_tag t = (gp_tag)best;
         gp_status st = ts.allocated ? gp_offload_locked(o, &t, 1, &opts, &res) : GP_ERR_INVALID;
+        if (st != GP_OK && ts.allocated && codec != GP_CODEC_RAW) {
+            /* The pool's codec may not run here (ans without nvCOMP): a
+             * refused codec must not leave the request without room. */
+            gp_error_clear();
+            codec = GP_CODEC_RAW;
+            opts.codec = (int)codec;
+            st = gp_offload_locked(o, &t, 1, &opts, &res);
+        }
         pthread_mutex_lock(&o->lock);
         o->reclaiming = -1;
         pthread_cond_broadcast(&o->cond);
