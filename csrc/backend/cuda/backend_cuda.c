@@ -737,11 +737,15 @@ static gp_status cu_checksum(gp_backend *be, const void *ptr, uint64_t size, uin
     CU_ENTER_OR_FAIL(cb, pushed, "checksum");
     unsigned long long words = size / 8, p = (uintptr_t)ptr, o = (uintptr_t)out;
     void *zero_args[] = {&o}, *args[] = {&p, &words, &seed, &o};
-    /* Zeroed by a kernel too (a memset may queue on a copy engine); enough
-     * blocks to cover the memory bandwidth, the rest by striding. */
+    /* Zeroed by a kernel too (a memset may queue on a copy engine).  The sum
+     * runs beside the training step's kernels: a grid that fills every SM
+     * (it was 2,048 blocks) holds each of their kernels back while it runs,
+     * which cost the fp32 optimizer-offload recipe about 5% of its tokens/s
+     * on an H100, as much as no sums at all.  64 blocks, the rest by
+     * striding, still sum faster than the bus brings the bytes. */
     CUresult r = cu_k_launch(cb, &cb->k_zero, 1, 1, 1, stream, zero_args);
     if (r == CUDA_SUCCESS)
-        r = cu_k_launch(cb, &cb->k_checksum, (unsigned int)(words / 256 + 1 < 2048 ? words / 256 + 1 : 2048), 1, 256,
+        r = cu_k_launch(cb, &cb->k_checksum, (unsigned int)(words / 256 + 1 < 64 ? words / 256 + 1 : 64), 1, 256,
                         stream, args);
     cu_leave(pushed);
     if (r != CUDA_SUCCESS)
