@@ -741,8 +741,8 @@ static gp_status cu_checksum(gp_backend *be, const void *ptr, uint64_t size, uin
      * runs beside the training step's kernels: a grid that fills every SM
      * (it was 2,048 blocks) holds each of their kernels back while it runs,
      * which cost the fp32 optimizer-offload recipe about 5% of its tokens/s
-     * on an H100, as much as no sums at all.  64 blocks, the rest by
-     * striding, still sum faster than the bus brings the bytes. */
+     * on an H100.  On 64 blocks (the rest by striding) the recipe ran as
+     * fast as with no sums, and the sums still keep up with the bus. */
     CUresult r = cu_k_launch(cb, &cb->k_zero, 1, 1, 1, stream, zero_args);
     if (r == CUDA_SUCCESS)
         r = cu_k_launch(cb, &cb->k_checksum, (unsigned int)(words / 256 + 1 < 64 ? words / 256 + 1 : 64), 1, 256,
