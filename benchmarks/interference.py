@@ -35,7 +35,9 @@ machine moves by 10-25%: a change is judged against its base in one call.
 Fresh processes, the runs interleaved, median and spread of ``--reps``; per
 run the host CPU time per step of the two threads that drive the device (the
 Python thread, which runs the forward pass, and autograd's, which runs the
-backward pass; from /proc, Linux only).  A host-bound step whose launches
+backward pass; from /proc, Linux only), and gpupool's counters per step: the
+bytes its offloads copied out and back, its maps, unmaps and waits for its
+streams, and the time the allocating threads spent past the cache.  A host-bound step whose launches
 find the device slower spends that time spinning in the driver: the CPU
 time grows with the device's share as well as with host work.
 """
@@ -97,6 +99,21 @@ def _thread_cpu() -> Dict[str, int]:
         if who:
             out[who] = out.get(who, 0) + run_ns
     return out
+
+
+# gpupool's counters read at the first and last timed step: what crossed PCIe
+# and what the pool's calls cost the allocating threads, per step.
+_COUNTERS = ("bytes_out", "bytes_in", "n_map", "n_unmap", "n_sync_pool", "ns_slow", "n_pressure")
+
+
+def _pool_counters() -> Dict[str, int]:
+    """_COUNTERS of gpupool's pool on the current device, where gpupool is in use."""
+    gp = sys.modules.get("gpupool")
+    if gp is None or not gp.is_enabled():
+        return {}
+    s = gp.stats()
+    off = s.get("offload") or {}
+    return {k: int(off.get(k, s.get(k, 0))) for k in _COUNTERS}
 
 
 def state_bytes(optimizer: Any) -> int:
@@ -167,12 +184,14 @@ def _worker(kind: Optional[str], warmup: int, steps: int, argv: List[str]) -> No
         if kind and not bufs:  # the first step: the state exists, and the timed steps are to come
             bufs.append(_buffers(kind, state_bytes(opt)))
         if seen[0] == warmup:
-            cpu["start"] = _thread_cpu()
+            cpu["start"], cpu["pool0"] = _thread_cpu(), _pool_counters()
             if kind:
                 threading.Thread(target=_copier, args=(kind, bufs[0], stop, moved, tick), daemon=True).start()
         elif seen[0] == warmup + steps:
             end = _thread_cpu()
             cpu["ms_per_step"] = {k: (end[k] - cpu["start"].get(k, 0)) / steps / 1e6 for k in end}
+            pool = _pool_counters()
+            cpu["pool_per_step"] = {k: (v - cpu["pool0"].get(k, 0)) / steps for k, v in pool.items()}
             stop.set()
 
     register_optimizer_step_post_hook(post)
@@ -185,6 +204,7 @@ def _worker(kind: Optional[str], warmup: int, steps: int, argv: List[str]) -> No
         while kind and not moved and time.time() < deadline and torch.cuda.is_available():
             time.sleep(0.05)
         print(_MARK + json.dumps({"cpu_ms_per_step": cpu.get("ms_per_step", {}),
+                                  "pool_per_step": cpu.get("pool_per_step", {}),
                                   "copier_gbps": moved[0] if moved else None}), flush=True)
 
 
@@ -240,8 +260,9 @@ def summarize(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str]:
 
     by = {r: [x for x in results if x["run"] == r and "tokens_per_s" in x] for r in runs}
     lines = ["| run | tokens/s median (min..max) | vs none | main CPU ms/step | autograd CPU ms/step | copier GB/s "
-             "| peak reserved GiB (min..max) |",
-             "|---|---|---|---|---|---|---|"]
+             "| peak reserved GiB (min..max) | offload GB out/in per step | maps/unmaps/waits per step "
+             "| ms past the cache per step |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         xs = by[r]
         none = [x["tokens_per_s"] for x in results
@@ -249,7 +270,7 @@ def summarize(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str]:
         base = med(none)
         failed = sum(1 for x in results if x["run"] == r and "error" in x)
         if not xs:
-            lines.append(f"| {r} | failed ({failed}) | | | | | |")
+            lines.append(f"| {r} | failed ({failed}) | | | | | | | | |")
             continue
         tps = [x["tokens_per_s"] for x in xs]
         m = med(tps)
@@ -259,11 +280,17 @@ def summarize(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str]:
             v = med([x["cpu_ms_per_step"][who] for x in xs if who in x.get("cpu_ms_per_step", {})])
             return "" if v is None else f"{v:.1f}"
 
+        def pool(*keys: str, scale: float = 1.0, fmt: str = "{:.1f}") -> str:
+            vs = [med([x["pool_per_step"][k] for x in xs if k in x.get("pool_per_step", {})]) for k in keys]
+            return "" if None in vs else "/".join(fmt.format(v / scale) for v in vs)
+
         gbps = med([x["copier_gbps"] for x in xs if x.get("copier_gbps")])
         peaks = [x["peak_reserved"] / 2**30 for x in xs]
         lines.append(f"| {r} | {m:,.0f} ({min(tps):,.0f}..{max(tps):,.0f}){f' [{failed} failed]' if failed else ''}"
                      f" | {ratio} | {cpu('main')} | {cpu('autograd')} | {'' if gbps is None else f'{gbps:.1f}'}"
-                     f" | {med(peaks):.2f} ({min(peaks):.2f}..{max(peaks):.2f}) |")
+                     f" | {med(peaks):.2f} ({min(peaks):.2f}..{max(peaks):.2f})"
+                     f" | {pool('bytes_out', 'bytes_in', scale=1e9, fmt='{:.2f}')}"
+                     f" | {pool('n_map', 'n_unmap', 'n_sync_pool')} | {pool('ns_slow', scale=1e6)} |")
     return lines
 
 

@@ -6,20 +6,25 @@ import pytest
 from benchmarks.interference import against_base, main, summarize
 
 
-def _run(run: str, tps: float, main_ms: float = 80.0, gbps: object = None, peak_gib: float = 10.0) -> dict:
+def _run(run: str, tps: float, main_ms: float = 80.0, gbps: object = None, peak_gib: float = 10.0,
+         pool: object = None) -> dict:
     return {"run": run, "tokens_per_s": tps, "peak_reserved": int(peak_gib * 2**30),
-            "cpu_ms_per_step": {"main": main_ms, "autograd": 2 * main_ms}, "copier_gbps": gbps}
+            "cpu_ms_per_step": {"main": main_ms, "autograd": 2 * main_ms}, "copier_gbps": gbps,
+            "pool_per_step": pool or {}}
 
 
 def test_table_medians_ratios_and_failures() -> None:
     results = [_run("none", t) for t in (100.0, 120.0, 110.0)]
     results += [_run("h2d", t, 90.0, 48.0, g) for t, g in ((88.0, 11.5), (99.0, 12.0), (77.0, 11.0))]
-    results += [_run("offload", 80.0), {"run": "offload", "error": "out of memory"}]
+    moved = {"bytes_out": 3.7e9, "bytes_in": 3.6e9, "n_map": 50, "n_unmap": 40.5, "n_sync_pool": 2, "ns_slow": 15e6}
+    results += [_run("offload", 80.0, pool=moved), {"run": "offload", "error": "out of memory"}]
     rows = summarize(results, ["none", "h2d", "offload", "both"])
-    assert rows[2] == "| none | 110 (100..120) | 1.000x (0.909..1.091) | 80.0 | 160.0 |  | 10.00 (10.00..10.00) |"
-    assert rows[3] == "| h2d | 88 (77..99) | 0.800x (0.700..0.900) | 90.0 | 180.0 | 48.0 | 11.50 (11.00..12.00) |"
+    assert rows[2] == "| none | 110 (100..120) | 1.000x (0.909..1.091) | 80.0 | 160.0 |  | 10.00 (10.00..10.00) |  |  |  |"
+    assert rows[3] == ("| h2d | 88 (77..99) | 0.800x (0.700..0.900) | 90.0 | 180.0 | 48.0 | 11.50 (11.00..12.00)"
+                       " |  |  |  |")
     assert rows[4].startswith("| offload | 80 (80..80) [1 failed] | 0.727x")
-    assert rows[5] == "| both | failed (0) | | | | | |"
+    assert rows[4].endswith("| 3.70/3.60 | 50.0/40.5/2.0 | 15.0 |")
+    assert rows[5] == "| both | failed (0) | | | | | | | | |"
 
 
 def test_bad_options_are_named() -> None:
