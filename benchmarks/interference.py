@@ -36,10 +36,11 @@ Fresh processes, the runs interleaved, median and spread of ``--reps``; per
 run the host CPU time per step of the two threads that drive the device (the
 Python thread, which runs the forward pass, and autograd's, which runs the
 backward pass; from /proc, Linux only), and gpupool's counters per step: the
-bytes its offloads copied out and back, its maps, unmaps and waits for its
-streams, and the time the allocating threads spent past the cache.  A host-bound step whose launches
-find the device slower spends that time spinning in the driver: the CPU
-time grows with the device's share as well as with host work.
+bytes its offloads copied out and back, its maps, unmaps, waits for its
+streams and pressure offloads, and the time the allocating threads spent
+past the cache.  A host-bound step whose launches find the device slower
+spends that time spinning in the driver: the CPU time grows with the
+device's share as well as with host work.
 """
 from __future__ import annotations
 
@@ -260,7 +261,7 @@ def summarize(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str]:
 
     by = {r: [x for x in results if x["run"] == r and "tokens_per_s" in x] for r in runs}
     lines = ["| run | tokens/s median (min..max) | vs none | main CPU ms/step | autograd CPU ms/step | copier GB/s "
-             "| peak reserved GiB (min..max) | offload GB out/in per step | maps/unmaps/waits per step "
+             "| peak reserved GiB (min..max) | offload GB out/in per step | maps/unmaps/waits/pressure per step "
              "| ms past the cache per step |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
@@ -290,7 +291,7 @@ def summarize(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str]:
                      f" | {ratio} | {cpu('main')} | {cpu('autograd')} | {'' if gbps is None else f'{gbps:.1f}'}"
                      f" | {med(peaks):.2f} ({min(peaks):.2f}..{max(peaks):.2f})"
                      f" | {pool('bytes_out', 'bytes_in', scale=1e9, fmt='{:.2f}')}"
-                     f" | {pool('n_map', 'n_unmap', 'n_sync_pool')} | {pool('ns_slow', scale=1e6)} |")
+                     f" | {pool('n_map', 'n_unmap', 'n_sync_pool', 'n_pressure')} | {pool('ns_slow', scale=1e6)} |")
     return lines
 
 

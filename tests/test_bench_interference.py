@@ -16,14 +16,15 @@ def _run(run: str, tps: float, main_ms: float = 80.0, gbps: object = None, peak_
 def test_table_medians_ratios_and_failures() -> None:
     results = [_run("none", t) for t in (100.0, 120.0, 110.0)]
     results += [_run("h2d", t, 90.0, 48.0, g) for t, g in ((88.0, 11.5), (99.0, 12.0), (77.0, 11.0))]
-    moved = {"bytes_out": 3.7e9, "bytes_in": 3.6e9, "n_map": 50, "n_unmap": 40.5, "n_sync_pool": 2, "ns_slow": 15e6}
+    moved = {"bytes_out": 3.7e9, "bytes_in": 3.6e9, "n_map": 50, "n_unmap": 40.5, "n_sync_pool": 2, "n_pressure": 0.5,
+             "ns_slow": 15e6}
     results += [_run("offload", 80.0, pool=moved), {"run": "offload", "error": "out of memory"}]
     rows = summarize(results, ["none", "h2d", "offload", "both"])
     assert rows[2] == "| none | 110 (100..120) | 1.000x (0.909..1.091) | 80.0 | 160.0 |  | 10.00 (10.00..10.00) |  |  |  |"
     assert rows[3] == ("| h2d | 88 (77..99) | 0.800x (0.700..0.900) | 90.0 | 180.0 | 48.0 | 11.50 (11.00..12.00)"
                        " |  |  |  |")
     assert rows[4].startswith("| offload | 80 (80..80) [1 failed] | 0.727x")
-    assert rows[4].endswith("| 3.70/3.60 | 50.0/40.5/2.0 | 15.0 |")
+    assert rows[4].endswith("| 3.70/3.60 | 50.0/40.5/2.0/0.5 | 15.0 |")
     assert rows[5] == "| both | failed (0) | | | | | | | | |"
 
 
