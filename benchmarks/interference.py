@@ -3,6 +3,7 @@
     python -m benchmarks.interference [--reps 3] [--runs none,h2d,d2h,both,d2d,trip,offload,cap] [--quick]
     python -m benchmarks.interference --runs none,offload,cap --base DIR   # this build against another
     python -m benchmarks.interference --runs none,offload,cap --lengths 128..1024 --steps 30 --cap 18
+    python -m benchmarks.interference --runs none,alternate,offload --steps 40
 
 The optimizer-offload goal compares the fp32 recipe (``--only finetune``)
 with its state crossing PCIe each step against the recipe without.  This
@@ -16,7 +17,13 @@ optimizer step, as many bytes as the optimizer's state to pinned host
 memory and back, in 256 MiB pieces, then a wait for the next step) -- with
 nothing of gpupool in the copies' path; and the recipe with the optimizer
 offloaded (``offload``), and so at the cap where every PyTorch mode runs out
-of memory (``cap``).
+of memory (``cap``).  ``alternate`` offloads the state behind every other
+step only (gpupool's own hooks, their offload skipped every other step):
+each step the state had left behind is compared with its neighbours that
+ran without, a fraction of a second apart in the same process, where the
+machine's drift between processes (10-25%) and within one (over seconds)
+cancels.  It prices the offloaded step, not the run: a neighbour pays part
+of the exchange of memory too (it maps what the restore gave back).
 
 ``--lengths MIN..MAX``, ``--steps N`` and ``--cap GIB`` vary the recipe as a
 user would: sequence lengths drawn from MIN..MAX instead of 512 each, more
@@ -38,9 +45,12 @@ Python thread, which runs the forward pass, and autograd's, which runs the
 backward pass; from /proc, Linux only), and gpupool's counters per step: the
 bytes its offloads copied out and back, its maps, unmaps, waits for its
 streams and pressure offloads, and the time the allocating threads spent
-past the cache.  A host-bound step whose launches find the device slower
-spends that time spinning in the driver: the CPU time grows with the
-device's share as well as with host work.
+past the cache; and the medians of each step's phases on the host's clock:
+the forward pass (from the step before's end to the first backward call),
+the backward pass (to the optimizer's step) and the optimizer's step
+(gpupool's restore included).  A host-bound step whose launches find the
+device slower spends that time spinning in the driver: the CPU time grows
+with the device's share as well as with host work.
 """
 from __future__ import annotations
 
@@ -60,10 +70,11 @@ from typing import Any, Dict, List, Optional, Sequence
 from .modes import child_env
 from .workloads import _FT, _FT_QUICK, FINETUNE_CAP_GIB, FINETUNE_CAP_QUICK_GIB, ROOT
 
-__all__ = ["RUNS", "against_base", "main", "state_bytes", "summarize"]
+__all__ = ["RUNS", "alternate_lines", "alternate_stats", "against_base", "main", "state_bytes", "summarize"]
 
-# run -> (what the copier thread does, or None; extra arguments of the example,
-# of its --quick shape)
+# run -> (what the worker adds: a copier thread of that kind, the alternating
+# offload (_ALTERNATE) or nothing; extra arguments of the example, of its
+# --quick shape)
 _OFF = ("--offload-optimizer",)
 RUNS: Dict[str, Any] = {
     "none": (None, (), ()),
@@ -74,7 +85,9 @@ RUNS: Dict[str, Any] = {
     "trip": ("trip", (), ()),
     "offload": (None, _OFF, _OFF),
     "cap": (None, (*_OFF, "--cap", FINETUNE_CAP_GIB), (*_OFF, "--cap", FINETUNE_CAP_QUICK_GIB)),
+    "alternate": ("alternate", (), ()),
 }
+_ALTERNATE = RUNS["alternate"][0]
 _BASE = "@base"
 _BUF = 256 << 20
 _MARK = "INTERFERENCE "
@@ -168,26 +181,113 @@ def _copier(kind: str, bufs: Any, stop: threading.Event, moved: List[float], tic
     moved.append(n / (time.perf_counter() - t0) / 1e9)
 
 
+class _Steps:
+    """Host-clock marks of each optimizer step: where it began (the step before
+    ended), its first backward call, its optimizer step's start (before
+    gpupool's restore) and end; and whether the optimizer's state had left
+    behind the step before (``alternate``)."""
+
+    def __init__(self) -> None:
+        self.rows: List[Dict[str, Any]] = []
+        self._cur: Dict[str, Any] = {}
+
+    def mark(self, name: str) -> None:
+        self._cur.setdefault(name, time.perf_counter())
+
+    def end(self, offloaded: bool) -> None:
+        self.mark("end")
+        self.rows.append(dict(self._cur, offloaded=offloaded))
+        self._cur = {"start": self._cur["end"]}
+
+    @staticmethod
+    def phases(rows: Sequence[Dict[str, Any]]) -> Dict[str, float]:
+        """Medians in ms over `rows` (of .rows): forward (the step's start to its
+        backward call), backward (to the optimizer's step), optimizer (its
+        step, the restore included) and the whole step."""
+        rows = [r for r in rows if all(k in r for k in ("start", "backward", "optimizer"))]
+        spans = {"forward": ("start", "backward"), "backward": ("backward", "optimizer"),
+                 "optimizer": ("optimizer", "end"), "step": ("start", "end")}
+        return {k: statistics.median((r[b] - r[a]) * 1e3 for r in rows) for k, (a, b) in spans.items()} if rows else {}
+
+
+def alternate_stats(step_ms: Sequence[float], offloaded: Sequence[bool]) -> Dict[str, float]:
+    """Steps whose optimizer state had left behind the step before against
+    their neighbours that ran without: the medians of each kind, and the median
+    over the offloaded steps of their neighbours' mean over them (the
+    machine's drift cancels between steps a fraction of a second apart)."""
+    off = [i for i, o in enumerate(offloaded) if o]
+    ratios = []
+    for i in off:
+        near = [step_ms[j] for j in (i - 1, i + 1) if 0 <= j < len(step_ms) and not offloaded[j]]
+        if near:
+            ratios.append(statistics.mean(near) / step_ms[i])
+    clean = [t for t, o in zip(step_ms, offloaded) if not o]
+    if not ratios or not clean:
+        return {}
+    return {"offloaded_ms": statistics.median(step_ms[i] for i in off), "clean_ms": statistics.median(clean),
+            "vs_neighbours": statistics.median(ratios), "n": len(ratios)}
+
+
+class _Alternate:
+    """``alternate``: gpupool's own optimizer hooks (offloadable with
+    offload_after_step) whose offload behind the step is skipped every other
+    step, so that each offloaded step has neighbours that ran without."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.asked = False
+        self._offload = handle.offload
+
+    def before_step(self, step: int) -> None:
+        """Step `step` (from 1) offloads behind itself when even."""
+        self.asked = False
+        self.handle.offload = self._ask if step % 2 == 0 else self._skip
+
+    def _ask(self, **kw: Any) -> Any:
+        self.asked = True
+        return self._offload(**kw)
+
+    def _skip(self, **kw: Any) -> None:
+        return None
+
+
 def _worker(kind: Optional[str], warmup: int, steps: int, argv: List[str]) -> None:
-    """Run the example with `argv`; the copier and the CPU count span its timed steps."""
+    """Run the example with `argv`; the copier, the CPU count and the steps'
+    phases span its timed steps.  The backward pass's start is seen through
+    torch.Tensor.backward (wrapped while the example runs)."""
     import torch
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     seen = [0]
     cpu: Dict[str, Any] = {}
     stop, tick = threading.Event(), threading.Event()
     moved: List[float] = []
     bufs: List[Any] = []
+    marks = _Steps()
+    alt: List[_Alternate] = []
+    away = [False]  # the state left behind the last step
+    copier = None if kind == _ALTERNATE else kind
+
+    def pre(opt: Any, args: Any, kwargs: Any) -> None:
+        marks.mark("optimizer")
+        if alt:
+            alt[0].before_step(seen[0] + 1)
 
     def post(opt: Any, args: Any, kwargs: Any) -> None:
         seen[0] += 1
         tick.set()
-        if kind and not bufs:  # the first step: the state exists, and the timed steps are to come
-            bufs.append(_buffers(kind, state_bytes(opt)))
+        marks.end(offloaded=away[0])
+        away[0] = bool(alt) and alt[0].asked
+        if seen[0] == 1 and kind == _ALTERNATE:  # (the state exists now)
+            import gpupool
+
+            alt.append(_Alternate(gpupool.offloadable(opt, "optimizer", offload_after_step=True)))
+        if copier and not bufs:  # the first step: the state exists, and the timed steps are to come
+            bufs.append(_buffers(copier, state_bytes(opt)))
         if seen[0] == warmup:
             cpu["start"], cpu["pool0"] = _thread_cpu(), _pool_counters()
-            if kind:
-                threading.Thread(target=_copier, args=(kind, bufs[0], stop, moved, tick), daemon=True).start()
+            if copier:
+                threading.Thread(target=_copier, args=(copier, bufs[0], stop, moved, tick), daemon=True).start()
         elif seen[0] == warmup + steps:
             end = _thread_cpu()
             cpu["ms_per_step"] = {k: (end[k] - cpu["start"].get(k, 0)) / steps / 1e6 for k in end}
@@ -195,18 +295,34 @@ def _worker(kind: Optional[str], warmup: int, steps: int, argv: List[str]) -> No
             cpu["pool_per_step"] = {k: (v - cpu["pool0"].get(k, 0)) / steps for k, v in pool.items()}
             stop.set()
 
-    register_optimizer_step_post_hook(post)
+    backward = torch.Tensor.backward
+
+    def backward_marked(self: Any, *a: Any, **k: Any) -> Any:
+        marks.mark("backward")
+        return backward(self, *a, **k)
+
+    hooks = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
+    torch.Tensor.backward = backward_marked  # type: ignore[method-assign]
+    marks.mark("start")
     sys.argv = argv
     try:
         runpy.run_path(argv[0], run_name="__main__")
     finally:
+        torch.Tensor.backward = backward  # type: ignore[method-assign]
+        for h in hooks:
+            h.remove()
         stop.set()
         deadline = time.time() + 5
-        while kind and not moved and time.time() < deadline and torch.cuda.is_available():
+        while copier and not moved and time.time() < deadline and torch.cuda.is_available():
             time.sleep(0.05)
+        timed = marks.rows[warmup:warmup + steps]
         print(_MARK + json.dumps({"cpu_ms_per_step": cpu.get("ms_per_step", {}),
                                   "pool_per_step": cpu.get("pool_per_step", {}),
-                                  "copier_gbps": moved[0] if moved else None}), flush=True)
+                                  "copier_gbps": moved[0] if moved else None,
+                                  "phases_ms": marks.phases(timed),
+                                  "alternate": alternate_stats([(r["end"] - r["start"]) * 1e3 for r in timed],
+                                                               [r["offloaded"] for r in timed]) if alt else {}}),
+              flush=True)
 
 
 # ------------------------------------------------------------ the parent side
@@ -255,15 +371,16 @@ def _one(run: str, quick: bool, site: Optional[str] = None,
 def summarize(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str]:
     """The table: per run the median tokens/s (spread), the ratio to the median of
     `none` of the same build (a run marked @base: the base's), the training threads'
-    CPU ms per step, the copier's rate and peak reserved (medians)."""
+    CPU ms per step, the copier's rate, peak reserved, gpupool's counters and the
+    steps' phases (medians)."""
     def med(xs: List[float]) -> Optional[float]:
         return statistics.median(xs) if xs else None
 
     by = {r: [x for x in results if x["run"] == r and "tokens_per_s" in x] for r in runs}
     lines = ["| run | tokens/s median (min..max) | vs none | main CPU ms/step | autograd CPU ms/step | copier GB/s "
              "| peak reserved GiB (min..max) | offload GB out/in per step | maps/unmaps/waits/pressure per step "
-             "| ms past the cache per step |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| ms past the cache per step | forward/backward/optimizer ms per step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         xs = by[r]
         none = [x["tokens_per_s"] for x in results
@@ -271,7 +388,7 @@ def summarize(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str]:
         base = med(none)
         failed = sum(1 for x in results if x["run"] == r and "error" in x)
         if not xs:
-            lines.append(f"| {r} | failed ({failed}) | | | | | | | | |")
+            lines.append(f"| {r} | failed ({failed}) | | | | | | | | | |")
             continue
         tps = [x["tokens_per_s"] for x in xs]
         m = med(tps)
@@ -285,14 +402,33 @@ def summarize(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str]:
             vs = [med([x["pool_per_step"][k] for x in xs if k in x.get("pool_per_step", {})]) for k in keys]
             return "" if None in vs else "/".join(fmt.format(v / scale) for v in vs)
 
+        def phases() -> str:
+            vs = [med([x["phases_ms"][k] for x in xs if k in x.get("phases_ms", {})])
+                  for k in ("forward", "backward", "optimizer")]
+            return "" if None in vs else "/".join(f"{v:.1f}" for v in vs)
+
         gbps = med([x["copier_gbps"] for x in xs if x.get("copier_gbps")])
         peaks = [x["peak_reserved"] / 2**30 for x in xs]
         lines.append(f"| {r} | {m:,.0f} ({min(tps):,.0f}..{max(tps):,.0f}){f' [{failed} failed]' if failed else ''}"
                      f" | {ratio} | {cpu('main')} | {cpu('autograd')} | {'' if gbps is None else f'{gbps:.1f}'}"
                      f" | {med(peaks):.2f} ({min(peaks):.2f}..{max(peaks):.2f})"
                      f" | {pool('bytes_out', 'bytes_in', scale=1e9, fmt='{:.2f}')}"
-                     f" | {pool('n_map', 'n_unmap', 'n_sync_pool', 'n_pressure')} | {pool('ns_slow', scale=1e6)} |")
+                     f" | {pool('n_map', 'n_unmap', 'n_sync_pool', 'n_pressure')} | {pool('ns_slow', scale=1e6)}"
+                     f" | {phases()} |")
     return lines
+
+
+def alternate_lines(results: List[Dict[str, Any]]) -> List[str]:
+    """For the ``alternate`` runs: the steps whose state had left against their
+    neighbours, per repetition and the median of the repetitions' ratios."""
+    xs = [x for x in results if x.get("alternate")]
+    if not xs:
+        return []
+    each = [f"{x['alternate']['clean_ms']:.1f} / {x['alternate']['offloaded_ms']:.1f} ms = "
+            f"{x['alternate']['vs_neighbours']:.3f}x ({x['alternate']['n']} steps)" for x in xs]
+    mid = statistics.median(x["alternate"]["vs_neighbours"] for x in xs)
+    return [f"{x['run']}: neighbours / offloaded step {e}" for x, e in zip(xs, each)] + [
+        f"alternate: the offloaded steps ran at {mid:.3f}x of their neighbours (median of {len(xs)})"]
 
 
 def against_base(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str]:
@@ -365,7 +501,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 print(f"rep {rep + 1} {r + b}: " + (f"{x['tokens_per_s']:,.0f} tokens/s, peak reserved "
                                                     f"{x['peak_reserved'] / 2**30:.2f} GiB" if "tokens_per_s" in x
                                                     else f"failed: {x['error']}"), flush=True)
-    print("\n".join(summarize(results, [r + b for r in runs for b in builds])))
+    print("\n".join(summarize(results, [r + b for r in runs for b in builds]) + alternate_lines(results)))
     if a.base:
         print("\n".join(against_base(results, runs)))
     return 0

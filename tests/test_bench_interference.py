@@ -1,16 +1,19 @@
-"""The interference benchmark's table from made-up runs (no GPU), and its options."""
+"""The interference benchmark's table from made-up runs (no GPU), its options,
+and its worker's step marks on a CPU model."""
 from __future__ import annotations
+
+import json
 
 import pytest
 
-from benchmarks.interference import against_base, main, summarize
+from benchmarks.interference import against_base, alternate_lines, alternate_stats, main, summarize
 
 
 def _run(run: str, tps: float, main_ms: float = 80.0, gbps: object = None, peak_gib: float = 10.0,
-         pool: object = None) -> dict:
+         pool: object = None, phases: object = None) -> dict:
     return {"run": run, "tokens_per_s": tps, "peak_reserved": int(peak_gib * 2**30),
             "cpu_ms_per_step": {"main": main_ms, "autograd": 2 * main_ms}, "copier_gbps": gbps,
-            "pool_per_step": pool or {}}
+            "pool_per_step": pool or {}, "phases_ms": phases or {}}
 
 
 def test_table_medians_ratios_and_failures() -> None:
@@ -18,14 +21,19 @@ def test_table_medians_ratios_and_failures() -> None:
     results += [_run("h2d", t, 90.0, 48.0, g) for t, g in ((88.0, 11.5), (99.0, 12.0), (77.0, 11.0))]
     moved = {"bytes_out": 3.7e9, "bytes_in": 3.6e9, "n_map": 50, "n_unmap": 40.5, "n_sync_pool": 2, "n_pressure": 0.5,
              "ns_slow": 15e6}
-    results += [_run("offload", 80.0, pool=moved), {"run": "offload", "error": "out of memory"}]
+    phases = [{"forward": 60.0, "backward": 120.0, "optimizer": 3.0, "step": 183.0},
+              {"forward": 80.0, "backward": 150.0, "optimizer": 4.0, "step": 234.0},
+              {"forward": 70.0, "backward": 130.0, "optimizer": 2.0, "step": 202.0}]
+    results += [_run("offload", 80.0, pool=moved, phases=phases[0]), {"run": "offload", "error": "out of memory"},
+                _run("offload", 80.0, pool=moved, phases=phases[1]), _run("offload", 80.0, pool=moved, phases=phases[2])]
     rows = summarize(results, ["none", "h2d", "offload", "both"])
-    assert rows[2] == "| none | 110 (100..120) | 1.000x (0.909..1.091) | 80.0 | 160.0 |  | 10.00 (10.00..10.00) |  |  |  |"
+    assert rows[2] == ("| none | 110 (100..120) | 1.000x (0.909..1.091) | 80.0 | 160.0 |  | 10.00 (10.00..10.00)"
+                       " |  |  |  |  |")
     assert rows[3] == ("| h2d | 88 (77..99) | 0.800x (0.700..0.900) | 90.0 | 180.0 | 48.0 | 11.50 (11.00..12.00)"
-                       " |  |  |  |")
+                       " |  |  |  |  |")
     assert rows[4].startswith("| offload | 80 (80..80) [1 failed] | 0.727x")
-    assert rows[4].endswith("| 3.70/3.60 | 50.0/40.5/2.0/0.5 | 15.0 |")
-    assert rows[5] == "| both | failed (0) | | | | | | | | |"
+    assert rows[4].endswith("| 3.70/3.60 | 50.0/40.5/2.0/0.5 | 15.0 | 70.0/130.0/3.0 |")
+    assert rows[5] == "| both | failed (0) | | | | | | | | | |"
 
 
 def test_bad_options_are_named() -> None:
@@ -102,3 +110,121 @@ def test_trip_moves_the_optimizers_state_bytes(monkeypatch) -> None:
                         lambda cmd, **kw: seen.append(cmd) or subprocess.CompletedProcess(cmd, 1, "", "no GPU"))
     assert main(["--runs", "trip", "--reps", "1"]) == 0
     assert seen[0][seen[0].index("--child") + 1] == "trip" and "--offload-optimizer" not in seen[0]
+
+
+def test_offloaded_steps_are_priced_against_their_neighbours() -> None:
+    # steps 0..5; 1 and 3 had the state away; 5 too, with one neighbour only
+    steps = [100.0, 125.0, 110.0, 120.0, 100.0, 150.0]
+    away = [False, True, False, True, False, True]
+    got = alternate_stats(steps, away)
+    assert got["n"] == 3 and got["offloaded_ms"] == 125.0 and got["clean_ms"] == 100.0
+    assert got["vs_neighbours"] == pytest.approx(105.0 / 125.0)  # the median of 105/125, 105/120, 100/150
+    assert alternate_stats([100.0, 120.0], [False, False]) == {}
+    assert alternate_stats([120.0], [True]) == {}
+    lines = alternate_lines([{"run": "alternate", "alternate": got}, {"run": "none"}])
+    assert lines == ["alternate: neighbours / offloaded step 100.0 / 125.0 ms = 0.840x (3 steps)",
+                     "alternate: the offloaded steps ran at 0.840x of their neighbours (median of 1)"]
+    assert alternate_lines([{"run": "none"}]) == []
+
+
+def test_alternate_skips_the_offload_behind_every_other_step() -> None:
+    from benchmarks.interference import _Alternate
+
+    class Handle:
+        def __init__(self) -> None:
+            self.calls: list = []
+
+        def offload(self, **kw: object) -> object:
+            self.calls.append(kw)
+            return kw
+
+    h = Handle()
+    alt = _Alternate(h)
+    for step in (2, 3, 4, 5):
+        alt.before_step(step)
+        h.offload(wait=False, max_bytes=None)  # what the step's post hook asks
+        assert alt.asked == (step % 2 == 0)
+    assert h.calls == [{"wait": False, "max_bytes": None}] * 2
+
+
+def test_the_alternate_run_offloads_through_the_worker_not_the_example(monkeypatch) -> None:
+    import subprocess
+
+    from benchmarks import interference
+
+    seen = []
+    monkeypatch.setattr(interference.subprocess, "run",
+                        lambda cmd, **kw: seen.append(cmd) or subprocess.CompletedProcess(cmd, 1, "", "no GPU"))
+    assert main(["--runs", "alternate", "--reps", "1"]) == 0
+    assert seen[0][seen[0].index("--child") + 1] == "alternate" and "--offload-optimizer" not in seen[0]
+
+
+def test_the_worker_marks_each_steps_phases(tmp_path, capsys) -> None:
+    torch = pytest.importorskip("torch")
+    from benchmarks import interference
+
+    script = tmp_path / "train.py"
+    script.write_text("""
+import time, torch
+m = torch.nn.Linear(16, 16)
+opt = torch.optim.AdamW(m.parameters())
+for i in range(6):
+    time.sleep(0.02)  # the forward pass's part
+    loss = m(torch.ones(4, 16)).sum()
+    loss.backward()
+    time.sleep(0.01)  # between the backward pass and the step
+    opt.step()
+    opt.zero_grad()
+""")
+    from torch.optim import optimizer as torch_optimizer
+
+    backward = torch.Tensor.backward
+    hooks = (len(torch_optimizer._global_optimizer_pre_hooks), len(torch_optimizer._global_optimizer_post_hooks))
+    interference._worker(None, 2, 4, [str(script)])
+    out = [json.loads(line[len(interference._MARK):]) for line in capsys.readouterr().out.splitlines()
+           if line.startswith(interference._MARK)]
+    phases = out[0]["phases_ms"]
+    assert phases["forward"] >= 20.0 and phases["backward"] >= 10.0 and phases["optimizer"] >= 0.0
+    assert phases["step"] == pytest.approx(phases["forward"] + phases["backward"] + phases["optimizer"], rel=0.2)
+    assert out[0]["alternate"] == {}
+    # The worker leaves torch as it found it: no hook stays, backward is torch's own.
+    assert torch.Tensor.backward is backward
+    assert hooks == (len(torch_optimizer._global_optimizer_pre_hooks),
+                     len(torch_optimizer._global_optimizer_post_hooks))
+
+
+def test_the_worker_alternates_through_the_handles_own_post_hook(tmp_path, capsys, monkeypatch) -> None:
+    torch = pytest.importorskip("torch")
+    import gpupool
+    from benchmarks import interference
+
+    class Handle:  # what offloadable(offload_after_step=True) does behind each step, on the CPU
+        def __init__(self, opt: object) -> None:
+            self.asked: list = []
+            self.hook = opt.register_step_post_hook(lambda *a: self.offload(wait=False, max_bytes=None))
+
+        def offload(self, **kw: object) -> None:
+            self.asked.append(len(self.asked))
+
+    made: list = []
+    monkeypatch.setattr(gpupool, "offloadable",
+                        lambda opt, tag, **kw: made.append(Handle(opt)) or made[-1], raising=True)
+    script = tmp_path / "train.py"
+    script.write_text("""
+import time, torch
+m = torch.nn.Linear(16, 16)
+opt = torch.optim.AdamW(m.parameters())
+for i in range(9):
+    loss = m(torch.ones(4, 16)).sum()
+    loss.backward()
+    opt.step()
+    time.sleep(0.03 if i % 2 == 1 else 0.01)  # (falls in the next step: odd steps, those after an offload)
+""")
+    interference._worker("alternate", 2, 7, [str(script)])
+    out = [json.loads(line[len(interference._MARK):]) for line in capsys.readouterr().out.splitlines()
+           if line.startswith(interference._MARK)][0]
+    # Steps 2, 4, 6 and 8 offloaded behind themselves: steps 3, 5, 7 and 9 are the offloaded ones.
+    assert len(made) == 1 and len(made[0].asked) == 4
+    alt = out["alternate"]
+    assert alt["n"] == 4 and alt["offloaded_ms"] > alt["clean_ms"] and alt["vs_neighbours"] < 0.8
+    made[0].hook.remove()
