@@ -1,6 +1,6 @@
 """What the fp32 fine-tune loses to PCIe traffic beside it, gpupool's offload or not.
 
-    python -m benchmarks.interference [--reps 3] [--runs none,h2d,d2h,both,d2d,trip,offload,cap] [--quick]
+    python -m benchmarks.interference [--reps 3] [--runs none,h2d,d2h,both,d2d,trip,offload,cap,alternate] [--quick]
     python -m benchmarks.interference --runs none,offload,cap --base DIR   # this build against another
     python -m benchmarks.interference --runs none,offload,cap --lengths 128..1024 --steps 30 --cap 18
     python -m benchmarks.interference --runs none,alternate,offload --steps 40
