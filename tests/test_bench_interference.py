@@ -24,8 +24,8 @@ def test_table_medians_ratios_and_failures() -> None:
     phases = [{"forward": 60.0, "backward": 120.0, "optimizer": 3.0, "step": 183.0},
               {"forward": 80.0, "backward": 150.0, "optimizer": 4.0, "step": 234.0},
               {"forward": 70.0, "backward": 130.0, "optimizer": 2.0, "step": 202.0}]
-    results += [_run("offload", 80.0, pool=moved, phases=phases[0]), {"run": "offload", "error": "out of memory"},
-                _run("offload", 80.0, pool=moved, phases=phases[1]), _run("offload", 80.0, pool=moved, phases=phases[2])]
+    results += [_run("offload", 80.0, pool=moved, phases=ph) for ph in phases]
+    results += [{"run": "offload", "error": "out of memory"}]
     rows = summarize(results, ["none", "h2d", "offload", "both"])
     assert rows[2] == ("| none | 110 (100..120) | 1.000x (0.909..1.091) | 80.0 | 160.0 |  | 10.00 (10.00..10.00)"
                        " |  |  |  |  |")
