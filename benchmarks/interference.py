@@ -394,27 +394,21 @@ def summarize(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str]:
         m = med(tps)
         ratio = f"{m / base:.3f}x ({min(tps) / base:.3f}..{max(tps) / base:.3f})" if base and m else ""
 
-        def cpu(who: str) -> str:
-            v = med([x["cpu_ms_per_step"][who] for x in xs if who in x.get("cpu_ms_per_step", {})])
-            return "" if v is None else f"{v:.1f}"
-
-        def pool(*keys: str, scale: float = 1.0, fmt: str = "{:.1f}") -> str:
-            vs = [med([x["pool_per_step"][k] for x in xs if k in x.get("pool_per_step", {})]) for k in keys]
+        def each(field: str, *keys: str, scale: float = 1.0, fmt: str = "{:.1f}") -> str:
+            """The medians of `keys` of the runs' `field` (a dict), joined by /."""
+            vs = [med([x[field][k] for x in xs if k in x.get(field, {})]) for k in keys]
             return "" if None in vs else "/".join(fmt.format(v / scale) for v in vs)
-
-        def phases() -> str:
-            vs = [med([x["phases_ms"][k] for x in xs if k in x.get("phases_ms", {})])
-                  for k in ("forward", "backward", "optimizer")]
-            return "" if None in vs else "/".join(f"{v:.1f}" for v in vs)
 
         gbps = med([x["copier_gbps"] for x in xs if x.get("copier_gbps")])
         peaks = [x["peak_reserved"] / 2**30 for x in xs]
         lines.append(f"| {r} | {m:,.0f} ({min(tps):,.0f}..{max(tps):,.0f}){f' [{failed} failed]' if failed else ''}"
-                     f" | {ratio} | {cpu('main')} | {cpu('autograd')} | {'' if gbps is None else f'{gbps:.1f}'}"
+                     f" | {ratio} | {each('cpu_ms_per_step', 'main')} | {each('cpu_ms_per_step', 'autograd')}"
+                     f" | {'' if gbps is None else f'{gbps:.1f}'}"
                      f" | {med(peaks):.2f} ({min(peaks):.2f}..{max(peaks):.2f})"
-                     f" | {pool('bytes_out', 'bytes_in', scale=1e9, fmt='{:.2f}')}"
-                     f" | {pool('n_map', 'n_unmap', 'n_sync_pool', 'n_pressure')} | {pool('ns_slow', scale=1e6)}"
-                     f" | {phases()} |")
+                     f" | {each('pool_per_step', 'bytes_out', 'bytes_in', scale=1e9, fmt='{:.2f}')}"
+                     f" | {each('pool_per_step', 'n_map', 'n_unmap', 'n_sync_pool', 'n_pressure')}"
+                     f" | {each('pool_per_step', 'ns_slow', scale=1e6)}"
+                     f" | {each('phases_ms', 'forward', 'backward', 'optimizer')} |")
     return lines
 
 
