@@ -260,18 +260,25 @@ uint64_t gp_unmap_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len)
 
 /* ------------------------------------------------------------------- trim */
 
-/* Take the whole chunks inside free block b (in its bins) out as a TRANSIT
+/* Take the whole chunks inside free block b (in its bins), the last ones
+ * and no more than `want` bytes rounded up to a chunk, out as a TRANSIT
  * block d->b, to be unmapped: b splits into a free head, the chunks and a
  * free tail, head and tail back in their bins (freed when b was, not now:
- * a trim that follows may take them without a new fence).  d->spare is a
- * header kept for gp_trim_settle, which may cut the chunks in two.
- * Returns 0 (nothing taken) when b holds no whole chunk or headers are
- * short; *resume is the first block after the pieces, where a walk of the
- * arena goes on (b itself may be merged away). */
-static int gp_trim_detach(gp_pool *p, gp_arena *a, gp_block *b, gp_detached *d, gp_block **resume)
+ * a trim that follows may take them without a new fence).  Only what was
+ * asked: a trim that made room for a restore by taking a whole block of
+ * logits (gigabytes) left the next forward pass to map back what it did
+ * not need.  The last chunks: a later growth past the kept head extends it
+ * and maps only what it lacks (gp_grow).  d->spare is a header kept for
+ * gp_trim_settle, which may cut the chunks in two.  Returns 0 (nothing
+ * taken) when b holds no whole chunk or headers are short; *resume is the
+ * first block after the pieces, where a walk of the arena goes on (b
+ * itself may be merged away). */
+static int gp_trim_detach(gp_pool *p, gp_arena *a, gp_block *b, uint64_t want, gp_detached *d, gp_block **resume)
 {
     uintptr_t lo = gp_round_up(b->addr, a->chunk);
     uintptr_t hi = (b->addr + b->size) / a->chunk * a->chunk;
+    uint64_t most = want > UINT64_MAX - a->chunk ? UINT64_MAX / a->chunk * a->chunk : gp_round_up(want, a->chunk);
+    if (lo < hi && hi - lo > most) lo = hi - most;
     *resume = b->next;
     if (lo >= hi || gp_reserve_headers(p, 3) != GP_OK) {
         gp_error_clear();
@@ -335,12 +342,12 @@ void gp_trim_settle(gp_pool *p, gp_detached *d)
     }
 }
 
-/* Unmap the whole chunks inside free block b (in its bins), with the lock.
- * Returns the bytes released; *resume as gp_trim_detach. */
-static uint64_t gp_trim_block(gp_pool *p, gp_arena *a, gp_block *b, gp_block **resume)
+/* Unmap what gp_trim_detach takes of free block b (in its bins), with the
+ * lock.  Returns the bytes released; *resume as gp_trim_detach. */
+static uint64_t gp_trim_block(gp_pool *p, gp_arena *a, gp_block *b, uint64_t want, gp_block **resume)
 {
     gp_detached d;
-    if (!gp_trim_detach(p, a, b, &d, resume)) return 0;
+    if (!gp_trim_detach(p, a, b, want, &d, resume)) return 0;
     gp_trim_unmap(p, &d);
     gp_trim_settle(p, &d);
     return d.done;
@@ -399,10 +406,10 @@ uint64_t gp_trim_cached(gp_pool *p, const gp_arena *only, uint64_t want, int max
                 nx = b->next;
                 if (b->freed > upto || !gp_cached(p, a, b, level, level, 1)) continue;
                 if (!out) {
-                    freed += gp_trim_block(p, a, b, &nx);
+                    freed += gp_trim_block(p, a, b, want - freed, &nx);
                 } else if (out->n == out->cap) {
                     return freed; /* (the caller comes back for the rest) */
-                } else if (gp_trim_detach(p, a, b, &out->d[out->n], &nx)) {
+                } else if (gp_trim_detach(p, a, b, want - freed, &out->d[out->n], &nx)) {
                     freed += out->d[out->n++].b->size;
                 }
             }
