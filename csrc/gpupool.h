@@ -518,6 +518,14 @@ typedef struct gp_offload_plan {
     int graphs;                 /* offload: it takes memory of a CUDA
                                    graph pool (a replay may run on a stream
                                    the pool never saw: no fence covers it) */
+    int refill;                 /* offload, set by the caller: each unmap
+                                   first maps again, within what it gave
+                                   back and the limit, cache the last
+                                   restore gave back to stay under the peak
+                                   (an optimizer's state offloaded behind
+                                   its step: the forward pass that follows
+                                   finds the cache its last one left, not
+                                   maps on the thread that allocates) */
 } gp_offload_plan;
 
 /* Plan the offload of the live blocks of `tags` (n_tags of them).
@@ -623,6 +631,7 @@ enum { GP_STAT_CURRENT = 0, GP_STAT_PEAK = 1, GP_STAT_TOTAL = 2 };
     X(requested_total, GP_STAT_TOTAL, "requested_bytes.all.allocated") /* bytes asked for */    \
     X(mapped_total, GP_STAT_TOTAL, "reserved_bytes.all.allocated")    /* bytes mapped */        \
     X(unmapped_total, GP_STAT_TOTAL, "reserved_bytes.all.freed")      /* bytes unmapped */      \
+    X(refilled_total, GP_STAT_TOTAL, NULL) /* of them, cache a restore gave back, mapped by offloads */ \
     X(pending, GP_STAT_CURRENT, NULL)      /* freed bytes waiting for record_stream events */   \
     X(n_capture_maps, GP_STAT_TOTAL, NULL) /* chunks mapped while a graph captured */ \
     X(ns_lock_wait, GP_STAT_TOTAL, NULL)   /* ns allocs and frees waited for the pool's lock */ \

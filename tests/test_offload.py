@@ -218,6 +218,39 @@ def test_restore_takes_the_place_of_cache() -> None:
     assert same(state, 16 * MiB, 8) and after["reserved_peak"] == before["reserved_peak"]
 
 
+@pytest.mark.parametrize("refill", [False, True])
+def test_an_offload_behind_a_step_maps_back_the_cache_its_restore_gave_back(refill: bool) -> None:
+    # The restore of an optimizer's state gave the backward pass's cache
+    # back to stay under the peak; with refill_cache the offload behind the
+    # next step maps that cache again as the state's memory goes, so that
+    # the next forward pass finds it where it was and maps nothing itself.
+    p = pool(cache_slack="0")
+    state = p.alloc(16 * MiB, tag="opt_t")
+    fill(state, 16 * MiB, 5)
+    gpupool.offload("opt_t", codec="raw", pool=p)
+    acts = [p.alloc(4 * MiB, tag="acts_t") for _ in range(8)]
+    for x in acts:
+        p.free(x)
+    back = gpupool.restore("opt_t", pool=p)
+    assert back["released"] == 16 * MiB and same(state, 16 * MiB, 5)  # (cache given back)
+    before = p.stats()
+    info = gpupool.offload("opt_t", codec="raw", pool=p, refill_cache=refill)
+    after = p.stats()
+    refilled = after["refilled_total"] - before["refilled_total"]
+    assert refilled == (16 * MiB if refill else 0)
+    assert after["reserved"] == before["reserved"] - info["released"] + refilled
+    again = [p.alloc(4 * MiB, tag="acts_t") for _ in range(8)]
+    maps = p.stats()["n_map"] - after["n_map"]
+    if refill:  # the same cache, at the same addresses
+        assert maps == 0 and sorted(again) == sorted(acts)
+    else:
+        assert maps > 0
+    for x in again:
+        p.free(x)
+    gpupool.restore("opt_t", pool=p)
+    assert same(state, 16 * MiB, 5)
+
+
 def test_host_limit_option_is_validated() -> None:
     with pytest.raises(ValueError, match="GPUPOOL_HOST_LIMIT"):
         pool(host_limit="lots")

@@ -71,6 +71,9 @@ typedef struct gp_offload_opts {
     uint64_t most;      /* the first live blocks of the tags (address
                            order) until they hold this many bytes; 0: all
                            (gp_pool_offload_begin_upto)                  */
+    int refill;         /* the memory given back maps again, in its place,
+                           the cache the pool's last restore gave back
+                           (gp_offload_plan.refill)                     */
 } gp_offload_opts;
 
 /* What one offload or restore did. */

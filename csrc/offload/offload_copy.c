@@ -711,6 +711,7 @@ static gp_status gp_offload_steps(gp_offloader *o, const gp_tag *tags, size_t n_
     gp_status st = gp_streams(o);
     gp_out x = {.o = o, .opts = opts, .lane = {{.s = o->streams[0], .piece = -1}, {.s = o->streams[1], .piece = -1}}};
     if (st != GP_OK || (st = gp_pool_offload_begin_upto(o->pool, tags, n_tags, opts->most, &x.pl)) != GP_OK) return st;
+    x.pl->refill = opts->refill;
     res->kept = x.pl->kept;
     if (!x.pl->n_runs) {
         res->seconds = gp_now() - t0;

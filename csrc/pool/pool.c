@@ -353,6 +353,56 @@ static uint64_t gp_trim_block(gp_pool *p, gp_arena *a, gp_block *b, uint64_t wan
     return d.done;
 }
 
+int gp_fill_detach(gp_pool *p, gp_arena *a, gp_block *u, uintptr_t addr, uint64_t len, unsigned sidx, int prio,
+                   gp_detached *d)
+{
+    if (gp_reserve_headers(p, 3) != GP_OK) {
+        gp_error_clear();
+        return 0;
+    }
+    gp_bins_remove(gp_bins_of(a, u), u);
+    gp_block *mid = addr > u->addr ? gp_split(p, u, addr - u->addr) : u;
+    gp_block *tail = mid->size > len ? gp_split(p, mid, len) : NULL;
+    mid->state = GP_BLOCK_TRANSIT; /* (before the rest goes back, or they would merge) */
+    if (mid != u) gp_insert_free(p, a, u);
+    if (tail) gp_insert_free(p, a, tail);
+    *d = (gp_detached){.b = mid, .spare = gp_new_block(p), .sidx = (uint8_t)sidx, .prio = (uint8_t)prio};
+    p->held++;
+    gp_peak(&p->st.reserved, &p->st.reserved_peak, len); /* (the peak too: a check meanwhile sees both) */
+    p->mapping += len;
+    return 1;
+}
+
+void gp_fill_settle(gp_pool *p, gp_detached *d, const uint64_t *handles)
+{
+    gp_block *b = d->b;
+    gp_arena *a = &p->arenas[b->arena];
+    p->st.reserved -= b->size;
+    p->mapping -= b->size;
+    p->st.n_map += d->tried;
+    if (d->tried * a->chunk > d->done) p->st.n_map_fail++;
+    for (uint64_t i = 0; i < d->done / a->chunk; i++) a->handles[gp_chunk_index(a, b->addr + i * a->chunk)] = handles[i];
+    if (d->done) {
+        gp_peak(&p->st.reserved, &p->st.reserved_peak, d->done);
+        p->st.mapped_total += d->done;
+        p->st.refilled_total += d->done;
+        GP_TRACE(p, GP_EV_MAP, b->addr, d->done, NULL, GP_TAG_UNTAGGED, 0);
+    }
+    gp_drop_block(p, d->spare); /* (back to the spare list: the cut below takes it) */
+    p->held--;
+    gp_block *rest = !d->done ? b : d->done < b->size ? gp_split(p, b, d->done) : NULL;
+    if (d->done) {
+        b->state = GP_BLOCK_FREE;
+        b->sidx = d->sidx;
+        b->prio = d->prio;
+        gp_insert_free(p, a, b);
+    }
+    if (rest) {
+        rest->state = GP_BLOCK_FREE_UNMAPPED;
+        gp_insert_free(p, a, rest);
+    }
+}
+
 /* Once the device is idle no stream can still be reading a free block, so
  * free neighbours of different streams may become one block (of the first
  * one's stream): a chunk they share can then be released. */
@@ -518,6 +568,7 @@ uint64_t gp_pool_trim(gp_pool *p, uint64_t bytes)
 {
     if (gp_pool_usable(p) != GP_OK) return 0;
     pthread_mutex_lock(&p->lock);
+    p->owed.bytes = 0; /* (the caller wants the memory back, not mapped again) */
     uint64_t f = gp_trim_locked(p, bytes);
     pthread_mutex_unlock(&p->lock);
     return f;
@@ -665,6 +716,7 @@ static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t siz
     }
     gp_block *b = gp_mapped_head(p, a, u, need, sidx, prio);
     gp_bins_remove(a->bins[sidx], b);
+    p->owed.bytes -= p->owed.bytes < need ? p->owed.bytes : need;
     return b;
 }
 
@@ -758,9 +810,12 @@ static int gp_ask_pressure(gp_pool *p, uint64_t bsize, int prio, gp_status st)
     /* (An offload under way has given its memory back once the callback,
      * which waits for it, returns: worth deciding again.) */
     int releasing = p->n_releasing != 0;
+    p->n_asking++;
+    p->owed.bytes = 0; /* (what is given back now is this request's) */
     pthread_mutex_unlock(&p->lock);
     uint64_t got = fn(arg, p, bsize, prio);
     pthread_mutex_lock(&p->lock);
+    p->n_asking--;
     if (!got && !releasing) gp_error_set(st, "%s", why);
     return got != 0 || releasing;
 }

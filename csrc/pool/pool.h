@@ -36,6 +36,7 @@
 #define GP_MAX_STREAMS 64
 /* Streams a fence may name: the slots', and those record_stream named. */
 #define GP_FENCE_STREAMS (GP_MAX_STREAMS + 64)
+#define GP_OWED_PIECES 32
 /* Block headers are allocated this many at a time (a slab). */
 #define GP_SLAB_BLOCKS 256
 
@@ -128,7 +129,7 @@ struct gp_pool {
     uint64_t hmask, hcount;
 
     gp_block *spare;    /* free block headers */
-    uint64_t held;      /* headers trims in transit keep for their cut (gp_detached.spare) */
+    uint64_t held;      /* headers trims and refills in transit keep for their cut (gp_detached.spare) */
     void **slabs;
     size_t n_slabs, cap_slabs;
 
@@ -143,6 +144,24 @@ struct gp_pool {
      * soon, which a request that found no room waits for through the
      * pressure callback. */
     unsigned n_releasing;
+    /* Cache a restore gave back to stay under the peak (gp_trim_slack_unlocked)
+     * is owed to the phase that follows, which would map it again on the
+     * thread that allocates: an offload that gives memory back maps it in
+     * its place first, on the offloader's thread (gp_refill_unlocked), at
+     * the addresses it had (the largest pieces taken, as many as fit here),
+     * so that the cache is laid out as the phase left it.  A growth pays
+     * the debt down (what it mapped was the phase's own), a trim asked for
+     * or a request under pressure cancels it. */
+    struct {
+        uint64_t bytes; /* still owed, at most the pieces' sum */
+        unsigned n;
+        struct gp_owed_piece {
+            uintptr_t addr;
+            uint64_t len;
+            uint8_t arena, sidx, prio;
+        } piece[GP_OWED_PIECES];
+    } owed;
+    unsigned n_asking;  /* requests in the pressure callback now: no refill takes their room */
     char last_oom[GP_OOM_REPORT_MAX];
 
     /* The history (trace.c), NULL while off: every event site tests it,
@@ -264,7 +283,8 @@ uint64_t gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t
 /* gp_trim_slack for a caller that holds no lock (transit.c): the unmaps,
  * and the wait for the pool's streams where idle cache is short, run
  * without the pool's lock (other threads allocate meanwhile); after the
- * wait, what was cached when it began is trimmed. */
+ * wait, what was cached when it began is trimmed.  A restore's: what it
+ * gives back is owed (gp_pool.owed). */
 void gp_trim_slack_unlocked(gp_pool *p, uint64_t need, uint64_t size, int prio, uint64_t floor, uint64_t most);
 /* Give back `want` bytes of cache of priority <= prio toward the limit
  * the same way; the lock is held on entry and on return, and let go
@@ -283,6 +303,20 @@ typedef struct gp_detach_list {
     gp_detached *d;
     size_t n, cap;
 } gp_detach_list;
+/* Refills (transit.c): [addr, addr+len) of unmapped block u (in its bins,
+ * whole chunks) taken out as a TRANSIT block d->b, its bytes counted
+ * in reserved (the limit holds) while mapped without the lock; settled
+ * with the lock, given the handles of the d->done bytes mapped: they
+ * become cache of slot d->sidx, the rest unmapped space again.  Detach
+ * returns 0 when headers are short. */
+int gp_fill_detach(gp_pool *p, gp_arena *a, gp_block *u, uintptr_t addr, uint64_t len, unsigned sidx, int prio,
+                   gp_detached *d);
+void gp_fill_settle(gp_pool *p, gp_detached *d, const uint64_t *handles);
+/* Map again up to `room` bytes of the cache owed (gp_pool.owed), chunk by
+ * chunk without the lock (held on entry and on return), within the limit
+ * and never while a request is in the pressure callback.  Returns the
+ * bytes mapped. */
+uint64_t gp_refill_unlocked(gp_pool *p, uint64_t room);
 /* gp_trim_in's selection without the sync; with `out`, detached into it
  * rather than unmapped (see pool.c). */
 uint64_t gp_trim_cached(gp_pool *p, const gp_arena *only, uint64_t want, int max_prio, uint64_t upto,

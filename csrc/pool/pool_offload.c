@@ -517,6 +517,7 @@ gp_status gp_pool_plan_unmap(gp_pool *p, gp_offload_plan *pl, uintptr_t addr, ui
     pthread_mutex_lock(&p->lock);
     gp_arena *a = gp_arena_of(p, addr);
     gp_status st = GP_OK;
+    uint64_t gave = 0;
     /* Chunk by chunk: what is unmapped already stays so (a retry after a
      * failure resumes). */
     for (uintptr_t x = addr; x < addr + size && st == GP_OK; x += a->chunk) {
@@ -534,8 +535,10 @@ gp_status gp_pool_plan_unmap(gp_pool *p, gp_offload_plan *pl, uintptr_t addr, ui
         a->handles[ci] = 0;
         p->st.reserved -= a->chunk;
         p->st.unmapped_total += a->chunk;
+        gave += a->chunk;
         GP_TRACE(p, GP_EV_UNMAP, x, a->chunk, NULL, GP_TAG_UNTAGGED, 0);
     }
+    if (pl->refill && !pl->restore) gp_refill_unlocked(p, gave);
     pthread_mutex_unlock(&p->lock);
     return st;
 }

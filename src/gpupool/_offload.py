@@ -78,18 +78,18 @@ def _elem_size(dtype: Any) -> int:
 
 @overload
 def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype: Any = None,
-            wait: Literal[True] = True, max_bytes: Optional[int] = None, device: Optional[int] = None,
-            pool: Optional["PoolView"] = None) -> Dict[str, Any]: ...
+            wait: Literal[True] = True, max_bytes: Optional[int] = None, refill_cache: bool = False,
+            device: Optional[int] = None, pool: Optional["PoolView"] = None) -> Dict[str, Any]: ...
 
 
 @overload
 def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype: Any = None,
-            wait: Literal[False], max_bytes: Optional[int] = None, device: Optional[int] = None,
-            pool: Optional["PoolView"] = None) -> None: ...
+            wait: Literal[False], max_bytes: Optional[int] = None, refill_cache: bool = False,
+            device: Optional[int] = None, pool: Optional["PoolView"] = None) -> None: ...
 
 
 def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype: Any = None, wait: bool = True,
-            max_bytes: Optional[int] = None, device: Optional[int] = None,
+            max_bytes: Optional[int] = None, refill_cache: bool = False, device: Optional[int] = None,
             pool: Optional["PoolView"] = None) -> Optional[Dict[str, Any]]:
     """Move the memory of `tag` (a name or a list of names) to host RAM.
 
@@ -116,11 +116,20 @@ def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype:
 
     max_bytes offloads part of the memory: the tag's first live blocks, in
     address order, until they hold max_bytes (what a cap needs); the next
-    offload takes the next ones.  None: all of it."""
+    offload takes the next ones.  None: all of it.
+
+    refill_cache=True hands the device memory given back, as it goes and
+    within the pool's limit, first to the cache the pool's last restore gave
+    back to keep reserved memory under its peak, mapped again at the
+    addresses it had: the phase that follows finds the cache its last run
+    left instead of mapping memory on the thread that allocates (an
+    optimizer's state offloaded behind its step, before the forward pass:
+    what ``offloadable(..., offload_after_step=True)`` does).  Not for an
+    offload meant to free the device for someone else."""
     if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes <= 0):
         raise ValueError(f"max_bytes must be a positive number of bytes or None, got {max_bytes!r}")
     info = _pool(device, pool)._pool.offload(_tag_ids(tag), bool(keep), _codec(codec), _elem_size(dtype),
-                                             bool(wait), max_bytes or 0)
+                                             bool(wait), max_bytes or 0, bool(refill_cache))
     return None if info is None else dict(info)
 
 
@@ -278,7 +287,7 @@ class OffloadHandle:
         if self._part == 0:
             return  # (the limit has room for all of it: nothing moves)
         with _mark("gpupool.offload"):
-            self.offload(wait=False, max_bytes=self._part)
+            self.offload(wait=False, max_bytes=self._part, refill_cache=True)
 
     def _measure(self) -> None:
         """Once the forward pass and the start of the backward pass are

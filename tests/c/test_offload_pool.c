@@ -595,6 +595,99 @@ static void test_check_while_a_plan_maps(void)
     done(p);
 }
 
+/* An optimizer's step, cut down: a restore that would pass the peak gives
+ * cache back (a pool with no slack: all of it over the floor), and the
+ * offload behind the next step maps it again in its place as it gives the
+ * state's memory back (plan.refill), on its own thread and without the
+ * pool's lock: the next "forward pass" finds its cache where it was, with
+ * no map of its own.  Without refill it maps; under a limit only what the
+ * limit leaves is mapped again; a trim asked for meanwhile cancels it.
+ * The pool is checked while the refill maps (the lock let go). */
+enum { REFILL_OFF, REFILL_ON, REFILL_LIMIT, REFILL_TRIMMED, REFILL_FAULT };
+
+static void test_refill(int mode)
+{
+    gp_backend *host;
+    CHECK(gp_backend_host_create(64 * MiB, &host) == GP_OK);
+    gp_backend_wrap *w = calloc(1, sizeof *w);
+    CHECK(w != NULL);
+    gp_backend_forward(w, host);
+    w->be.map = checking_map;
+    gp_config cfg;
+    gp_config_default(&cfg);
+    cfg.chunk = cfg.large_chunk = 1 * MiB;
+    cfg.small_size = 64 * KiB;
+    cfg.cache_slack = 0;
+    cfg.mode = GP_MODE_EXPANDABLE;
+    gp_pool *p;
+    CHECK(gp_pool_create(&w->be, &cfg, &p) == GP_OK);
+    void *st = A(p, 8 * MiB, T_W); /* the state */
+    fill(st, 8 * MiB, 3);
+    /* The forward pass's memory: two pieces apart (the restore's trim
+     * takes the 8 MiB it maps: one of them). */
+    void *act[2], *sep;
+    act[0] = A(p, 8 * MiB, T_O);
+    sep = A(p, 1 * MiB, T_O);
+    act[1] = A(p, 8 * MiB, T_O);
+    for (int i = 0; i < 2; i++) gp_free(p, act[i]);
+    gp_tag tags[1] = {T_W};
+    gp_offload_plan *pl;
+    CHECK(gp_pool_offload_begin(p, tags, 1, &pl) == GP_OK && pl->n_runs == 1);
+    saved sv = copy_out(pl);
+    gp_offload_run run = pl->runs[0];
+    CHECK(unmap_all(p, pl) && gp_pool_plan_end(p, pl, 0) == GP_OK);
+    gp_pool_reset_peaks(p); /* (the peak is the cache's: the restore gives some back) */
+    gp_stats s0, s1, s2, s3;
+    gp_pool_stats(p, &s0, 0);
+    CHECK(gp_pool_restore_begin(p, &run, 1, &pl) == GP_OK && map_all(p, pl));
+    memcpy((void *)pl->ranges[0].addr, sv.data[0], pl->ranges[0].size);
+    CHECK(gp_pool_plan_end(p, pl, 1) == GP_OK && same(st, 8 * MiB, 3));
+    gp_pool_stats(p, &s1, 0);
+    CHECK(s1.reserved == s0.reserved && s1.unmapped_total - s0.unmapped_total == 8 * MiB); /* one piece went */
+    uint64_t trimmed = 0;
+    if (mode == REFILL_LIMIT) gp_pool_set_limit(p, s1.reserved - 4 * MiB);
+    if (mode == REFILL_TRIMMED) CHECK((trimmed = gp_pool_trim(p, 1 * MiB)) >= 1 * MiB);
+    CHECK(gp_pool_offload_begin(p, tags, 1, &pl) == GP_OK);
+    pl->refill = mode != REFILL_OFF;
+    /* (The third map fails: two chunks come back, the rest is the phase's
+     * to map, and the state goes out all the same.) */
+    if (mode == REFILL_FAULT) gp_host_fail(host, GP_HOST_MAP, 3, GP_ERR_OOM, GP_HOST_FAIL_ONCE);
+    checked_pool = p;
+    checks_in_map = violations_in_map = 0;
+    CHECK(unmap_all(p, pl));
+    checked_pool = NULL;
+    if (violations_in_map) fprintf(stderr, "check during a refill: %s\n", first_violation);
+    CHECK(violations_in_map == 0);
+    CHECK(gp_pool_plan_end(p, pl, 0) == GP_OK);
+    gp_pool_stats(p, &s2, 0);
+    uint64_t refilled = s2.refilled_total - s1.refilled_total;
+    CHECK(refilled == (mode == REFILL_ON ? 8 * MiB : mode == REFILL_LIMIT ? 4 * MiB : mode == REFILL_FAULT ? 2 * MiB : 0));
+    /* (A check per chunk the refill mapped, and the one refused.) */
+    CHECK(checks_in_map == (int)(refilled / MiB) + (mode == REFILL_FAULT));
+    CHECK(s2.n_map_fail - s1.n_map_fail == (mode == REFILL_FAULT));
+    CHECK(s2.reserved == s1.reserved - 8 * MiB - trimmed + refilled);
+    CHECK(pool_consistent(p, NULL) == 0);
+    /* The next forward pass: its cache, at its addresses, with no map
+     * where all of it came back. */
+    gp_pool_set_limit(p, 0);
+    void *again[2] = {A(p, 8 * MiB, T_O), A(p, 8 * MiB, T_O)};
+    gp_pool_stats(p, &s3, 0);
+    CHECK(again[0] && again[1]);
+    if (mode == REFILL_ON)
+        CHECK(s3.n_map == s2.n_map && ((again[0] == act[0] && again[1] == act[1]) ||
+                                       (again[0] == act[1] && again[1] == act[0])));
+    else
+        CHECK(s3.n_map > s2.n_map);
+    for (int i = 0; i < 2; i++) gp_free(p, again[i]);
+    gp_free(p, sep);
+    CHECK(gp_pool_restore_begin(p, &run, 1, &pl) == GP_OK && map_all(p, pl));
+    memcpy((void *)pl->ranges[0].addr, sv.data[0], pl->ranges[0].size);
+    CHECK(gp_pool_plan_end(p, pl, 1) == GP_OK && same(st, 8 * MiB, 3));
+    saved_free(&sv);
+    gp_free(p, st);
+    done(p);
+}
+
 int main(void)
 {
     CHECK(gp_tag_intern("offl", &T_W) == GP_OK);
@@ -608,6 +701,11 @@ int main(void)
     test_destroy_offloaded();
     test_both_arenas_in_order();
     test_check_while_a_plan_maps();
+    test_refill(REFILL_OFF);
+    test_refill(REFILL_ON);
+    test_refill(REFILL_LIMIT);
+    test_refill(REFILL_TRIMMED);
+    test_refill(REFILL_FAULT);
     for (unsigned s = 1; s <= 3; s++) {
         test_random(s, GP_MODE_EXPANDABLE, 0);
         test_random(s + 100, GP_MODE_EXPANDABLE, 1);

@@ -312,7 +312,7 @@ static void *offloader_main(void *arg)
         }
         if (n) {
             gp_offload_opts opts = {.keep = (r >> 8) % 16 != 0, .codec = (r >> 12) & 1 ? GP_CODEC_AUTO : GP_CODEC_RAW,
-                                    .elem_size = (r >> 13) & 1 ? 2 : 4};
+                                    .elem_size = (r >> 13) & 1 ? 2 : 4, .refill = (r >> 14) & 1};
             gp_error_clear();
             gp_status st;
             if ((r >> 16) % 3 == 0) {
