@@ -122,7 +122,8 @@ def test_offloaded_steps_are_priced_against_their_neighbours() -> None:
     assert alternate_stats([100.0, 120.0], [False, False]) == {}
     assert alternate_stats([120.0], [True]) == {}
     lines = alternate_lines([{"run": "alternate", "alternate": got}, {"run": "none"}])
-    assert lines == ["alternate: neighbours / offloaded step 100.0 / 125.0 ms = 0.840x (3 steps)",
+    assert lines == ["alternate: clean steps 100.0 ms, offloaded 125.0 ms; against their neighbours 0.840x "
+                     "(3 steps)",
                      "alternate: the offloaded steps ran at 0.840x of their neighbours (median of 1)"]
     assert alternate_lines([{"run": "none"}]) == []
 
