@@ -557,14 +557,22 @@ static gp_status checking_map(gp_backend *be, uintptr_t addr, uint64_t size, uin
     return GP_INNER(be)->map(GP_INNER(be), addr, size, handle);
 }
 
+/* A host backend of 64 MiB (*host) behind a wrapper whose map checks
+ * checked_pool first. */
+static gp_backend_wrap *checking_backend(gp_backend **host)
+{
+    CHECK(gp_backend_host_create(64 * MiB, host) == GP_OK);
+    gp_backend_wrap *w = calloc(1, sizeof *w);
+    CHECK(w != NULL);
+    gp_backend_forward(w, *host);
+    w->be.map = checking_map;
+    return w;
+}
+
 static void test_check_while_a_plan_maps(void)
 {
     gp_backend *host;
-    CHECK(gp_backend_host_create(64 * MiB, &host) == GP_OK);
-    gp_backend_wrap *w = calloc(1, sizeof *w);
-    CHECK(w != NULL);
-    gp_backend_forward(w, host);
-    w->be.map = checking_map;
+    gp_backend_wrap *w = checking_backend(&host);
     gp_pool *p = make_pool_on(&w->be, 256 * KiB, GP_MODE_EXPANDABLE);
     void *x = A(p, 4 * MiB, T_W);
     fill(x, 4 * MiB, 7);
@@ -608,11 +616,7 @@ enum { REFILL_OFF, REFILL_ON, REFILL_LIMIT, REFILL_TRIMMED, REFILL_FAULT };
 static void test_refill(int mode)
 {
     gp_backend *host;
-    CHECK(gp_backend_host_create(64 * MiB, &host) == GP_OK);
-    gp_backend_wrap *w = calloc(1, sizeof *w);
-    CHECK(w != NULL);
-    gp_backend_forward(w, host);
-    w->be.map = checking_map;
+    gp_backend_wrap *w = checking_backend(&host);
     gp_config cfg;
     gp_config_default(&cfg);
     cfg.chunk = cfg.large_chunk = 1 * MiB;
