@@ -321,8 +321,9 @@ def test_high_displaces_low_cache_never_the_reverse() -> None:
     p = pool(limit="10MiB")
     hole_normal, hole_low = make_cache(p, "normal", "low")
     assert p.stats()["reserved"] == 8 * MiB
-    p.alloc(4 * MiB, priority="high")  # 2 MiB over the limit: the low cache goes first
-    assert state(p, hole_low) == "unmapped" and state(p, hole_normal) == "free"
+    p.alloc(4 * MiB, priority="high")  # 2 MiB over the limit: the low cache goes first, 2 MiB of it
+    assert state(p, hole_low) == "free" and state(p, hole_low + MiB) == "unmapped"
+    assert state(p, hole_normal) == "free" and p.stats()["reserved"] == 10 * MiB
     with pytest.raises(MemoryError, match="priorities above"):
         p.alloc(4 * MiB, priority="low")  # may not release the normal cache
     assert state(p, hole_normal) == "free"
