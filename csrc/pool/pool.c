@@ -260,19 +260,44 @@ uint64_t gp_unmap_range(gp_pool *p, gp_arena *a, uintptr_t addr, uint64_t len)
 
 /* ------------------------------------------------------------------- trim */
 
-/* Take the whole chunks inside free block b (in its bins), the last ones
- * and no more than `want` bytes rounded up to a chunk, out as a TRANSIT
- * block d->b, to be unmapped: b splits into a free head, the chunks and a
- * free tail, head and tail back in their bins (freed when b was, not now:
- * a trim that follows may take them without a new fence).  Only what was
- * asked: a trim that made room for a restore by taking a whole block of
- * logits (gigabytes) left the next forward pass to map back what it did
- * not need.  The last chunks: a later growth past the kept head extends it
- * and maps only what it lacks (gp_grow).  d->spare is a header kept for
- * gp_trim_settle, which may cut the chunks in two.  Returns 0 (nothing
- * taken) when b holds no whole chunk or headers are short; *resume is the
- * first block after the pieces, where a walk of the arena goes on (b
- * itself may be merged away). */
+/* Cut [lo, lo+len) of block b (in its bins; whole chunks inside it) out as
+ * a TRANSIT block d->b (its slot, priority and free_seq those of b), with
+ * a spare header kept for the settle that may cut it in two; what lies
+ * before and after goes back to the bins, freed when b was (a trim that
+ * follows may take that cache without a new fence).  b is maximal (free,
+ * or unmapped): the head merges with nothing, the tail at most with what
+ * follows.  *after is the first block after the pieces.  Returns 0
+ * (nothing cut) when headers are short. */
+static int gp_detach_piece(gp_pool *p, gp_arena *a, gp_block *b, uintptr_t lo, uint64_t len, gp_detached *d,
+                           gp_block **after)
+{
+    if (gp_reserve_headers(p, 3) != GP_OK) {
+        gp_error_clear();
+        return 0;
+    }
+    uint64_t when = b->freed;
+    gp_bins_remove(gp_bins_of(a, b), b);
+    gp_block *mid = lo > b->addr ? gp_split(p, b, lo - b->addr) : b;
+    gp_block *tail = mid->size > len ? gp_split(p, mid, len) : NULL;
+    mid->state = GP_BLOCK_TRANSIT; /* (before the rest goes back, or they would merge) */
+    if (mid != b) gp_insert_free(p, a, b)->freed = when;
+    if (tail) tail = gp_insert_free(p, a, tail);
+    if (tail) tail->freed = when;
+    *after = tail ? tail->next : mid->next;
+    *d = (gp_detached){.b = mid, .spare = gp_new_block(p), .sidx = mid->sidx, .prio = mid->prio, .freed = when};
+    p->held++;
+    return 1;
+}
+
+/* Detach the whole chunks inside free block b (in its bins) to be unmapped
+ * (gp_detach_piece): the last ones, no more than `want` bytes rounded up
+ * to a chunk.  Only what was asked: a trim that made room for a restore by
+ * taking a whole block of logits (gigabytes) left the next forward pass to
+ * map back what it did not need.  The last chunks: a later growth past the
+ * kept head extends it and maps only what it lacks (gp_grow).  Returns 0
+ * (nothing taken) when b holds no whole chunk or headers are short;
+ * *resume is where a walk of the arena goes on (b itself may be merged
+ * away). */
 static int gp_trim_detach(gp_pool *p, gp_arena *a, gp_block *b, uint64_t want, gp_detached *d, gp_block **resume)
 {
     uintptr_t lo = gp_round_up(b->addr, a->chunk);
@@ -280,24 +305,7 @@ static int gp_trim_detach(gp_pool *p, gp_arena *a, gp_block *b, uint64_t want, g
     uint64_t most = want > UINT64_MAX - a->chunk ? UINT64_MAX / a->chunk * a->chunk : gp_round_up(want, a->chunk);
     if (lo < hi && hi - lo > most) lo = hi - most;
     *resume = b->next;
-    if (lo >= hi || gp_reserve_headers(p, 3) != GP_OK) {
-        gp_error_clear();
-        return 0;
-    }
-    uint64_t when = b->freed;
-    gp_bins_remove(gp_bins_of(a, b), b);
-    gp_block *mid = lo > b->addr ? gp_split(p, b, lo - b->addr) : b;
-    gp_block *tail = mid->size > hi - lo ? gp_split(p, mid, hi - lo) : NULL;
-    mid->state = GP_BLOCK_TRANSIT;
-    /* b was a maximal free block: the head merges with nothing, the tail
-     * at most with what follows. */
-    if (mid != b) gp_insert_free(p, a, b)->freed = when;
-    if (tail) tail = gp_insert_free(p, a, tail);
-    if (tail) tail->freed = when;
-    *resume = tail ? tail->next : mid->next;
-    *d = (gp_detached){.b = mid, .spare = gp_new_block(p), .sidx = mid->sidx, .prio = mid->prio, .freed = when};
-    p->held++;
-    return 1;
+    return lo < hi && gp_detach_piece(p, a, b, lo, hi - lo, d, resume);
 }
 
 /* Unmap the chunks of detached block d->b from its start, with or without
@@ -356,18 +364,10 @@ static uint64_t gp_trim_block(gp_pool *p, gp_arena *a, gp_block *b, uint64_t wan
 int gp_fill_detach(gp_pool *p, gp_arena *a, gp_block *u, uintptr_t addr, uint64_t len, unsigned sidx, int prio,
                    gp_detached *d)
 {
-    if (gp_reserve_headers(p, 3) != GP_OK) {
-        gp_error_clear();
-        return 0;
-    }
-    gp_bins_remove(gp_bins_of(a, u), u);
-    gp_block *mid = addr > u->addr ? gp_split(p, u, addr - u->addr) : u;
-    gp_block *tail = mid->size > len ? gp_split(p, mid, len) : NULL;
-    mid->state = GP_BLOCK_TRANSIT; /* (before the rest goes back, or they would merge) */
-    if (mid != u) gp_insert_free(p, a, u);
-    if (tail) gp_insert_free(p, a, tail);
-    *d = (gp_detached){.b = mid, .spare = gp_new_block(p), .sidx = (uint8_t)sidx, .prio = (uint8_t)prio};
-    p->held++;
+    gp_block *after;
+    if (!gp_detach_piece(p, a, u, addr, len, d, &after)) return 0;
+    d->sidx = (uint8_t)sidx;
+    d->prio = (uint8_t)prio;
     gp_peak(&p->st.reserved, &p->st.reserved_peak, len); /* (the peak too: a check meanwhile sees both) */
     p->mapping += len;
     return 1;
