@@ -364,7 +364,10 @@ static gp_offload_opts opts_arg(uint8_t k)
 #ifdef GP_HAVE_ZSTD
     if (k % 3 == 2) codec = GP_CODEC_ZSTD;
 #endif
-    return (gp_offload_opts){.keep = (k >> 2) % 4 != 0, .codec = codec, .elem_size = elems[(k >> 4) % 4]};
+    /* (Bit 6: the memory given back maps again the cache the last restore
+     * gave back.) */
+    return (gp_offload_opts){.keep = (k >> 2) % 4 != 0, .codec = codec, .elem_size = elems[(k >> 4) % 4],
+                             .refill = (k >> 6) & 1};
 }
 
 static void op_offload(reader *r)
