@@ -386,23 +386,33 @@ static void op_offload(reader *r)
           opts.keep, opts.codec, opts.elem_size, gp_status_str(st), st ? gp_last_error() : "",
           (unsigned long long)res.bytes, (unsigned long long)res.kept, (unsigned long long)res.released, res.codec);
     M.touched |= mask;
+    const char *gave_up = st != GP_OK ? strstr(gp_last_error(), "it stays offloaded and ") : NULL;
+    /* A dropped offload undone: the blocks are back, but what it had given
+     * back lost its contents, which it says (never "as before").  In a
+     * window too: its tags are not the window's, whose close sees only
+     * what moved. */
+    uint64_t changed = 0;
+    if (st != GP_OK && !gave_up && !opts.keep && says("lost their contents"))
+        for (int i = 0; i < M.n; i++) {
+            mblk *b = &M.b[i];
+            uint64_t d = was[i] && state_of(b) == GP_BLOCK_USED ? pat_diff(b->ptr, b->req, b->seed, b->kind, 0) : 0;
+            changed += d;
+            if (d) refill(b);
+        }
+    EXPECT(changed <= res.lost, "a dropped offload undone changed %llu bytes and said %llu lost",
+           (unsigned long long)changed, (unsigned long long)res.lost);
     if (M.window) {
         M.win_keep0 |= !opts.keep;
         EXPECT(st == GP_OK || st == GP_ERR_LIMIT || (faulty() && says("injected")), "offload in a window gave %s: %s",
                gp_status_str(st), gp_last_error());
         return; /* (the window's close sees what moved) */
     }
-    const char *gave_up = st != GP_OK ? strstr(gp_last_error(), "it stays offloaded and ") : NULL;
     if (st != GP_OK) {
         EXPECT((st == GP_ERR_LIMIT && M.host_limit && says("GPUPOOL_HOST_LIMIT")) || (faulty() && says("injected")),
                "offload of tags 0x%x gave %s: %s", mask, gp_status_str(st), gp_last_error());
         /* (one that failed before anything moved need not say it undid
          * anything: the blocks below tell) */
     }
-    /* A dropped offload undone: the blocks are back, but what it had given
-     * back lost its contents, which it says (never "as before"). */
-    int dropped_back = st != GP_OK && !gave_up && !opts.keep && says("lost their contents");
-    uint64_t changed = 0;
     uint64_t moved = 0, kept = 0;
     int rec = -1;
     for (int i = 0; i < M.n; i++) {
@@ -411,9 +421,6 @@ static void op_offload(reader *r)
         int now = state_of(b);
         if (now == GP_BLOCK_USED) {
             kept += b->size;
-            uint64_t d = dropped_back ? pat_diff(b->ptr, b->req, b->seed, b->kind, 0) : 0;
-            changed += d;
-            if (d) refill(b);
             continue;
         }
         EXPECT(now == GP_BLOCK_OFFLOADED, "offload left the block %p in state %d", (void *)b->ptr, now);
@@ -428,8 +435,6 @@ static void op_offload(reader *r)
         b->rec = rec;
         moved += b->size;
     }
-    EXPECT(changed <= res.lost, "a dropped offload undone changed %llu bytes and said %llu lost",
-           (unsigned long long)changed, (unsigned long long)res.lost);
     if (st == GP_OK)
         EXPECT(res.bytes == moved && res.kept == kept, "offload of tags 0x%x: %llu bytes moved and %llu kept, the "
                "blocks say %llu and %llu", mask, (unsigned long long)res.bytes, (unsigned long long)res.kept,
