@@ -455,6 +455,7 @@ uint64_t gp_trim_cached(gp_pool *p, const gp_arena *only, uint64_t want, int max
             for (gp_block *b = a->first, *nx; b && freed < want; b = nx) {
                 nx = b->next;
                 if (b->freed > upto || !gp_cached(p, a, b, level, level, 1)) continue;
+                if (p->growing_from && b->addr <= p->growing_from && p->growing_from < b->addr + b->size) continue;
                 if (!out) {
                     freed += gp_trim_block(p, a, b, want - freed, &nx);
                 } else if (out->n == out->cap) {
@@ -621,6 +622,28 @@ static int gp_device_fits(gp_pool *p, uint64_t need, int prio, uint64_t *short_b
 static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, int prio, gp_status *st,
                             int may_trim);
 
+/* The free block of slot sidx that a growth for `size` bytes extends
+ * rather than starting a new run: one followed by unmapped space that
+ * holds what it lacks (it then maps only that), the largest such (the
+ * least to map); NULL if none.  The unmapped bins are few (the gaps between
+ * mapped runs), so all of them are looked at. */
+static gp_block *gp_extended(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size)
+{
+    const gp_bins *ub = &a->unmapped[p->slot_life[sidx]];
+    gp_block *best = NULL;
+    for (uint64_t fm = ub->fl_map; fm; fm &= fm - 1) {
+        unsigned fl = (unsigned)__builtin_ctzll(fm);
+        for (unsigned sm = ub->sl_map[fl]; sm; sm &= sm - 1)
+            for (gp_block *u = ub->heads[fl][__builtin_ctz(sm)]; u; u = u->fnext) {
+                gp_block *pv = u->prev;
+                if (pv && pv->state == GP_BLOCK_FREE && pv->sidx == sidx && pv->life == u->life && pv->size < size &&
+                    u->size >= gp_round_up(size - pv->size, a->chunk) && (!best || pv->size > best->size))
+                    best = pv;
+            }
+    }
+    return best;
+}
+
 /* The bytes of cache gp_trim_slack gives back (the lock is held). */
 uint64_t gp_slack_over(const gp_pool *p, uint64_t need, uint64_t size, uint64_t floor, uint64_t most)
 {
@@ -669,29 +692,33 @@ static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t siz
         *st = gp_error_set(GP_ERR_OOM, "the reserved pool is exhausted (reserve mode never maps more)");
         return NULL;
     }
-    uint64_t need = gp_round_up(size, a->chunk);
+    uint64_t full = gp_round_up(size, a->chunk);
+    /* What this growth maps, decided before anything is given back: where
+     * it extends a free block, the trims keep that block whole. */
+    gp_block *pv = gp_extended(p, a, sidx, size);
+    uintptr_t from = pv ? pv->addr : 0;
+    uint64_t need = pv ? gp_round_up(size - pv->size, a->chunk) : full;
     uint64_t limit = p->st.limit;
+    p->growing_from = from;
+    if (limit && p->st.reserved + need > limit) gp_trim_first_idle(p, NULL, p->st.reserved + need - limit, prio);
+    if (!limit || p->st.reserved + need <= limit) gp_trim_slack(p, a, need, size, prio, 0, UINT64_MAX, 1);
+    p->growing_from = 0;
+    /* The trims may have merged the block away or opened a gap beside
+     * another: found again, and the limit asked again. */
+    pv = gp_extended(p, a, sidx, size);
+    need = pv ? gp_round_up(size - pv->size, a->chunk) : full;
     if (limit && p->st.reserved + need > limit) {
-        gp_trim_first_idle(p, NULL, p->st.reserved + need - limit, prio);
-        if (p->st.reserved + need > limit) {
-            *st = gp_error_set(GP_ERR_LIMIT,
-                               "the pool limit of %" PRIu64 " bytes would be exceeded "
-                               "(reserved %" PRIu64 ", %" PRIu64 " more needed)",
-                               limit, p->st.reserved, need);
-            return NULL;
-        }
+        *st = gp_error_set(GP_ERR_LIMIT,
+                           "the pool limit of %" PRIu64 " bytes would be exceeded "
+                           "(reserved %" PRIu64 ", %" PRIu64 " more needed)",
+                           limit, p->st.reserved, need);
+        return NULL;
     }
-    gp_trim_slack(p, a, need, size, prio, 0, UINT64_MAX, 1);
-    gp_block *u = gp_bins_find(&a->unmapped[p->slot_life[sidx]], need);
+    gp_block *u = pv ? pv->next : gp_bins_find(&a->unmapped[p->slot_life[sidx]], need);
     if (!u) {
         *st = gp_error_set(GP_ERR_OOM, "no unmapped address range of %" PRIu64 " bytes left in the arena", need);
         return NULL;
     }
-    /* A free block of this stream just below u is extended rather than a new
-     * run started: map only what it lacks. */
-    gp_block *pv = u->prev;
-    if (pv && pv->state == GP_BLOCK_FREE && pv->sidx == sidx && pv->life == u->life && pv->size < size)
-        need = gp_round_up(size - pv->size, a->chunk);
     /* Whether the device has the memory, decided from its figures before
      * anything is mapped: a mapping that fails half-way has cost a map and
      * an unmap per chunk (0.47 s for 1 GiB in 64 KiB chunks).  What the

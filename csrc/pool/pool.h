@@ -130,6 +130,12 @@ struct gp_pool {
 
     gp_block *spare;    /* free block headers */
     uint64_t held;      /* headers trims and refills in transit keep for their cut (gp_detached.spare) */
+    /* While a growth trims cache beyond the slack, the address of the free
+     * block it will extend (0: none): the trims pass the block holding it
+     * by (gp_trim_cached), as unmapping its last chunks would only have
+     * the growth map them again, after a wait for the streams if they were
+     * freed lately. */
+    uintptr_t growing_from;
     void **slabs;
     size_t n_slabs, cap_slabs;
 

@@ -685,23 +685,33 @@ static void test_tags(void)
     CHECK(gp_parse_priority("high", &prio) == GP_OK && prio == GP_PRIO_HIGH);
 }
 
-/* Two 8 MiB holes between 1 MiB live blocks, then a 12 MiB request that
- * fits neither: with a cache slack the holes' chunks are given back before
- * the pool maps anew, so reserved stays near allocated; without, the pool
- * maps 12 MiB beside 16 MiB of cache.  Returns the stats after it. */
-static gp_stats lean_growth(double slack)
+/* The growth and trim tests' pool on `be`: 1 MiB chunks for blocks of 64
+ * KiB and up; `slack` (a cache slack) is set unless NULL. */
+static gp_pool *slack_pool(gp_backend *be, const double *slack)
 {
     gp_config cfg;
     gp_config_default(&cfg);
     cfg.chunk = 256 * KiB;
     cfg.large_chunk = 1 * MiB;
     cfg.small_size = 64 * KiB;
-    cfg.cache_slack = slack;
+    if (slack) cfg.cache_slack = *slack;
+    gp_pool *p = NULL;
+    CHECK(gp_pool_create(be, &cfg, &p) == GP_OK);
+    return p;
+}
+
+static gp_pool *trim_pool(gp_backend *be) { return slack_pool(be, NULL); }
+
+/* Two 8 MiB holes between 1 MiB live blocks, then a 12 MiB request that
+ * fits neither: with a cache slack the holes' chunks are given back before
+ * the pool maps anew, so reserved stays near allocated; without, the pool
+ * maps 12 MiB beside 16 MiB of cache.  Returns the stats after it. */
+static gp_stats lean_growth(double slack)
+{
     gp_backend *be;
-    gp_pool *p;
     gp_stats s0, s;
     CHECK(gp_backend_host_create(256 * MiB, &be) == GP_OK);
-    CHECK(gp_pool_create(be, &cfg, &p) == GP_OK);
+    gp_pool *p = slack_pool(be, &slack);
     void *a = A(p, 8 * MiB), *s1 = A(p, 1 * MiB), *b = A(p, 8 * MiB), *s2 = A(p, 1 * MiB);
     CHECK(a && s1 && b && s2);
     memset(s1, 0x5a, 1 * MiB);
@@ -781,23 +791,71 @@ static void test_lean_growth(void)
     CHECK(roomy.reserved == 28 * MiB && roomy.n_sync_pool == 1 && roomy.n_unmap == 2);
 }
 
+/* A growth that extends a free block into the unmapped space after it maps
+ * only what that block lacks, and the slack's trim keeps the block: a live
+ * 1 MiB block, a 4 MiB block freed after it (its stream has not run past
+ * it), then 6 MiB asked for with no slack.  The space after the block is
+ * the arena's unmapped rest, or (`gap`) a 2 MiB gap a trim left before
+ * another live block: the 4 MiB and the gap make the 6.  Trimming the
+ * block first (as growths did) waited for the stream, unmapped its 4
+ * chunks and mapped them again at the same addresses with 2 more.  Under
+ * a limit that leaves room for the 2 MiB only, the same; under one that
+ * does not, the request fails and the block stays cached.  Returns the
+ * stats after it, less those before (reserved: what it added). */
+static gp_stats extend_growth(int gap, uint64_t limit, void **got, void **freed)
+{
+    gp_backend *be;
+    gp_stats s0, s;
+    const double zero = 0;
+    CHECK(gp_backend_host_create(256 * MiB, &be) == GP_OK);
+    gp_pool *p = slack_pool(be, &zero);
+    void *live = A(p, 1 * MiB), *t = A(p, 4 * MiB), *g = gap ? A(p, 2 * MiB) : NULL, *end = gap ? A(p, MiB) : NULL;
+    CHECK(live && t && (char *)t == (char *)live + MiB && (!gap || (g && end)));
+    memset(live, 0x3c, MiB);
+    if (gap) {
+        gp_free(p, g);
+        CHECK(gp_pool_trim(p, 2 * MiB) == 2 * MiB);
+    }
+    gp_free(p, t);
+    gp_pool_set_limit(p, limit);
+    gp_pool_stats(p, &s0, 0);
+    CHECK(s0.reserved == (gap ? 6 : 5) * MiB && s0.allocated == (gap ? 2 : 1) * MiB);
+    char *c = A(p, 6 * MiB);
+    if (c) memset(c, 0x11, 6 * MiB);
+    CHECK(((unsigned char *)live)[MiB - 1] == 0x3c);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_pool_stats(p, &s, 0);
+    s.reserved -= s0.reserved;
+    s.n_map -= s0.n_map;
+    s.n_unmap -= s0.n_unmap;
+    s.n_sync += s.n_sync_pool - s0.n_sync - s0.n_sync_pool;
+    *got = c;
+    *freed = t;
+    if (c) gp_free(p, c);
+    if (end) gp_free(p, end);
+    gp_free(p, live);
+    done(p);
+    return s;
+}
+
+static void test_growth_keeps_the_block_it_extends(void)
+{
+    for (int gap = 0; gap < 2; gap++) {
+        void *c, *t;
+        uint64_t before = (gap ? 6 : 5) * MiB;
+        gp_stats s = extend_growth(gap, 0, &c, &t);
+        CHECK(c == t && s.reserved == 2 * MiB && s.n_map == 2 && s.n_unmap == 0 && s.n_sync == 0);
+        s = extend_growth(gap, before + 2 * MiB, &c, &t);
+        CHECK(c == t && s.reserved == 2 * MiB && s.n_map == 2 && s.n_unmap == 0 && s.n_sync == 0);
+        s = extend_growth(gap, before + 1 * MiB + 512 * KiB, &c, &t);
+        CHECK(c == NULL && s.reserved == 0 && s.n_map == 0 && s.n_unmap == 0);
+    }
+}
+
 /* Cache given back without a device sync (gp_trim_idle): only blocks freed
  * before a fence that has completed.  An 8 MiB hole freed before the fence
  * goes once its stream has run past it; one freed after stays (its stream
  * may still use it) until the stream has run past the next fence. */
-/* The trim tests' pool on `be`: 1 MiB chunks for blocks of 64 KiB and up. */
-static gp_pool *trim_pool(gp_backend *be)
-{
-    gp_config cfg;
-    gp_config_default(&cfg);
-    cfg.chunk = 256 * KiB;
-    cfg.large_chunk = 1 * MiB;
-    cfg.small_size = 64 * KiB;
-    gp_pool *p = NULL;
-    CHECK(gp_pool_create(be, &cfg, &p) == GP_OK);
-    return p;
-}
-
 static void test_trim_without_sync(void)
 {
     gp_backend *be;
@@ -1101,6 +1159,7 @@ int main(void)
     test_tags();
     test_fork_while_interning();
     test_lean_growth();
+    test_growth_keeps_the_block_it_extends();
     test_trim_without_sync();
     test_alloc_time();
     test_trim_unlocked();
