@@ -287,6 +287,11 @@ static size_t gp_check_locked(gp_pool *p, char *msg, size_t n)
                  "%" PRIu64 " spare headers and %" PRIu64 " blocks, but %" PRIu64 " headers exist", spare,
                  s.blocks, c.headers);
 
+    /* Only a growth, which keeps the lock throughout, names a block its
+     * trims pass by. */
+    VIOLATION_IF(&c, p->growing_from != 0, "a growth's block 0x%" PRIxPTR " is still kept from trims",
+                 p->growing_from);
+
     /* The record_stream table against the blocks. */
     unsigned pending_recs = 0;
     VIOLATION_IF(&c, p->n_recs > p->cap_recs, "%u record_stream records in room for %u", p->n_recs,

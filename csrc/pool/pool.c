@@ -696,10 +696,9 @@ static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t siz
     /* What this growth maps, decided before anything is given back: where
      * it extends a free block, the trims keep that block whole. */
     gp_block *pv = gp_extended(p, a, sidx, size);
-    uintptr_t from = pv ? pv->addr : 0;
     uint64_t need = pv ? gp_round_up(size - pv->size, a->chunk) : full;
     uint64_t limit = p->st.limit;
-    p->growing_from = from;
+    p->growing_from = pv ? pv->addr : 0;
     if (limit && p->st.reserved + need > limit) gp_trim_first_idle(p, NULL, p->st.reserved + need - limit, prio);
     if (!limit || p->st.reserved + need <= limit) gp_trim_slack(p, a, need, size, prio, 0, UINT64_MAX, 1);
     p->growing_from = 0;
