@@ -173,48 +173,6 @@ def test_prefetch_behind_a_background_offload_is_queued_not_waited_for() -> None
     assert bytes((ctypes.c_ubyte * n).from_address(a)) == want
 
 
-def test_a_background_offload_not_started_yields_to_a_restore_of_its_tag() -> None:
-    # yield_to_restore: an offload queued behind another that is still
-    # running, whose tag is wanted back before it starts, does not run --
-    # its bytes would come straight back.  Without it, it runs and the
-    # prefetch brings them back.
-    import os
-
-    p = pool(256 * MiB, host_limit="256MiB")
-    n = 96 * MiB
-    slow = p.alloc(n, tag="yield_slow_t")
-    ctypes.memmove(slow, os.urandom(n), n)  # (incompressible: zstd takes its time on it)
-    blocks = {t: p.alloc(8 * MiB, tag=t) for t in ("yield_a_t", "yield_b_t", "yield_c_t")}
-    for i, b in enumerate(blocks.values()):
-        fill(b, 8 * MiB, 70 + i)
-    with pytest.raises(ValueError, match="wait=False"):
-        gpupool.offload("yield_a_t", yield_to_restore=True, pool=p)
-
-    def off() -> dict:
-        return p.stats()["offload"]
-
-    gpupool.offload("yield_slow_t", codec="zstd", wait=False, pool=p)
-    gpupool.offload("yield_a_t", codec="raw", wait=False, yield_to_restore=True, pool=p)
-    gpupool.offload("yield_b_t", codec="raw", wait=False, yield_to_restore=True, pool=p)
-    gpupool.offload("yield_c_t", codec="raw", wait=False, pool=p)
-    assert off()["n_offload"] == 0  # (the first still compresses: none of the others has started)
-    gpupool.prefetch(["yield_a_t", "yield_c_t"], pool=p)  # a yields, c does not (and b is not wanted)
-    gpupool.restore("nothing_t", pool=p)  # (waits for the background work, yielding nothing)
-    assert off()["n_yielded"] == 1 and off()["n_offload"] == 3, off()
-    assert [p.lookup(b).state for b in list(blocks.values())[:2]] == ["used", "offloaded"]
-    gpupool.restore(["yield_b_t", "yield_c_t"], pool=p)
-    assert off()["n_restore"] == 2  # (c's prefetch, b's restore)
-    assert all(p.lookup(b).state == "used" and same(b, 8 * MiB, 70 + i) for i, b in enumerate(blocks.values()))
-    # A restore yields them too; one that has started runs to its end.
-    gpupool.restore("yield_slow_t", pool=p)
-    gpupool.offload("yield_slow_t", codec="zstd", wait=False, pool=p)
-    gpupool.offload("yield_b_t", codec="raw", wait=False, yield_to_restore=True, pool=p)
-    gpupool.restore("yield_b_t", pool=p)
-    assert off()["n_yielded"] == 2 and p.lookup(slow).state == "offloaded"
-    gpupool.restore("yield_slow_t", pool=p)
-    assert all(p.lookup(b).state == "used" and same(b, 8 * MiB, 70 + i) for i, b in enumerate(blocks.values()))
-
-
 def test_allocation_waits_for_a_background_offload() -> None:
     # The optimizer hook offloads behind the step while the next forward
     # allocates: under a limit, a request that finds no room must wait for
@@ -418,7 +376,6 @@ def test_optimizer_state_is_prefetched_during_the_backward_pass() -> None:
     assert p.lookup(state).state == "used" and p.stats()["offload"]["n_restore"] == 1 and same(state, 8 * MiB, 9)
     params[2].grad_done()  # (once per backward pass)
     opt.step()  # offloaded again; the next backward pass prefetches again
-    gpupool.restore("nothing_t", pool=p)  # (the offload has run: it does not yield to the prefetch)
     for q in params[:2]:
         q.grad_done()
     gpupool.restore("pf_opt_t", pool=p)
@@ -549,49 +506,6 @@ def test_under_a_limit_what_the_pool_took_under_pressure_leaves_behind_the_next_
     # The offload under pressure took no codec staging from the pool it
     # was relieving (it displaced the room the request waited for).
     assert p.stats()["tags"]["gpupool"]["allocated"] == own
-
-
-def test_the_optimizer_state_leaves_in_parts_that_yield_to_the_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A host-bound step shorter than the state's round trip: the prefetch
-    # (at the first gradient) comes while the state still leaves.  The
-    # parts not started then stay on the device instead of leaving after
-    # the step's peak only to come straight back; where the prefetch comes
-    # later, all of the state leaves, as before.
-    import os
-
-    from gpupool import _offload
-
-    monkeypatch.setattr(_offload, "_PART_MIN", 8 * MiB)  # (8 parts of 12 MiB)
-    p = pool(256 * MiB, codec="zstd", host_limit="256MiB")
-    params = [_FakeParam(MiB)]
-    opt = _FakeOptimizer(params)
-    tag = "parts_opt_t"
-    h = gpupool.offloadable(opt, tag, offload_after_step=True, prefetch_at=0.0, pool=p)
-    state = [p.alloc(8 * MiB, tag=tag) for _ in range(12)]
-    want = []
-    for a in state:
-        ctypes.memmove(a, os.urandom(8 * MiB), 8 * MiB)  # (incompressible: zstd takes its time on it)
-        want.append(bytes((ctypes.c_ubyte * (8 * MiB)).from_address(a)))
-    opt.state = {i: {"exp_avg": _FakeTensor(a, 8 * MiB)} for i, a in enumerate(state)}
-
-    def off() -> dict:
-        return p.stats()["offload"]
-
-    opt.step()
-    params[0].grad_done()  # wanted back at once, while the first part compresses
-    gpupool.restore(tag, pool=p)
-    # (the first part, maybe the second, had started: the rest yielded)
-    assert off()["n_yielded"] >= 6 and off()["n_offload"] + off()["n_yielded"] == 8, off()
-    assert off()["bytes_out"] <= 24 * MiB and off()["n_restore"] == off()["n_offload"], off()
-    assert all(p.lookup(a).state == "used" for a in state)
-    yielded = off()["n_yielded"]
-    opt.step()
-    gpupool.restore("nothing_t", pool=p)  # (waits for the background offloads: all of them run)
-    assert p.stats()["tags"][tag]["offloaded"] == 96 * MiB and off()["n_yielded"] == yielded
-    params[0].grad_done()
-    gpupool.restore(tag, pool=p)
-    assert all(bytes((ctypes.c_ubyte * (8 * MiB)).from_address(a)) == w for a, w in zip(state, want))
-    h.remove()
 
 
 def test_pressure_offloads_raw_where_the_pools_codec_cannot_run() -> None:

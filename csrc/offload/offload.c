@@ -283,36 +283,15 @@ static void gp_bg_done(gp_offloader *o, gp_status st, int report)
     pthread_cond_broadcast(&o->cond);
 }
 
-typedef struct gp_bg_offload {
-    gp_offloader *o;
-    struct gp_bg_offload *next; /* (in o->bg_queued until it starts) */
-    int yielded;                /* its tags were wanted back first: it does not run */
-    gp_offload_opts opts;
-    uint64_t fence[GP_FENCE_MAX]; /* (taken by the caller: what the memory's users had queued) */
-    size_t n_tags;
-    gp_tag tags[];
-} gp_bg_offload;
-
-/* `tags` are wanted back: the background offloads of any of them that
- * have not started and may yield will not run (the lock is held). */
-static void gp_bg_yield_locked(gp_offloader *o, const gp_tag *tags, size_t n)
-{
-    for (gp_bg_offload *j = o->bg_queued; j; j = j->next)
-        for (size_t a = 0; a < j->n_tags && j->opts.yields && !j->yielded; a++)
-            for (size_t b = 0; b < n; b++)
-                if (j->tags[a] == tags[b]) j->yielded = 1;
-}
-
 /* What a restore or prefetch of `tags` wants, returning with the lock held
  * once the background offloads queued have run (what one takes has no
- * record before it has; those that may yield to it do not run). */
+ * record before it has). */
 static gp_status gp_want_locked(gp_offloader *o, const gp_tag *tags, size_t n, gp_want *w)
 {
     gp_status st = gp_check_tags(o, tags, n);
     if (st == GP_OK) st = gp_want_of(o, tags, n, w);
     if (st != GP_OK) return st;
     pthread_mutex_lock(&o->lock);
-    gp_bg_yield_locked(o, tags, n);
     while (o->n_background || o->n_deferred) pthread_cond_wait(&o->cond, &o->lock);
     return GP_OK;
 }
@@ -454,7 +433,6 @@ gp_status gp_prefetch_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags)
      * thread that queues the backward pass, which would stop feeding the
      * device until the offload's copies had run. */
     pthread_mutex_lock(&o->lock);
-    gp_bg_yield_locked(o, tags, n_tags);
     if (o->n_background) {
         gp_deferred *d = malloc(sizeof *d + n_tags * sizeof *tags);
         if (!d) {
@@ -480,19 +458,20 @@ gp_status gp_prefetch_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags)
     return st;
 }
 
+typedef struct gp_bg_offload {
+    gp_offloader *o;
+    gp_offload_opts opts;
+    uint64_t fence[GP_FENCE_MAX]; /* (taken by the caller: what the memory's users had queued) */
+    size_t n_tags;
+    gp_tag tags[];
+} gp_bg_offload;
+
 static gp_status gp_job_offload(void *arg)
 {
     gp_bg_offload *job = arg;
     gp_offloader *o = job->o;
-    pthread_mutex_lock(&o->lock);
-    gp_bg_offload **at = &o->bg_queued;
-    while (*at != job) at = &(*at)->next;
-    *at = job->next;
-    int yielded = job->yielded;
-    if (yielded) o->st.n_yielded++;
-    pthread_mutex_unlock(&o->lock);
     gp_offload_result res;
-    gp_status st = yielded ? GP_OK : gp_offload_tags(o, job->tags, job->n_tags, &job->opts, &res);
+    gp_status st = gp_offload_tags(o, job->tags, job->n_tags, &job->opts, &res);
     for (size_t i = 0; i < job->opts.n_fence; i++) o->be->event_release(o->be, job->fence[i]);
     free(job);
     pthread_mutex_lock(&o->lock);
@@ -521,10 +500,7 @@ gp_status gp_offload_tags_background(gp_offloader *o, const gp_tag *tags, size_t
     gp_pool_releasing(o->pool, 1);
     pthread_mutex_lock(&o->lock);
     o->n_background++;
-    job->next = o->bg_queued;
-    o->bg_queued = job;
     if ((st = gp_workq_push(o->pq, &o->prefetches, gp_job_offload, job)) != GP_OK) {
-        o->bg_queued = job->next; /* (the lock was held since: still the first) */
         o->n_background--;
         for (size_t i = 0; i < job->opts.n_fence; i++) o->be->event_release(o->be, job->fence[i]);
         free(job);

@@ -74,10 +74,6 @@ typedef struct gp_offload_opts {
     int refill;         /* the memory given back maps again, in its place,
                            the cache the pool's last restore gave back
                            (gp_offload_plan.refill)                     */
-    int yields;         /* a background offload that has not started when
-                           one of its tags is wanted back (a restore or a
-                           prefetch asked) does not run: what it would
-                           move would come straight back               */
 } gp_offload_opts;
 
 /* What one offload or restore did. */
@@ -181,7 +177,6 @@ void gp_offload_figures(gp_offloader *o, uint64_t *offloadable, uint64_t *offloa
     X(n_offload)   /* calls that moved memory out */                           \
     X(n_restore)   /* ... and back */                                          \
     X(n_pressure)  /* offloads made by the pressure callback */                \
-    X(n_yielded)   /* background offloads that yielded (opts.yields) */        \
     X(bytes_out)   /* bytes copied out, ever */                                \
     X(bytes_in)    /* bytes copied back, ever */                               \
     X(n_pin)       /* slabs pinned, ever */

@@ -148,7 +148,6 @@ struct gp_offloader {
     gp_batch prefetches;   /* (waited for through the records' flags and
                               n_background)                              */
     unsigned n_background; /* background offloads queued or running      */
-    struct gp_bg_offload *bg_queued; /* those not started, in order    */
     unsigned n_deferred;   /* prefetches queued behind background offloads
                               (gp_prefetch_tags) that have not yet taken
                               their records: restores and prefetches wait

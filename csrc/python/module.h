@@ -99,9 +99,8 @@ PyObject *gp_py_offload_corrupt(gp_pool_object *self, PyObject *arg);
 /* Entries of the Pool type's method table. */
 #define GP_OFFLOAD_METHODS                                                                           \
     {"offload", (PyCFunction)(void (*)(void))gp_py_offload, METH_VARARGS | METH_KEYWORDS,            \
-     "offload(tag_ids, keep=True, codec=None, elem_size=0, wait=True, most=0, refill=False, yields=False) "  \
-     "-> dict: move the tags' memory to the host; codec None: the pool's (GPUPOOL_CODEC); wait=False: on a " \
-     "background thread (-> None), which with yields=True does not run if a tag is wanted back first"}, \
+     "offload(tag_ids, keep=True, codec=None, elem_size=0, wait=True) -> dict: move the tags' memory "   \
+     "to the host; codec None: the pool's (GPUPOOL_CODEC); wait=False: on a background thread (-> None)"}, \
     {"restore", (PyCFunction)gp_py_restore, METH_VARARGS,                                            \
      "restore(tag_ids) -> dict: bring their memory back at the same addresses"},                    \
     {"prefetch", (PyCFunction)gp_py_prefetch, METH_VARARGS,                                          \

@@ -57,14 +57,14 @@ static gp_offloader *gp_off_of(gp_pool_object *self)
 
 PyObject *gp_py_offload(gp_pool_object *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"tags", "keep", "codec", "elem_size", "wait", "most", "refill", "yields", NULL};
+    static char *kwlist[] = {"tags", "keep", "codec", "elem_size", "wait", "most", "refill", NULL};
     PyObject *tags_o;
-    int keep = 1, wait = 1, refill = 0, yields = 0;
+    int keep = 1, wait = 1, refill = 0;
     const char *codec = NULL;
     unsigned elem = 0;
     unsigned long long most = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pzIpKpp", kwlist, &tags_o, &keep, &codec, &elem, &wait, &most,
-                                     &refill, &yields))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pzIpKp", kwlist, &tags_o, &keep, &codec, &elem, &wait, &most,
+                                     &refill))
         return NULL;
     gp_tag tags[16];
     size_t n;
@@ -75,8 +75,7 @@ PyObject *gp_py_offload(gp_pool_object *self, PyObject *args, PyObject *kw)
     if (gp_codec_parse(codec ? codec : cfg.codec, &id) != GP_OK) return gp_raise(GP_ERR_INVALID);
     gp_offloader *o = gp_off_of(self);
     if (!o) return NULL;
-    gp_offload_opts opts = {.keep = keep, .codec = id, .elem_size = elem, .most = most, .refill = refill,
-                            .yields = yields};
+    gp_offload_opts opts = {.keep = keep, .codec = id, .elem_size = elem, .most = most, .refill = refill};
     gp_offload_result r;
     gp_status st;
     Py_BEGIN_ALLOW_THREADS

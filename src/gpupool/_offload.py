@@ -31,13 +31,6 @@ __all__ = ["offload", "restore", "prefetch", "offloaded", "offloadable", "Offloa
 
 Tags = Union[str, Sequence[str]]
 
-# The offload behind an optimizer's step is queued in this many parts, of
-# at least _PART_MIN bytes each: a part that has not started when the
-# prefetch comes stays on the device.  (On the fp32 recipe's 3.69 GB, 8
-# parts of about 8 ms of PCIe each.)
-_PARTS = 8
-_PART_MIN = 64 << 20
-
 # Codecs offload accepts (the C side's list): "auto" is nvCOMP's ANS on a GPU
 # (raw without nvCOMP) and zstd on byte planes on the host backend.
 CODECS = tuple(_C.codec_names())
@@ -86,20 +79,18 @@ def _elem_size(dtype: Any) -> int:
 @overload
 def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype: Any = None,
             wait: Literal[True] = True, max_bytes: Optional[int] = None, refill_cache: bool = False,
-            yield_to_restore: bool = False, device: Optional[int] = None,
-            pool: Optional["PoolView"] = None) -> Dict[str, Any]: ...
+            device: Optional[int] = None, pool: Optional["PoolView"] = None) -> Dict[str, Any]: ...
 
 
 @overload
 def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype: Any = None,
             wait: Literal[False], max_bytes: Optional[int] = None, refill_cache: bool = False,
-            yield_to_restore: bool = False, device: Optional[int] = None,
-            pool: Optional["PoolView"] = None) -> None: ...
+            device: Optional[int] = None, pool: Optional["PoolView"] = None) -> None: ...
 
 
 def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype: Any = None, wait: bool = True,
-            max_bytes: Optional[int] = None, refill_cache: bool = False, yield_to_restore: bool = False,
-            device: Optional[int] = None, pool: Optional["PoolView"] = None) -> Optional[Dict[str, Any]]:
+            max_bytes: Optional[int] = None, refill_cache: bool = False, device: Optional[int] = None,
+            pool: Optional["PoolView"] = None) -> Optional[Dict[str, Any]]:
     """Move the memory of `tag` (a name or a list of names) to host RAM.
 
     Waits for the streams that used the memory, copies its live blocks to
@@ -134,19 +125,11 @@ def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype:
     left instead of mapping memory on the thread that allocates (an
     optimizer's state offloaded behind its step, before the forward pass:
     what ``offloadable(..., offload_after_step=True)`` does).  Not for an
-    offload meant to free the device for someone else.
-
-    yield_to_restore=True (with wait=False): should a :func:`restore` or
-    :func:`prefetch` of one of the tags be asked before this offload has
-    started, it does not run and the memory stays on the device -- what it
-    would move would come straight back.  An offload queued in parts so
-    (``max_bytes``) stops at the part under way."""
+    offload meant to free the device for someone else."""
     if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes <= 0):
         raise ValueError(f"max_bytes must be a positive number of bytes or None, got {max_bytes!r}")
-    if yield_to_restore and wait:
-        raise ValueError("yield_to_restore=True applies to an offload queued with wait=False")
     info = _pool(device, pool)._pool.offload(_tag_ids(tag), bool(keep), _codec(codec), _elem_size(dtype),
-                                             bool(wait), max_bytes or 0, bool(refill_cache), bool(yield_to_restore))
+                                             bool(wait), max_bytes or 0, bool(refill_cache))
     return None if info is None else dict(info)
 
 
@@ -297,23 +280,14 @@ class OffloadHandle:
     def _offload_behind_step(self) -> None:
         """After the step: the state leaves on the background thread, all of
         it, or under a pool limit the part the limit needs; the window in
-        which the next peak is measured starts.  Without a limit it is
-        queued in parts that yield to the prefetch: on a host whose step is
-        shorter than the state's round trip, the prefetch comes while the
-        state still leaves, and the parts not started then stay on the
-        device rather than leave after the peak only to come straight back.
-        (Under a limit, one offload of the part the limit needs.)"""
+        which the next peak is measured starts."""
         self._pool._pool.window_peak(True)
         self._measured = False
         self._sent = self._part
         if self._part == 0:
             return  # (the limit has room for all of it: nothing moves)
-        n = 1 if self._part is not None else max(1, min(_PARTS, self._state_bytes // _PART_MIN))
-        each = -(-self._state_bytes // n)
         with _mark("gpupool.offload"):
-            for i in range(n - 1):
-                self.offload(wait=False, max_bytes=each, refill_cache=True, yield_to_restore=True)
-            self.offload(wait=False, max_bytes=self._part, refill_cache=True, yield_to_restore=True)
+            self.offload(wait=False, max_bytes=self._part, refill_cache=True)
 
     def _measure(self) -> None:
         """Once the forward pass and the start of the backward pass are
@@ -377,10 +351,7 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       busy; after it, the state (made by the first step) joins the tag, is
       marked idle and, with ``offload_after_step=True``, offloaded at once,
       on the pool's background thread (the next forward is queued while
-      the copies run; the next step's restore waits for them), in up to 8
-      parts: a part that has not started when the state is wanted back
-      stays on the device (a step shorter than the round trip would
-      otherwise send it out after its peak only to bring it back).  Then the
+      the copies run; the next step's restore waits for them).  Then the
       state is prefetched during the backward pass, once the gradients of
       ``prefetch_at`` of the parameters' bytes have been accumulated: by
       default at the first gradient, when the step's peak (the loss and

@@ -6,8 +6,7 @@
  * offloads idle lower-priority tags only; several tags at once; raw pieces
  * fill the pinned slabs; a restore
  * maps its chunks in the order its copies need them; the pool's integrity
- * after each step; the offloader's threads carry names; a background
- * offload not started yields to a restore of its tag.
+ * after each step; the offloader's threads carry names.
  */
 #include <dirent.h>
 #include <pthread.h>
@@ -576,116 +575,6 @@ static void test_pin_faults(void)
             }
 }
 
-/* A host backend whose copies to the host wait at a gate while it is
- * shut: a background offload held inside its copies. */
-typedef struct gated {
-    gp_backend_wrap w;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    int shut, inside;
-} gated;
-
-static gp_status gated_copy(gp_backend *be, void *dst, const void *src, uint64_t n, int kind, gp_stream s)
-{
-    gated *g = (gated *)(void *)be;
-    pthread_mutex_lock(&g->lock);
-    if (g->shut && kind == GP_COPY_D2H) {
-        g->inside++;
-        pthread_cond_broadcast(&g->cond);
-        while (g->shut) pthread_cond_wait(&g->cond, &g->lock);
-    }
-    pthread_mutex_unlock(&g->lock);
-    return GP_INNER(be)->copy(GP_INNER(be), dst, src, n, kind, s);
-}
-
-/* Shut the gate, queue a background offload of `tag` and wait until it is
- * held inside its copies. */
-static void gate_behind(gated *g, gp_offloader *o, gp_tag tag, const gp_offload_opts *opts)
-{
-    pthread_mutex_lock(&g->lock);
-    g->shut = 1;
-    g->inside = 0;
-    pthread_mutex_unlock(&g->lock);
-    CHECK(gp_offload_tags_background(o, &tag, 1, opts) == GP_OK);
-    pthread_mutex_lock(&g->lock);
-    while (!g->inside) pthread_cond_wait(&g->cond, &g->lock);
-    pthread_mutex_unlock(&g->lock);
-}
-
-static void gate_open(gated *g)
-{
-    pthread_mutex_lock(&g->lock);
-    g->shut = 0;
-    pthread_cond_broadcast(&g->cond);
-    pthread_mutex_unlock(&g->lock);
-}
-
-static void *gate_open_later(void *arg)
-{
-    nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
-    gate_open(arg);
-    return NULL;
-}
-
-/* A background offload that may yield (opts.yields) and has not started
- * when one of its tags is wanted back -- a prefetch or a restore asked --
- * does not run: what it would move would come straight back.  One that
- * has started, or may not yield, runs; every byte stays as it was. */
-static void test_yields(void)
-{
-    gp_backend *inner;
-    CHECK(gp_backend_host_create(64 * MiB, &inner) == GP_OK);
-    gated *g = calloc(1, sizeof *g);
-    CHECK(g != NULL);
-    gp_backend_forward(&g->w, inner);
-    pthread_mutex_init(&g->lock, NULL);
-    pthread_cond_init(&g->cond, NULL);
-    g->w.be.copy = gated_copy;
-    gp_pool *p = pool_over(&g->w.be);
-    gp_offloader *o;
-    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
-    const gp_tag tags[3] = {T_W, T_O, T_H};
-    void *m[3];
-    for (int i = 0; i < 3; i++) {
-        m[i] = gp_alloc(p, 4 * MiB, NULL, tags[i], GP_PRIO_NORMAL, NULL);
-        CHECK(m[i] != NULL);
-        fill(m[i], 4 * MiB, 40 + i);
-    }
-    gp_offload_opts raw = {.keep = 1, .codec = GP_CODEC_RAW}, yields = raw;
-    yields.yields = 1;
-    gp_offload_stats st;
-    gp_offload_result r;
-    /* W started (held at the gate) and yields: it runs.  O yields, H may
-     * not: a prefetch of both drops O alone. */
-    gate_behind(g, o, T_W, &yields);
-    CHECK(gp_offload_tags_background(o, &T_O, 1, &yields) == GP_OK);
-    CHECK(gp_offload_tags_background(o, &T_H, 1, &raw) == GP_OK);
-    CHECK(gp_prefetch_tags(o, &tags[0], 3) == GP_OK);
-    gate_open(g);
-    CHECK(gp_offload_reclaim(o, 0, 0) == 0); /* (waits for the background offloads) */
-    gp_offload_stats_get(o, &st);
-    CHECK(st.n_yielded == 1 && st.n_offload == 2);
-    CHECK(state_of(p, m[1]) == GP_BLOCK_USED);
-    CHECK(gp_restore_tags(o, tags, 3, 0, &r) == GP_OK);
-    /* A restore drops it too (the gate opens while the restore waits). */
-    gate_behind(g, o, T_W, &raw);
-    CHECK(gp_offload_tags_background(o, &T_O, 1, &yields) == GP_OK);
-    pthread_t t;
-    CHECK(pthread_create(&t, NULL, gate_open_later, g) == 0);
-    CHECK(gp_restore_tags(o, &T_O, 1, 0, &r) == GP_OK && r.bytes == 0);
-    pthread_join(t, NULL);
-    gp_offload_stats_get(o, &st);
-    CHECK(st.n_yielded == 2 && st.n_offload == 3 && state_of(p, m[0]) == GP_BLOCK_OFFLOADED);
-    CHECK(gp_restore_tags(o, tags, 3, 0, &r) == GP_OK);
-    for (int i = 0; i < 3; i++) CHECK(state_of(p, m[i]) == GP_BLOCK_USED && same(m[i], 4 * MiB, 40 + i));
-    CHECK(offload_ok(o));
-    for (int i = 0; i < 3; i++) gp_free(p, m[i]);
-    gp_offloader_destroy(o);
-    pthread_mutex_destroy(&g->lock);
-    pthread_cond_destroy(&g->cond);
-    done(p);
-}
-
 int main(void)
 {
     CHECK(gp_tag_intern("offl", &T_W) == GP_OK);
@@ -702,7 +591,6 @@ int main(void)
     test_fills_slabs(GP_CODEC_RAW);
     test_pin_ahead();
     test_pin_faults();
-    test_yields();
 #ifdef GP_HAVE_ZSTD
     test_fills_slabs(GP_CODEC_AUTO);
 #endif

@@ -312,8 +312,7 @@ static void *offloader_main(void *arg)
         }
         if (n) {
             gp_offload_opts opts = {.keep = (r >> 8) % 16 != 0, .codec = (r >> 12) & 1 ? GP_CODEC_AUTO : GP_CODEC_RAW,
-                                    .elem_size = (r >> 13) & 1 ? 2 : 4, .refill = (r >> 14) & 1,
-                                    .yields = (r >> 15) & 1};
+                                    .elem_size = (r >> 13) & 1 ? 2 : 4, .refill = (r >> 14) & 1};
             gp_error_clear();
             gp_status st;
             if ((r >> 16) % 3 == 0) {
@@ -524,12 +523,11 @@ int main(int argc, char **argv)
     quiet_check();
     gp_offload_stats os;
     gp_offload_stats_get(off, &os);
-    printf("offload stress%s: %.1f s, %ld offloads (%ld failed), %ld background (%llu yielded), %ld restores "
-           "(%ld failed, %ld accepting losses), %ld prefetches, %ld high-priority allocations, %llu under pressure, "
-           "%ld MiB checked, %ld quiet checks\n",
+    printf("offload stress%s: %.1f s, %ld offloads (%ld failed), %ld background, %ld restores (%ld failed, %ld "
+           "accepting losses), %ld prefetches, %ld high-priority allocations, %llu under pressure, %ld MiB "
+           "checked, %ld quiet checks\n",
            faults_mode ? " with faults" : "", seconds, atomic_load(&n_offload), atomic_load(&n_offload_fail),
-           atomic_load(&n_background), (unsigned long long)os.n_yielded, atomic_load(&n_restore),
-           atomic_load(&n_restore_fail),
+           atomic_load(&n_background), atomic_load(&n_restore), atomic_load(&n_restore_fail),
            atomic_load(&n_lost_restores), atomic_load(&n_prefetch), atomic_load(&n_pressure_allocs),
            (unsigned long long)os.n_pressure, atomic_load(&n_verified_bytes) >> 20, atomic_load(&n_checks));
     CHECK(atomic_load(&n_bad) == 0);
