@@ -1,6 +1,6 @@
 """What the fp32 fine-tune loses to PCIe traffic beside it, gpupool's offload or not.
 
-    python -m benchmarks.interference [--reps 3] [--runs none,h2d,d2h,both,d2d,trip,offload,cap,alternate] [--quick]
+    python -m benchmarks.interference [--reps 3] [--runs none,h2d,d2h,both,d2d,host,trip,offload,cap,alternate] [--quick]
     python -m benchmarks.interference --runs none,offload,cap --base DIR   # this build against another
     python -m benchmarks.interference --runs none,offload,cap --lengths 128..1024 --steps 30 --cap 18
     python -m benchmarks.interference --runs none,alternate,offload --steps 40
@@ -10,9 +10,10 @@ with its state crossing PCIe each step against the recipe without.  This
 measures what that traffic costs by itself: the recipe under gpupool
 without offload while a thread of the same process copies 256 MiB buffers
 without pause on a stream of its own -- pinned host to device (``h2d``),
-device to pinned host (``d2h``), both directions at once (``both``), or
-device to device (``d2d``: no PCIe, the device's memory and copy kernels)
--- or the offload's bytes on the offload's rhythm (``trip``: after each
+device to pinned host (``d2h``), both directions at once (``both``),
+device to device (``d2d``: no PCIe, the device's memory and copy kernels),
+or host memory to host memory in two threads (``host``: no device, the
+host memory's traffic alone) -- or the offload's bytes on the offload's rhythm (``trip``: after each
 optimizer step, as many bytes as the optimizer's state to pinned host
 memory and back, in 256 MiB pieces, then a wait for the next step) -- with
 nothing of gpupool in the copies' path; and the recipe with the optimizer
@@ -82,6 +83,7 @@ RUNS: Dict[str, Any] = {
     "d2h": ("d2h", (), ()),
     "both": ("both", (), ()),
     "d2d": ("d2d", (), ()),
+    "host": ("host", (), ()),
     "trip": ("trip", (), ()),
     "offload": (None, _OFF, _OFF),
     "cap": (None, (*_OFF, "--cap", FINETUNE_CAP_GIB), (*_OFF, "--cap", FINETUNE_CAP_QUICK_GIB)),
@@ -90,6 +92,7 @@ RUNS: Dict[str, Any] = {
 _ALTERNATE = RUNS["alternate"][0]
 _BASE = "@base"
 _BUF = 256 << 20
+_HOST_THREADS = 2
 _MARK = "INTERFERENCE "
 
 
@@ -144,15 +147,42 @@ def _buffers(kind: str, size: int) -> Any:
     import torch
 
     pieces = [min(_BUF, size - o) for o in range(0, size, _BUF)] if kind == "trip" else [_BUF, _BUF]
+    if kind == "host":  # a source and a destination per thread, touched before the timed steps
+        return [torch.ones(2 * _BUF, dtype=torch.uint8) for _ in range(_HOST_THREADS)]
     return ([torch.empty(n, dtype=torch.uint8, pin_memory=True) for n in pieces],
             [torch.empty(n, dtype=torch.uint8, device="cuda") for n in pieces])
 
 
+def _host_copier(bufs: Any, stop: threading.Event, moved: List[float]) -> None:
+    """Copy host memory to host memory in _HOST_THREADS threads until `stop`
+    (ctypes.memmove lets go of the GIL)."""
+    import ctypes
+
+    counts = [0] * len(bufs)
+
+    def one(i: int) -> None:
+        src = bufs[i].data_ptr()
+        while not stop.is_set():
+            ctypes.memmove(src + _BUF, src, _BUF)
+            counts[i] += _BUF
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(bufs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    moved.append(sum(counts) / (time.perf_counter() - t0) / 1e9)
+
+
 def _copier(kind: str, bufs: Any, stop: threading.Event, moved: List[float], tick: threading.Event) -> None:
     """Copy on a stream of this thread's own until `stop`: without pause, or for
-    ``trip`` all of `bufs` out and back at each `tick`."""
+    ``trip`` all of `bufs` out and back at each `tick`; ``host`` in host memory."""
     import torch
 
+    if kind == "host":
+        _host_copier(bufs, stop, moved)
+        return
     stream = torch.cuda.Stream()
     host, dev = bufs
     n, t0 = 0, time.perf_counter()

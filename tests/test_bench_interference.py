@@ -229,3 +229,29 @@ for i in range(9):
     alt = out["alternate"]
     assert alt["n"] == 4 and alt["offloaded_ms"] > alt["clean_ms"] and alt["vs_neighbours"] < 0.8
     made[0].hook.remove()
+
+
+def test_host_copier_copies_host_memory_in_its_threads(monkeypatch) -> None:
+    torch = pytest.importorskip("torch")
+    import threading
+    import time
+
+    from benchmarks import interference
+
+    monkeypatch.setattr(interference, "_BUF", 1 << 16)
+    bufs = interference._buffers("host", 0)
+    assert len(bufs) == interference._HOST_THREADS
+    assert all(b.device.type == "cpu" and b.numel() == 2 * interference._BUF for b in bufs)
+    for i, b in enumerate(bufs):
+        b[: interference._BUF] = torch.arange(interference._BUF, dtype=torch.int64).to(torch.uint8) + i
+        b[interference._BUF:] = 0
+    stop, moved = threading.Event(), []
+    t = threading.Thread(target=interference._copier, args=("host", bufs, stop, moved, threading.Event()))
+    t.start()
+    time.sleep(0.2)
+    stop.set()
+    t.join(5)
+    assert not t.is_alive()
+    for b in bufs:  # each thread copied the first half of its buffer to the second
+        assert torch.equal(b[interference._BUF:], b[: interference._BUF])
+    assert len(moved) == 1 and moved[0] > 0
