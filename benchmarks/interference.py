@@ -1,6 +1,6 @@
 """What the fp32 fine-tune loses to PCIe traffic beside it, gpupool's offload or not.
 
-    python -m benchmarks.interference [--reps 3] [--runs none,h2d,d2h,both,d2d,host,trip,offload,cap,alternate] [--quick]
+    python -m benchmarks.interference [--reps 3] [--runs none,native,h2d,d2h,both,d2d,host,trip,offload,cap,alternate] [--quick]
     python -m benchmarks.interference --runs none,offload,cap --base DIR   # this build against another
     python -m benchmarks.interference --runs none,offload,cap --lengths 128..1024 --steps 30 --cap 18
     python -m benchmarks.interference --runs none,alternate,offload --steps 40
@@ -18,7 +18,9 @@ optimizer step, as many bytes as the optimizer's state to pinned host
 memory and back, in 256 MiB pieces, then a wait for the next step) -- with
 nothing of gpupool in the copies' path; and the recipe with the optimizer
 offloaded (``offload``), and so at the cap where every PyTorch mode runs out
-of memory (``cap``).  ``alternate`` offloads the state behind every other
+of memory (``cap``).  ``native`` runs the recipe under PyTorch's own
+allocator with nothing beside it: the threads' CPU time and the phases of
+the step without offload under both allocators, side by side.  ``alternate`` offloads the state behind every other
 step only (gpupool's own hooks, their offload skipped every other step):
 each step the state had left behind is compared with its neighbours that
 ran without, a fraction of a second apart in the same process, where the
@@ -75,19 +77,20 @@ __all__ = ["RUNS", "alternate_lines", "alternate_stats", "against_base", "main",
 
 # run -> (what the worker adds: a copier thread of that kind, the alternating
 # offload (_ALTERNATE) or nothing; extra arguments of the example, of its
-# --quick shape)
+# --quick shape; the example's --allocator)
 _OFF = ("--offload-optimizer",)
 RUNS: Dict[str, Any] = {
-    "none": (None, (), ()),
-    "h2d": ("h2d", (), ()),
-    "d2h": ("d2h", (), ()),
-    "both": ("both", (), ()),
-    "d2d": ("d2d", (), ()),
-    "host": ("host", (), ()),
-    "trip": ("trip", (), ()),
-    "offload": (None, _OFF, _OFF),
-    "cap": (None, (*_OFF, "--cap", FINETUNE_CAP_GIB), (*_OFF, "--cap", FINETUNE_CAP_QUICK_GIB)),
-    "alternate": ("alternate", (), ()),
+    "none": (None, (), (), "gpupool"),
+    "native": (None, (), (), "native"),
+    "h2d": ("h2d", (), (), "gpupool"),
+    "d2h": ("d2h", (), (), "gpupool"),
+    "both": ("both", (), (), "gpupool"),
+    "d2d": ("d2d", (), (), "gpupool"),
+    "host": ("host", (), (), "gpupool"),
+    "trip": ("trip", (), (), "gpupool"),
+    "offload": (None, _OFF, _OFF, "gpupool"),
+    "cap": (None, (*_OFF, "--cap", FINETUNE_CAP_GIB), (*_OFF, "--cap", FINETUNE_CAP_QUICK_GIB), "gpupool"),
+    "alternate": ("alternate", (), (), "gpupool"),
 }
 _ALTERNATE = RUNS["alternate"][0]
 _BASE = "@base"
@@ -373,7 +376,7 @@ def _one(run: str, quick: bool, site: Optional[str] = None,
          changes: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """One worker of `run`, with the gpupool installed in `site` where given and
     the recipe's options in `changes` (option -> value) replaced."""
-    kind, extra, extra_quick = RUNS[run]
+    kind, extra, extra_quick, allocator = RUNS[run]
     changes = dict(changes or {})
     cap = changes.pop("--cap", None)
     base = _shape(_FT_QUICK if quick else _FT, changes)
@@ -383,7 +386,7 @@ def _one(run: str, quick: bool, site: Optional[str] = None,
     path = [site, str(ROOT)] if site else [str(ROOT)]
     with tempfile.TemporaryDirectory() as d:
         js = Path(d) / "result.json"
-        argv = [*base, *extra, "--allocator", "gpupool", "--json", str(js)]
+        argv = [*base, *extra, "--allocator", allocator, "--json", str(js)]
         cmd = [sys.executable, "-m", "benchmarks.interference", "--child", kind or "-",
                str(_option(base, "--warmup")), str(_option(base, "--steps")), "--", *argv]
         p = subprocess.run(cmd, cwd=ROOT, env=child_env(os.environ, path), capture_output=True, text=True,

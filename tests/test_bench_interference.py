@@ -255,3 +255,16 @@ def test_host_copier_copies_host_memory_in_its_threads(monkeypatch) -> None:
     for b in bufs:  # each thread copied the first half of its buffer to the second
         assert torch.equal(b[interference._BUF:], b[: interference._BUF])
     assert len(moved) == 1 and moved[0] > 0
+
+
+def test_native_run_uses_pytorchs_allocator(monkeypatch) -> None:
+    import subprocess
+
+    from benchmarks import interference
+
+    seen = []
+    monkeypatch.setattr(interference.subprocess, "run",
+                        lambda cmd, **kw: seen.append(cmd) or subprocess.CompletedProcess(cmd, 1, "", "no GPU"))
+    assert main(["--runs", "none,native", "--reps", "1"]) == 0
+    assert [c[c.index("--allocator") + 1] for c in seen] == ["gpupool", "native"]
+    assert all(c[c.index("--child") + 1] == "-" and "--offload-optimizer" not in c for c in seen)
