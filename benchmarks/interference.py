@@ -13,17 +13,18 @@ without pause on a stream of its own -- pinned host to device (``h2d``),
 device to pinned host (``d2h``), both directions at once (``both``),
 device to device (``d2d``: no PCIe, the device's memory and copy kernels),
 or host memory to host memory in two threads (``host``: no device, the
-host memory's traffic alone) -- or the offload's bytes on the offload's rhythm (``trip``: after each
-optimizer step, as many bytes as the optimizer's state to pinned host
-memory and back, in 256 MiB pieces, then a wait for the next step) -- with
-nothing of gpupool in the copies' path; and the recipe with the optimizer
-offloaded (``offload``), and so at the cap where every PyTorch mode runs out
-of memory (``cap``).  ``native`` runs the recipe under PyTorch's own
-allocator with nothing beside it: the threads' CPU time and the phases of
-the step without offload under both allocators, side by side.  ``alternate`` offloads the state behind every other
-step only (gpupool's own hooks, their offload skipped every other step):
-each step the state had left behind is compared with its neighbours that
-ran without, a fraction of a second apart in the same process, where the
+host memory's traffic alone) -- or the offload's bytes on the offload's
+rhythm (``trip``: after each optimizer step, as many bytes as the
+optimizer's state to pinned host memory and back, in 256 MiB pieces, then
+a wait for the next step) -- with nothing of gpupool in the copies' path;
+and the recipe with the optimizer offloaded (``offload``), and so at the
+cap where every PyTorch mode runs out of memory (``cap``).  ``native`` runs
+the recipe under PyTorch's own allocator with nothing beside it: the
+threads' CPU time and the phases of the step without offload under both
+allocators, side by side.  ``alternate`` offloads the state behind every
+other step only (gpupool's own hooks, their offload skipped every other
+step): each step the state had left behind is compared with its
+neighbours that ran without, a fraction of a second apart in the same process, where the
 machine's drift between processes (10-25%) and within one (over seconds)
 cancels.  It prices the offloaded step, not the run: a neighbour pays part
 of the exchange of memory too (it maps what the restore gave back).
