@@ -24,9 +24,9 @@ threads' CPU time and the phases of the step without offload under both
 allocators, side by side.  ``alternate`` offloads the state behind every
 other step only (gpupool's own hooks, their offload skipped every other
 step): each step the state had left behind is compared with its
-neighbours that ran without, a fraction of a second apart in the same process, where the
-machine's drift between processes (10-25%) and within one (over seconds)
-cancels.  It prices the offloaded step, not the run: a neighbour pays part
+neighbours that ran without, a fraction of a second apart in the same
+process, where the machine's drift between processes (10-25%) and within
+one (over seconds) cancels.  It prices the offloaded step, not the run: a neighbour pays part
 of the exchange of memory too (it maps what the restore gave back).
 
 ``--lengths MIN..MAX``, ``--steps N`` and ``--cap GIB`` vary the recipe as a
@@ -150,9 +150,9 @@ def _buffers(kind: str, size: int) -> Any:
     in 256 MiB pieces (pinning takes seconds: made before the timed steps)."""
     import torch
 
-    pieces = [min(_BUF, size - o) for o in range(0, size, _BUF)] if kind == "trip" else [_BUF, _BUF]
     if kind == "host":  # a source and a destination per thread, touched before the timed steps
         return [torch.ones(2 * _BUF, dtype=torch.uint8) for _ in range(_HOST_THREADS)]
+    pieces = [min(_BUF, size - o) for o in range(0, size, _BUF)] if kind == "trip" else [_BUF, _BUF]
     return ([torch.empty(n, dtype=torch.uint8, pin_memory=True) for n in pieces],
             [torch.empty(n, dtype=torch.uint8, device="cuda") for n in pieces])
 
