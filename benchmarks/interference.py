@@ -4,6 +4,7 @@
     python -m benchmarks.interference --runs none,offload,cap --base DIR   # this build against another
     python -m benchmarks.interference --runs none,offload,cap --lengths 128..1024 --steps 30 --cap 18
     python -m benchmarks.interference --runs none,alternate,offload --steps 40
+    python -m benchmarks.interference --runs none,d2h,d2h:50 --reps 4   # a copier busy half the time
 
 The optimizer-offload goal compares the fp32 recipe (``--only finetune``)
 with its state crossing PCIe each step against the recipe without.  This
@@ -13,8 +14,11 @@ without pause on a stream of its own -- pinned host to device (``h2d``),
 device to pinned host (``d2h``), both directions at once (``both``),
 device to device (``d2d``: no PCIe, the device's memory and copy kernels),
 or host memory to host memory in two threads (``host``: no device, the
-host memory's traffic alone) -- or the offload's bytes on the offload's
-rhythm (``trip``: after each optimizer step, as many bytes as the
+host memory's traffic alone); ``h2d:P`` (and so for ``d2h``, ``both`` and
+``d2d``) paces that copier to P percent of the time, 1..99: after each
+256 MiB copy it pauses so that the copy took P% of copy and pause:
+the same bursts at a lower mean rate -- or the offload's bytes on the
+offload's rhythm (``trip``: after each optimizer step, as many bytes as the
 optimizer's state to pinned host memory and back, in 256 MiB pieces, then
 a wait for the next step) -- with nothing of gpupool in the copies' path;
 and the recipe with the optimizer offloaded (``offload``), and so at the
@@ -69,12 +73,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .modes import child_env
 from .workloads import _FT, _FT_QUICK, FINETUNE_CAP_GIB, FINETUNE_CAP_QUICK_GIB, ROOT
 
-__all__ = ["RUNS", "alternate_lines", "alternate_stats", "against_base", "main", "state_bytes", "summarize"]
+__all__ = ["RUNS", "alternate_lines", "alternate_stats", "against_base", "main", "paced", "state_bytes", "summarize"]
 
 # run -> (what the worker adds: a copier thread of that kind, the alternating
 # offload (_ALTERNATE) or nothing; extra arguments of the example, of its
@@ -94,10 +98,32 @@ RUNS: Dict[str, Any] = {
     "alternate": ("alternate", (), (), "gpupool"),
 }
 _ALTERNATE = RUNS["alternate"][0]
+# The copiers that copy without pause, and so can be paced (``d2h:50``).
+_PACEABLE = ("h2d", "d2h", "both", "d2d")
 _BASE = "@base"
 _BUF = 256 << 20
 _HOST_THREADS = 2
 _MARK = "INTERFERENCE "
+
+
+def paced(run: str) -> Tuple[str, float]:
+    """A run's name without its pace, and the share of the time its copier
+    copies (1.0: without pause): ``"d2h:50"`` -> ``("d2h", 0.5)``.  ValueError
+    names what is wrong with a pace and what is accepted."""
+    name, sep, pct = run.partition(":")
+    if not sep:
+        return name, 1.0
+    if name not in _PACEABLE or not pct.isdigit() or not 1 <= int(pct) <= 99:
+        raise ValueError(f"run {run!r}: a pace is KIND:P with KIND one of {', '.join(_PACEABLE)} and P a whole "
+                         "percentage 1..99 of the time the copier copies (say d2h:50)")
+    return name, int(pct) / 100
+
+
+def _known(run: str) -> bool:
+    try:
+        return paced(run)[0] in RUNS
+    except ValueError:
+        return False
 
 
 # ------------------------------------------------------------ the worker side
@@ -180,10 +206,12 @@ def _host_copier(bufs: Any, stop: threading.Event, moved: List[float]) -> None:
 
 
 def _copier(kind: str, bufs: Any, stop: threading.Event, moved: List[float], tick: threading.Event) -> None:
-    """Copy on a stream of this thread's own until `stop`: without pause, or for
-    ``trip`` all of `bufs` out and back at each `tick`; ``host`` in host memory."""
+    """Copy on a stream of this thread's own until `stop`: without pause, paced
+    (``d2h:50``: each copy followed by a pause, see `paced`), or for ``trip``
+    all of `bufs` out and back at each `tick`; ``host`` in host memory."""
     import torch
 
+    kind, duty = paced(kind)
     if kind == "host":
         _host_copier(bufs, stop, moved)
         return
@@ -195,6 +223,7 @@ def _copier(kind: str, bufs: Any, stop: threading.Event, moved: List[float], tic
             if not tick.wait(0.1):
                 continue
             tick.clear()
+        busy = time.perf_counter()
         with torch.cuda.stream(stream):
             if kind in ("h2d", "both"):
                 dev[0].copy_(host[0], non_blocking=True)
@@ -212,6 +241,8 @@ def _copier(kind: str, bufs: Any, stop: threading.Event, moved: List[float], tic
                     d.copy_(h, non_blocking=True)
                 n += 2 * sum(h.numel() for h in host)
         stream.synchronize()
+        if duty < 1:
+            stop.wait((time.perf_counter() - busy) * (1 - duty) / duty)
     moved.append(n / (time.perf_counter() - t0) / 1e9)
 
 
@@ -317,7 +348,7 @@ def _worker(kind: Optional[str], warmup: int, steps: int, argv: List[str]) -> No
 
             alt.append(_Alternate(gpupool.offloadable(opt, "optimizer", offload_after_step=True)))
         if copier and not bufs:  # the first step: the state exists, and the timed steps are to come
-            bufs.append(_buffers(copier, state_bytes(opt)))
+            bufs.append(_buffers(paced(copier)[0], state_bytes(opt)))
         if seen[0] == warmup:
             cpu["start"], cpu["pool0"] = _thread_cpu(), _pool_counters()
             if copier:
@@ -377,7 +408,10 @@ def _one(run: str, quick: bool, site: Optional[str] = None,
          changes: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """One worker of `run`, with the gpupool installed in `site` where given and
     the recipe's options in `changes` (option -> value) replaced."""
-    kind, extra, extra_quick, allocator = RUNS[run]
+    name, duty = paced(run)
+    kind, extra, extra_quick, allocator = RUNS[name]
+    if duty < 1:
+        kind = run
     changes = dict(changes or {})
     cap = changes.pop("--cap", None)
     base = _shape(_FT_QUICK if quick else _FT, changes)
@@ -489,7 +523,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.interference", description=__doc__.split("\n")[0])
     p.add_argument("--reps", type=int, default=3, help="interleaved repetitions of each run (default: 3)")
     p.add_argument("--runs", default="none,h2d,both,offload",
-                   help=f"comma-separated, of {', '.join(RUNS)} (default: none,h2d,both,offload)")
+                   help=f"comma-separated, of {', '.join(RUNS)}; {'/'.join(_PACEABLE)}:P copies P%% of the time "
+                        "(default: none,h2d,both,offload)")
     p.add_argument("--quick", action="store_true", help="the tiny shape (a smoke test)")
     p.add_argument("--base", metavar="DIR",
                    help="also run each run with the gpupool installed in DIR (pip install --target DIR of "
@@ -500,9 +535,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--cap", type=float, metavar="GIB", help=f"the cap run's cap (default: {FINETUNE_CAP_GIB})")
     a = p.parse_args(args)
     runs = [r.strip() for r in a.runs.split(",") if r.strip()]
-    bad = [r for r in runs if r not in RUNS]
+    bad = [r for r in runs if not _known(r)]
     if bad or a.reps < 1:
-        p.error(f"unknown run(s) {', '.join(bad)}; expected some of {', '.join(RUNS)}" if bad
+        p.error(f"unknown run(s) {', '.join(bad)}; expected some of {', '.join(RUNS)}, or "
+                f"{'/'.join(_PACEABLE)}:P paced to P% of the time (1..99)" if bad
                 else f"--reps must be at least 1, got {a.reps}")
     changes: Dict[str, str] = {}
     if a.lengths is not None:

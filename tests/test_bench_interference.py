@@ -268,3 +268,71 @@ def test_native_run_uses_pytorchs_allocator(monkeypatch) -> None:
     assert main(["--runs", "none,native", "--reps", "1"]) == 0
     assert [c[c.index("--allocator") + 1] for c in seen] == ["gpupool", "native"]
     assert all(c[c.index("--child") + 1] == "-" and "--offload-optimizer" not in c for c in seen)
+
+
+@pytest.mark.parametrize("run", ["d2h:0", "d2h:100", "d2h:", "d2h:x", "d2h:5.5", "trip:50", "host:50", "none:50",
+                                 "offload:50"])
+def test_bad_paces_are_named(run, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--runs", f"none,{run}"])
+    err = capsys.readouterr().err
+    assert run in err and "1..99" in err
+
+
+def test_a_paced_run_reaches_the_worker(monkeypatch) -> None:
+    import subprocess
+
+    from benchmarks import interference
+
+    assert interference.paced("both:25") == ("both", 0.25) and interference.paced("d2h") == ("d2h", 1.0)
+    seen = []
+    monkeypatch.setattr(interference.subprocess, "run",
+                        lambda cmd, **kw: seen.append(cmd) or subprocess.CompletedProcess(cmd, 1, "", "no GPU"))
+    assert main(["--runs", "d2h,d2h:50", "--reps", "1"]) == 0
+    assert [c[c.index("--child") + 1] for c in seen] == ["d2h", "d2h:50"]
+
+
+class _Stop:
+    """threading.Event's is_set and wait for a copier: set from the `n`-th look on,
+    the waits' timeouts recorded."""
+
+    def __init__(self, n: int) -> None:
+        self.timeouts: list = []
+        self.looks = 0
+        self.n = n
+
+    def is_set(self) -> bool:
+        self.looks += 1
+        return self.looks >= self.n
+
+    def wait(self, timeout: float) -> bool:
+        self.timeouts.append(timeout)
+        return False
+
+
+@pytest.mark.parametrize("run", ["d2h", "d2h:25", "h2d:50"])
+def test_a_paced_copier_pauses_for_its_share_of_the_time(run, monkeypatch) -> None:
+    torch = pytest.importorskip("torch")
+    import contextlib
+    import threading
+    import time
+
+    from benchmarks import interference
+
+    class Stream:  # each copy "runs" for 20 ms
+        def synchronize(self) -> None:
+            time.sleep(0.02)
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(interference, "_BUF", 64)
+    bufs = ([torch.ones(64, dtype=torch.uint8), torch.zeros(64, dtype=torch.uint8)],
+            [torch.zeros(64, dtype=torch.uint8), torch.full((64,), 7, dtype=torch.uint8)])
+    stop, moved = _Stop(4), []
+    interference._copier(run, bufs, stop, moved, threading.Event())
+    name, duty = interference.paced(run)
+    assert torch.equal(bufs[1][0], bufs[0][0]) if name == "h2d" else torch.equal(bufs[0][1], bufs[1][1])
+    # Three copies; after each a pause of (1 - duty) / duty of its 20 ms or more; none unpaced.
+    assert len(stop.timeouts) == (0 if duty == 1 else 3)
+    assert all(t >= 0.02 * (1 - duty) / duty for t in stop.timeouts)
+    assert len(moved) == 1 and moved[0] > 0
