@@ -30,8 +30,9 @@ other step only (gpupool's own hooks, their offload skipped every other
 step): each step the state had left behind is compared with its
 neighbours that ran without, a fraction of a second apart in the same
 process, where the machine's drift between processes (10-25%) and within
-one (over seconds) cancels.  It prices the offloaded step, not the run: a neighbour pays part
-of the exchange of memory too (it maps what the restore gave back).
+one (over seconds) cancels.  It prices the offloaded step, not the run:
+a neighbour pays part of the exchange of memory too (it maps what the
+restore gave back).
 
 ``--lengths MIN..MAX``, ``--steps N`` and ``--cap GIB`` vary the recipe as a
 user would: sequence lengths drawn from MIN..MAX instead of 512 each, more

@@ -9,6 +9,19 @@ import pytest
 from benchmarks.interference import against_base, alternate_lines, alternate_stats, main, summarize
 
 
+def _commands(monkeypatch, argv: list) -> list:
+    """The worker commands `main(argv)` runs, none of them run (each fails: no GPU)."""
+    import subprocess
+
+    from benchmarks import interference
+
+    seen: list = []
+    monkeypatch.setattr(interference.subprocess, "run",
+                        lambda cmd, **kw: seen.append(cmd) or subprocess.CompletedProcess(cmd, 1, "", "no GPU"))
+    assert main(argv) == 0
+    return seen
+
+
 def _run(run: str, tps: float, main_ms: float = 80.0, gbps: object = None, peak_gib: float = 10.0,
          pool: object = None, phases: object = None) -> dict:
     return {"run": run, "tokens_per_s": tps, "peak_reserved": int(peak_gib * 2**30),
@@ -69,19 +82,8 @@ def test_bad_shapes_are_named(option, capsys) -> None:
 
 
 def test_lengths_steps_and_cap_reach_the_example(monkeypatch) -> None:
-    import subprocess
-
-    from benchmarks import interference
-
-    seen = []
-
-    def fake_run(cmd, **kw):
-        seen.append(cmd)
-        return subprocess.CompletedProcess(cmd, 1, "", "no GPU here")
-
-    monkeypatch.setattr(interference.subprocess, "run", fake_run)
-    assert main(["--runs", "offload,cap", "--reps", "1", "--lengths", "128..1024", "--steps", "30",
-                 "--cap", "18"]) == 0
+    seen = _commands(monkeypatch, ["--runs", "offload,cap", "--reps", "1", "--lengths", "128..1024", "--steps", "30",
+                                   "--cap", "18"])
     offload, cap = (c[c.index("--") + 1:] for c in seen)
     for argv in (offload, cap):
         assert argv[argv.index("--min-len") + 1] == "128" and argv[argv.index("--max-len") + 1] == "1024"
@@ -93,8 +95,6 @@ def test_lengths_steps_and_cap_reach_the_example(monkeypatch) -> None:
 
 def test_trip_moves_the_optimizers_state_bytes(monkeypatch) -> None:
     torch = pytest.importorskip("torch")
-    import subprocess
-
     from benchmarks import interference
 
     params = [torch.nn.Parameter(torch.ones(n)) for n in (3, 1000, 17)]
@@ -105,10 +105,7 @@ def test_trip_moves_the_optimizers_state_bytes(monkeypatch) -> None:
     # exp_avg and exp_avg_sq in fp32 per parameter, and AdamW's step counter each
     assert interference.state_bytes(opt) == sum(2 * 4 * p.numel() + 4 for p in params)
 
-    seen = []
-    monkeypatch.setattr(interference.subprocess, "run",
-                        lambda cmd, **kw: seen.append(cmd) or subprocess.CompletedProcess(cmd, 1, "", "no GPU"))
-    assert main(["--runs", "trip", "--reps", "1"]) == 0
+    seen = _commands(monkeypatch, ["--runs", "trip", "--reps", "1"])
     assert seen[0][seen[0].index("--child") + 1] == "trip" and "--offload-optimizer" not in seen[0]
 
 
@@ -149,14 +146,7 @@ def test_alternate_skips_the_offload_behind_every_other_step() -> None:
 
 
 def test_the_alternate_run_offloads_through_the_worker_not_the_example(monkeypatch) -> None:
-    import subprocess
-
-    from benchmarks import interference
-
-    seen = []
-    monkeypatch.setattr(interference.subprocess, "run",
-                        lambda cmd, **kw: seen.append(cmd) or subprocess.CompletedProcess(cmd, 1, "", "no GPU"))
-    assert main(["--runs", "alternate", "--reps", "1"]) == 0
+    seen = _commands(monkeypatch, ["--runs", "alternate", "--reps", "1"])
     assert seen[0][seen[0].index("--child") + 1] == "alternate" and "--offload-optimizer" not in seen[0]
 
 
@@ -258,14 +248,7 @@ def test_host_copier_copies_host_memory_in_its_threads(monkeypatch) -> None:
 
 
 def test_native_run_uses_pytorchs_allocator(monkeypatch) -> None:
-    import subprocess
-
-    from benchmarks import interference
-
-    seen = []
-    monkeypatch.setattr(interference.subprocess, "run",
-                        lambda cmd, **kw: seen.append(cmd) or subprocess.CompletedProcess(cmd, 1, "", "no GPU"))
-    assert main(["--runs", "none,native", "--reps", "1"]) == 0
+    seen = _commands(monkeypatch, ["--runs", "none,native", "--reps", "1"])
     assert [c[c.index("--allocator") + 1] for c in seen] == ["gpupool", "native"]
     assert all(c[c.index("--child") + 1] == "-" and "--offload-optimizer" not in c for c in seen)
 
@@ -280,15 +263,10 @@ def test_bad_paces_are_named(run, capsys) -> None:
 
 
 def test_a_paced_run_reaches_the_worker(monkeypatch) -> None:
-    import subprocess
-
     from benchmarks import interference
 
     assert interference.paced("both:25") == ("both", 0.25) and interference.paced("d2h") == ("d2h", 1.0)
-    seen = []
-    monkeypatch.setattr(interference.subprocess, "run",
-                        lambda cmd, **kw: seen.append(cmd) or subprocess.CompletedProcess(cmd, 1, "", "no GPU"))
-    assert main(["--runs", "d2h,d2h:50", "--reps", "1"]) == 0
+    seen = _commands(monkeypatch, ["--runs", "d2h,d2h:50", "--reps", "1"])
     assert [c[c.index("--child") + 1] for c in seen] == ["d2h", "d2h:50"]
 
 
