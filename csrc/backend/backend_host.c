@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "backend_host.h"
 #include "checksum.h"
@@ -67,6 +68,7 @@ typedef struct host_backend {
     size_t n_events;
     gp_stream capturing[HOST_MAX_CAPTURING];
     unsigned n_capturing;
+    uint64_t register_ns; /* gp_host_set_register_time */
 } host_backend;
 
 #define HOST(be) ((host_backend *)(be))
@@ -510,11 +512,17 @@ static gp_status host_host_populate(gp_backend *be, void *ptr, uint64_t size)
 
 /* Nothing to lock on the host: the range is only tracked, so that an
  * unregister of what was not registered, or a destroy that leaves a
- * registration behind, is caught. */
+ * registration behind, is caught.  A call lasts register_ns first. */
 static gp_status host_host_register(gp_backend *be, void *ptr, uint64_t size)
 {
     host_backend *h = HOST(be);
     pthread_mutex_lock(&h->lock);
+    if (++h->c.n_registering > h->c.most_registering) h->c.most_registering = h->c.n_registering;
+    uint64_t ns = h->register_ns;
+    pthread_mutex_unlock(&h->lock);
+    if (ns) nanosleep(&(struct timespec){(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)}, NULL);
+    pthread_mutex_lock(&h->lock);
+    h->c.n_registering--;
     gp_status st = host_fault_locked(h, GP_HOST_HOST_REGISTER);
     if (st == GP_OK && (!ptr || !size))
         st = gp_error_set(GP_ERR_INVALID, "host host_register: %p+%llu is empty", ptr, (unsigned long long)size);
@@ -700,6 +708,14 @@ void gp_host_counters_get(gp_backend *be, gp_host_counters *out)
     host_backend *h = HOST(be);
     pthread_mutex_lock(&h->lock);
     *out = h->c;
+    pthread_mutex_unlock(&h->lock);
+}
+
+void gp_host_set_register_time(gp_backend *be, uint64_t ns)
+{
+    host_backend *h = HOST(be);
+    pthread_mutex_lock(&h->lock);
+    h->register_ns = ns;
     pthread_mutex_unlock(&h->lock);
 }
 

@@ -35,6 +35,8 @@ typedef struct gp_host_counters {
     uint64_t n_host_alloc, host_bytes; /* host_alloc calls; bytes held now */
     uint64_t n_host_register, host_registered; /* host_register calls that
                                                   succeeded; bytes registered now */
+    uint64_t n_registering, most_registering;  /* host_register calls under
+                                                  way now; the most at once */
     uint64_t n_copy, copy_bytes;       /* copy calls and bytes copied      */
     uint64_t streams_live;             /* stream_create minus destroy      */
     /* Per function: every call, failing or not, and the failures injected. */
@@ -66,6 +68,10 @@ void gp_host_fail_none(gp_backend *be);
  * description into msg (n bytes; msg may be NULL when n is 0). */
 uint64_t gp_host_misuse(char *msg, size_t n);
 void gp_host_counters_get(gp_backend *be, gp_host_counters *out);
+/* Make each host_register last `ns` nanoseconds (0, the default: no
+ * longer than its bookkeeping), as a driver's takes milliseconds: callers
+ * that register at once are then seen doing so in most_registering. */
+void gp_host_set_register_time(gp_backend *be, uint64_t ns);
 /* Change the capacity (bytes that may be mapped at once). */
 void gp_host_set_capacity(gp_backend *be, uint64_t capacity);
 /* Fake stream progress: events recorded on `stream` so far complete (all

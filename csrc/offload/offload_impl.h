@@ -30,8 +30,12 @@
  * small enough that the store holds little more than it must. */
 #define GP_HOST_SLAB (32ull << 20)
 /* Threads that pin slabs (pinned.c): at most one per core, and no more
- * than this (the H100 machine's 16 cores populated at 40.8 GB/s). */
-#define GP_PIN_THREADS 16u
+ * than this.  Their registrations take turns (hostmem.c), so more threads
+ * only populate more at once: 8 populate at about 40 GB/s, and on the
+ * H200 machine a cold 8 GiB offload ran at 29.1 GB/s with 8 against 27.6
+ * with 16 (the copies into the slabs share the host's memory with the
+ * populating). */
+#define GP_PIN_THREADS 8u
 /* Checksums one offload or restore may compute (a device array of this
  * many words, taken from the pool once): 2 TiB in GP_PIECE_MAX pieces,
  * 256 GiB of 2 MiB chunks. */

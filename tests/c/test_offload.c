@@ -10,12 +10,16 @@
  */
 #include <dirent.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "checksum.h"
 #include "codec.h"
+#include "hostmem.h"
 #include "offload_test.h"
 #include "testdata.h"
 
@@ -513,6 +517,17 @@ static void test_pin_ahead(void)
     os = settled(o);
     CHECK(os.host_slabs == 128 * MiB && os.n_pin == 4);
     gp_offloader_destroy(o);
+    /* Several pinning threads, their registrations one at a time (each
+     * lasting as a driver's would, so that overlapping ones overlap). */
+    gp_host_set_register_time(be, 2000000);
+    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    gp_offload_reserve_host(o, 256 * MiB);
+    os = settled(o);
+    CHECK(os.host_slabs == 256 * MiB);
+    gp_offloader_destroy(o);
+    gp_host_set_register_time(be, 0);
+    gp_host_counters_get(be, &c);
+    CHECK(c.most_registering == 1);
     for (int round = 0; round < 4; round++) {
         CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
         gp_offload_reserve_host(o, 2048 * MiB); /* (64 slabs: seconds to pin under ASan) */
@@ -575,6 +590,53 @@ static void test_pin_faults(void)
             }
 }
 
+/* fork() while another thread registers a slab: the child must not find
+ * the registrations' turn held for ever.  The thread pins and unpins in a
+ * loop, each registration lasting 5 ms, so it holds the turn nearly all
+ * the time. */
+static atomic_int registering;
+
+static void *register_loop(void *arg)
+{
+    gp_backend *be = arg;
+    void *slab;
+    CHECK(gp_hostmem_map(GP_HOSTMEM_ALIGN, &slab) == GP_OK);
+    while (atomic_load(&registering))
+        if (gp_hostmem_pin(be, slab, GP_HOSTMEM_ALIGN) == GP_OK) gp_hostmem_unpin(be, slab, GP_HOSTMEM_ALIGN);
+    gp_hostmem_unmap(slab, GP_HOSTMEM_ALIGN);
+    return NULL;
+}
+
+static void test_fork_while_registering(void)
+{
+    gp_backend *be;
+    CHECK(gp_backend_host_create(64 * MiB, &be) == GP_OK);
+    gp_host_set_register_time(be, 5000000);
+    pthread_t t;
+    atomic_store(&registering, 1);
+    CHECK(pthread_create(&t, NULL, register_loop, be) == 0);
+    int stuck = 0;
+    for (int i = 0; i < 20; i++) {
+        nanosleep(&(struct timespec){0, 2000000}, NULL);
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            alarm(5); /* the turn left held: the child dies of SIGALRM */
+            gp_backend *own;
+            void *slab;
+            int ok = gp_backend_host_create(64 * MiB, &own) == GP_OK && gp_hostmem_map(GP_HOSTMEM_ALIGN, &slab) == GP_OK &&
+                     gp_hostmem_pin(own, slab, GP_HOSTMEM_ALIGN) == GP_OK;
+            _exit(ok ? 0 : 1);
+        }
+        int status = 0;
+        if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) stuck++;
+    }
+    CHECK(stuck == 0);
+    atomic_store(&registering, 0);
+    pthread_join(t, NULL);
+    be->destroy(be);
+}
+
 int main(void)
 {
     CHECK(gp_tag_intern("offl", &T_W) == GP_OK);
@@ -591,6 +653,7 @@ int main(void)
     test_fills_slabs(GP_CODEC_RAW);
     test_pin_ahead();
     test_pin_faults();
+    test_fork_while_registering();
 #ifdef GP_HAVE_ZSTD
     test_fills_slabs(GP_CODEC_AUTO);
 #endif
