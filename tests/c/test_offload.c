@@ -595,15 +595,14 @@ static void test_pin_faults(void)
  * loop, each registration lasting 5 ms, so it holds the turn nearly all
  * the time. */
 static atomic_int registering;
+static void *registering_slab;
 
 static void *register_loop(void *arg)
 {
     gp_backend *be = arg;
-    void *slab;
-    CHECK(gp_hostmem_map(GP_HOSTMEM_ALIGN, &slab) == GP_OK);
     while (atomic_load(&registering))
-        if (gp_hostmem_pin(be, slab, GP_HOSTMEM_ALIGN) == GP_OK) gp_hostmem_unpin(be, slab, GP_HOSTMEM_ALIGN);
-    gp_hostmem_unmap(slab, GP_HOSTMEM_ALIGN);
+        if (gp_hostmem_pin(be, registering_slab, GP_HOSTMEM_ALIGN) == GP_OK)
+            gp_hostmem_unpin(be, registering_slab, GP_HOSTMEM_ALIGN);
     return NULL;
 }
 
@@ -611,6 +610,7 @@ static void test_fork_while_registering(void)
 {
     gp_backend *be;
     CHECK(gp_backend_host_create(64 * MiB, &be) == GP_OK);
+    CHECK(gp_hostmem_map(GP_HOSTMEM_ALIGN, &registering_slab) == GP_OK);
     gp_host_set_register_time(be, 5000000);
     pthread_t t;
     atomic_store(&registering, 1);
@@ -634,6 +634,7 @@ static void test_fork_while_registering(void)
     CHECK(stuck == 0);
     atomic_store(&registering, 0);
     pthread_join(t, NULL);
+    gp_hostmem_unmap(registering_slab, GP_HOSTMEM_ALIGN);
     be->destroy(be);
 }
 
