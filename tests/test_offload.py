@@ -287,7 +287,7 @@ class _FakeOptimizer:
     def __init__(self, params: Sequence[object] = ()) -> None:
         self.state: dict = {}
         self.param_groups = [{"params": list(params)}]
-        self.hooks: dict = {"pre": [], "post": []}
+        self.hooks: dict = {"pre": [], "post": [], "load": []}
         self.seen: tuple = ()
 
     def _register(self, kind: str, fn: object) -> object:
@@ -304,6 +304,14 @@ class _FakeOptimizer:
 
     def register_step_post_hook(self, fn: object) -> object:
         return self._register("post", fn)
+
+    def register_load_state_dict_post_hook(self, fn: object) -> object:
+        return self._register("load", fn)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = state
+        for f in self.hooks["load"]:
+            f(self)
 
     def step(self) -> None:
         for f in self.hooks["pre"]:
@@ -418,6 +426,44 @@ class _FakeTensor:
 
     def element_size(self) -> int:
         return 4
+
+
+@pytest.mark.parametrize("how", ["load_state_dict", "replaced"])
+def test_a_state_loaded_from_a_checkpoint_joins_the_tag(how: str) -> None:
+    # Going back to a checkpoint in the same process (load_state_dict)
+    # replaces the optimizer's state with new tensors, as many as before,
+    # allocated outside the tag.  They must join it: else the offload behind
+    # every later step moves nothing, and under a cap the job runs out of
+    # memory.  load_state_dict's hook takes them at once (the pool may then
+    # offload them under pressure before the next step); state replaced by
+    # other means joins at the next step.
+    p = pool(codec="raw")
+    tag = f"ckpt_opt_{how}_t"
+    opt = _FakeOptimizer()
+    h = gpupool.offloadable(opt, tag, offload_after_step=True, prefetch_at=None, pool=p)
+    made = [p.alloc(4 * MiB, tag=tag) for _ in range(2)]
+    opt.state = {i: {"exp_avg": _FakeTensor(a, 4 * MiB)} for i, a in enumerate(made)}
+    opt.step()
+    gpupool.restore(tag, pool=p)  # (waits for the background offload)
+    loaded = [p.alloc(4 * MiB, tag="ckpt_load_t") for _ in range(2)]
+    for i, a in enumerate(loaded):
+        fill(a, 4 * MiB, 40 + i)
+    state = {i: {"exp_avg": _FakeTensor(a, 4 * MiB)} for i, a in enumerate(loaded)}
+    if how == "load_state_dict":
+        opt.load_state_dict(state)
+        assert [p.lookup(a).tag for a in loaded] == [tag] * 2
+    else:
+        opt.state = state
+    for a in made:
+        p.free(a)
+    opt.step()
+    gpupool.restore("nothing_t", pool=p)  # (waits for the background offload)
+    assert [p.lookup(a).state for a in loaded] == ["offloaded"] * 2
+    assert p.stats()["tags"][tag]["offloaded"] == 8 * MiB
+    gpupool.restore(tag, pool=p)
+    assert all(same(a, 4 * MiB, 40 + i) for i, a in enumerate(loaded))
+    h.remove()
+    assert not any(opt.hooks.values())
 
 
 def test_under_a_limit_the_optimizer_offloads_only_the_part_the_limit_needs() -> None:

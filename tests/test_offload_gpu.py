@@ -67,7 +67,7 @@ def test_model_outputs_identical_after_offload_and_restore(run_py) -> None:
 
 def test_offloadable_optimizer_trains_bit_identical(run_py) -> None:
     r = run_py("""
-        import torch, gpupool
+        import copy, torch, gpupool
         gpupool.enable()
 
         def make():
@@ -97,6 +97,20 @@ def test_offloadable_optimizer_trains_bit_identical(run_py) -> None:
             assert torch.equal(p, q)
         sd = ob.state_dict()  # restores first
         assert gpupool.stats()["tags"]["optimizer"]["offloaded"] == 0
+        # Back to a checkpoint in the same process: the loaded state (new
+        # tensors, outside the tag) is offloaded behind the later steps too.
+        ck = [(copy.deepcopy(m.state_dict()), copy.deepcopy(o.state_dict())) for m, o in ((a, oa), (b, ob))]
+        train(a, oa, 2)
+        train(b, ob, 2)
+        for (ms, os_), m, o in zip(ck, (a, b), (oa, ob)):
+            m.load_state_dict(ms)
+            o.load_state_dict(os_)
+        train(a, oa, 3)
+        train(b, ob, 3)
+        s = gpupool.stats()
+        assert s["tags"]["optimizer"]["offloaded"] >= state_bytes * 0.9, (s["tags"]["optimizer"], state_bytes)
+        for p, q in zip(a.parameters(), b.parameters()):
+            assert torch.equal(p, q)
         h.remove()
         print("OK", state_bytes)
     """)
@@ -148,6 +162,63 @@ def test_offloaded_fp32_adamw_trains_bit_identical_with_the_round_trip_under_com
                 assert torch.equal(oa.state[p][k], ob.state[q][k]), k
         h.remove()
         print("OK", off["n_offload"], off["n_restore"])
+    """)
+    assert "OK" in r.stdout
+
+
+def test_offloaded_optimizer_under_what_training_loops_vary(run_py) -> None:
+    # A loop written without gpupool in mind: fp16 autocast with a
+    # GradScaler that skips a step (an inf in a gradient), gradient
+    # accumulation over micro-batches of varying lengths, SGD with momentum
+    # and foreach AdamW.  Offloaded or not, every step gives the same bits,
+    # and the state is away behind the last step.
+    r = run_py("""
+        import torch, gpupool
+        gpupool.enable()
+
+        def make():
+            torch.manual_seed(0)
+            return torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda()
+
+        def train(m, opt, steps=6, accum=3):
+            scaler = torch.amp.GradScaler("cuda")
+            g = torch.Generator(device="cuda").manual_seed(1)
+            scales = []
+            for step in range(steps):
+                for micro in range(accum):
+                    x = torch.randn(32 + 48 * ((step * accum + micro) % 5), 1024, device="cuda", generator=g)
+                    with torch.autocast("cuda", dtype=torch.float16):
+                        loss = (m(x).float() ** 2).mean() / accum
+                    scaler.scale(loss).backward()
+                if step == 2:
+                    next(m.parameters()).grad.view(-1)[0] = float("inf")  # the scaler skips this step
+                scaler.step(opt)
+                scaler.update()
+                scales.append(scaler.get_scale())
+                opt.zero_grad(set_to_none=True)
+            return scales
+
+        for kind in ("sgd", "adamw"):
+            a, b = make(), make()
+            if kind == "sgd":
+                oa, ob = (torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9) for m in (a, b))
+            else:
+                oa, ob = (torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=True) for m in (a, b))
+            h = gpupool.offloadable(ob, "opt_" + kind, offload_after_step=True)
+            sa, sb = train(a, oa), train(b, ob)
+            assert sa == sb and sa[2] < sa[1], (sa, sb)  # the same steps taken, the third skipped
+            away = gpupool.stats()["tags"]["opt_" + kind]["offloaded"]
+            state_bytes = sum(v.numel() * v.element_size() for st in ob.state.values() for v in st.values()
+                              if torch.is_tensor(v) and v.is_cuda)
+            assert state_bytes and away >= state_bytes * 0.9, (kind, away, state_bytes)
+            for p, q in zip(a.parameters(), b.parameters()):
+                assert torch.equal(p, q), kind
+            h.restore()
+            for p, q in zip(a.parameters(), b.parameters()):
+                for k, v in oa.state[p].items():
+                    assert torch.equal(v, ob.state[q][k]), (kind, k)
+            h.remove()
+        print("OK")
     """)
     assert "OK" in r.stdout
 

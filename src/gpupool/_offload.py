@@ -194,8 +194,10 @@ class OffloadHandle:
         self.elem_size = 0  # the dtype hint: the element size of most of its bytes
         self._tid = tag_id(tag)
         self._hooks: List[Any] = []
-        self._state_count = -1
-        self._state_bytes = 0  # an optimizer's state, as its first step made it
+        # An optimizer's state as the tag last took it: the addresses of its
+        # tensors (None: to be taken at the next step) and their bytes.
+        self._state_key: Optional[List[int]] = None
+        self._state_bytes = 0
         # Under a pool limit, the bytes of the state that the offload behind
         # the next step takes (None: all of it): what the limit leaves no
         # room for at the step's peak, measured at the last one (_measure).
@@ -232,7 +234,7 @@ class OffloadHandle:
         obj = self._obj()
         if obj is not None:
             if hasattr(obj, "state") and hasattr(obj, "register_step_pre_hook"):
-                self._state_count = -1
+                self._state_key = None
                 self._retag_state(obj)
             else:
                 tagged(obj, self.tag, self.priority, pool=self._tag_pool)
@@ -269,11 +271,15 @@ class OffloadHandle:
                 nxt.prefetch()
 
     def _retag_state(self, opt: Any) -> None:
-        """An optimizer's state tensors (made by its first step) join the tag."""
+        """An optimizer's state tensors join the tag: those its first step
+        made, and any that replace them later (``load_state_dict`` on
+        resuming from a checkpoint makes as many new ones, outside the tag),
+        told apart by their addresses."""
         tensors = [v for st in opt.state.values() for v in st.values() if hasattr(v, "data_ptr")]
-        if len(tensors) != self._state_count:
+        key = [t.data_ptr() for t in tensors]
+        if key != self._state_key:
             tagged(tensors, self.tag, self.priority, pool=self._tag_pool)
-            self._state_count = len(tensors)
+            self._state_key = key
             self._state_bytes = sum(t.numel() * t.element_size() for t in tensors)
             self._hint(tensors)
 
@@ -369,7 +375,8 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       anew at each step, plus the most the pool once had to offload of it
       beyond that under pressure; the rest stays on the device.  With
       gradient accumulation it comes back in the first backward pass and
-      stays until the step.  The end of the step is a yield point (gpupool.yield_point) for a
+      stays until the step.  A state loaded later (``load_state_dict``)
+      joins the tag as it is loaded.  The end of the step is a yield point (gpupool.yield_point) for a
       process sharing the GPU (GPUPOOL_TENANT).
 
     Idle offloadable memory of a priority below an allocation's may be
@@ -468,9 +475,17 @@ def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> No
     def sd_pre(o: Any) -> None:
         h.restore()
 
+    def load_post(o: Any) -> None:
+        # The loaded state joins the tag now, not at the next step: under a
+        # limit the forward pass before it may need the room, and only the
+        # tag's memory can be offloaded for it.
+        h._retag_state(o)
+
     h._hooks += [opt.register_step_pre_hook(pre), opt.register_step_post_hook(post)]
     if hasattr(opt, "register_state_dict_pre_hook"):
         h._hooks.append(opt.register_state_dict_pre_hook(sd_pre))
+    if hasattr(opt, "register_load_state_dict_post_hook"):
+        h._hooks.append(opt.register_load_state_dict_post_hook(load_post))
     h._retag_state(opt)
 
 
