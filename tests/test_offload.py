@@ -394,6 +394,40 @@ def test_optimizer_state_is_prefetched_during_the_backward_pass() -> None:
         gpupool.offloadable(opt, "pf_opt_t", prefetch_at=1.5, pool=p)
 
 
+def test_a_module_follows_tensors_that_replace_its_own() -> None:
+    # A real torch module over a HostPool's memory: load_state_dict(assign=True)
+    # puts the loaded tensors in the parameters' place (its hook takes them
+    # into the tag at once); a tensor swapped in by other means joins at the
+    # handle's offload().  Neither was ever offloaded before.
+    torch = pytest.importorskip("torch")
+    p = pool(codec="raw")
+
+    def over(tag: str, seed: int) -> "torch.Tensor":
+        a = p.alloc(MiB, tag=tag)
+        fill(a, MiB, seed)
+        buf = (ctypes.c_ubyte * MiB).from_address(a)
+        return torch.frombuffer(buf, dtype=torch.float32)[:512 * 512].view(512, 512)
+
+    m = torch.nn.Linear(512, 512, bias=False)
+    m.weight = torch.nn.Parameter(over("mod_made_t", 50), requires_grad=False)
+    h = gpupool.offloadable(m, "mod_t", pool=p)
+    made = m.weight.data_ptr()
+    assert p.lookup(made).tag == "mod_t"
+    m.load_state_dict({"weight": over("mod_loaded_t", 51)}, assign=True)
+    loaded = m.weight.data_ptr()
+    p.free(made)  # (what torch frees once nothing holds the old weight)
+    assert p.lookup(loaded).tag == "mod_t" and same(loaded, MiB, 51)
+    m.weight.data = over("mod_swapped_t", 52)
+    p.free(loaded)
+    swapped = m.weight.data_ptr()
+    info = h.offload()
+    assert info["bytes"] == MiB and p.lookup(swapped).state == "offloaded"
+    h.restore()
+    assert same(swapped, MiB, 52)
+    h.remove()
+    assert not m._forward_pre_hooks and not m._load_state_dict_post_hooks
+
+
 def test_offload_of_at_most_max_bytes_takes_the_first_blocks() -> None:
     p = pool()
     blocks = [p.alloc(4 * MiB, tag="part_t") for _ in range(4)]

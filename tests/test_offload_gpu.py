@@ -246,6 +246,16 @@ def test_idle_module_offloaded_under_pressure_and_restored_by_its_hook(run_py) -
             y2 = m(x)  # the forward pre-hook restores it
         assert torch.equal(y1, y2)
         assert gpupool.stats()["tags"]["ref_model"]["offloaded"] == 0
+        # Weights loaded in the place of its own (assign=True) are the module's
+        # too.  (Without the limit: under it the clones' allocations could
+        # offload the idle weights they are about to read.)
+        gpupool.set_limit(None)
+        m.load_state_dict({k: v.clone() for k, v in m.state_dict().items()}, assign=True)
+        h.offload()
+        assert gpupool.stats()["tags"]["ref_model"]["offloaded"] >= 2**30, gpupool.stats()["tags"]
+        with torch.no_grad():
+            y3 = m(x)
+        assert torch.equal(y1, y3)
         print("OK")
     """)
     assert "OK" in r.stdout

@@ -194,9 +194,9 @@ class OffloadHandle:
         self.elem_size = 0  # the dtype hint: the element size of most of its bytes
         self._tid = tag_id(tag)
         self._hooks: List[Any] = []
-        # An optimizer's state as the tag last took it: the addresses of its
-        # tensors (None: to be taken at the next step) and their bytes.
-        self._state_key: Optional[List[int]] = None
+        # The addresses of the object's tensors as the tag last took them
+        # (None: to be taken at the next use), and an optimizer's state bytes.
+        self._key: Optional[List[int]] = None
         self._state_bytes = 0
         # Under a pool limit, the bytes of the state that the offload behind
         # the next step takes (None: all of it): what the limit leaves no
@@ -214,7 +214,12 @@ class OffloadHandle:
     # -- what a user may call ------------------------------------------------
     def offload(self, **kw: Any) -> Optional[Dict[str, Any]]:
         """Offload the object's memory now (see :func:`offload`; the dtype
-        hint is the object's own unless given)."""
+        hint is the object's own unless given).  A module's tensors that
+        replaced its own since it was last looked at join the tag first (an
+        optimizer's state is looked at after each step)."""
+        obj = self._obj()
+        if obj is not None and not _is_optimizer(obj):
+            self._retake(obj)
         kw.setdefault("dtype", self.elem_size or None)
         return offload(self.tag, pool=self._pool, **kw)
 
@@ -233,11 +238,8 @@ class OffloadHandle:
         self.priority = priority_value(priority)
         obj = self._obj()
         if obj is not None:
-            if hasattr(obj, "state") and hasattr(obj, "register_step_pre_hook"):
-                self._state_key = None
-                self._retag_state(obj)
-            else:
-                tagged(obj, self.tag, self.priority, pool=self._tag_pool)
+            self._key = None
+            self._retake(obj)
         self._pool._pool.offload_register(self._tid, self.priority, self.elem_size)
 
     def remove(self) -> None:
@@ -270,18 +272,28 @@ class OffloadHandle:
             if nxt is not None:
                 nxt.prefetch()
 
-    def _retag_state(self, opt: Any) -> None:
-        """An optimizer's state tensors join the tag: those its first step
-        made, and any that replace them later (``load_state_dict`` on
-        resuming from a checkpoint makes as many new ones, outside the tag),
-        told apart by their addresses."""
-        tensors = [v for st in opt.state.values() for v in st.values() if hasattr(v, "data_ptr")]
+    def _retake(self, obj: Any) -> None:
+        """The object's tensors join the tag: a module's parameters and
+        buffers, an optimizer's state (made by its first step); and any
+        that replace them later, told apart by their addresses, not their
+        number (``load_state_dict`` going back to a checkpoint makes as
+        many new ones, outside the tag, and so does a module's
+        ``load_state_dict(assign=True)``).  An optimizer's state is looked
+        at after each step; a module's tensors (a walk of its submodules,
+        too slow for every forward) when it is made offloadable, loaded,
+        offloaded through the handle, or moved to another priority."""
+        if _is_optimizer(obj):
+            tensors = [v for st in obj.state.values() for v in st.values() if hasattr(v, "data_ptr")]
+        else:
+            tensors = [*obj.parameters(), *obj.buffers()]
         key = [t.data_ptr() for t in tensors]
-        if key != self._state_key:
-            tagged(tensors, self.tag, self.priority, pool=self._tag_pool)
-            self._state_key = key
+        if key == self._key:
+            return
+        tagged(tensors, self.tag, self.priority, pool=self._tag_pool)
+        self._key = key
+        if _is_optimizer(obj):
             self._state_bytes = sum(t.numel() * t.element_size() for t in tensors)
-            self._hint(tensors)
+        self._hint(tensors)
 
     def _offload_behind_step(self) -> None:
         """After the step: the state leaves on the background thread, all of
@@ -352,7 +364,10 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       way is waited for) and marked busy, and the next offloadable module's
       is prefetched (``prefetch_next``); it stays busy until its backward has
       run when the forward recorded a graph, else until the forward ends.
-      ``state_dict()`` restores first.
+      ``state_dict()`` restores first; ``load_state_dict(assign=True)``
+      puts the loaded tensors in the tag.  Convert its dtype or device
+      before making it offloadable: tensors that replace its own otherwise
+      join the tag only at the handle's ``.offload()``.
     * an optimizer: before ``step()``, its state is restored and marked
       busy; after it, the state (made by the first step) joins the tag, is
       marked idle and, with ``offload_after_step=True``, offloaded at once,
@@ -384,7 +399,7 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
     memory (lowest priority first, then the least recently used); the hooks
     bring it back when it is next used.  Returns a handle with
     ``.offload()``, ``.restore()``, ``.prefetch()`` and ``.remove()``."""
-    is_optimizer = hasattr(obj, "state") and hasattr(obj, "register_step_pre_hook")
+    is_optimizer = _is_optimizer(obj)
     if not is_optimizer and not hasattr(obj, "register_forward_pre_hook"):
         raise TypeError(f"gpupool.offloadable() takes a torch.nn.Module or a torch.optim.Optimizer, "
                         f"got {type(obj).__name__}")
@@ -401,8 +416,7 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
         if offload_after_step and prefetch_at is not None:
             _prefetch_in_backward(h, obj, prefetch_at)
     else:
-        tagged(obj, tag, prio, pool=pool)
-        h._hint([*obj.parameters(), *obj.buffers()])
+        h._retake(obj)
         _module_hooks(h, obj, prefetch_next)
         with OffloadHandle._chain_lock:
             OffloadHandle._chain.append(weakref.ref(h))
@@ -437,9 +451,14 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
     def sd_pre(*a: Any, **k: Any) -> None:
         h.restore()
 
+    def load_post(mod: Any, incompatible: Any) -> None:
+        h._retake(mod)  # (assign=True puts the loaded tensors in the parameters' place)
+
     h._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
     if hasattr(module, "register_state_dict_pre_hook"):
         h._hooks.append(module.register_state_dict_pre_hook(sd_pre))
+    if hasattr(module, "register_load_state_dict_post_hook"):
+        h._hooks.append(module.register_load_state_dict_post_hook(load_post))
 
 
 def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> None:
@@ -464,7 +483,7 @@ def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> No
         ctx, saved.ctx = getattr(saved, "ctx", None), None
         if ctx is not None:
             _C.set_context(*ctx)
-        h._retag_state(o)
+        h._retake(o)
         h._use(False)
         if offload_after_step:
             h._offload_behind_step()
@@ -479,14 +498,14 @@ def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> No
         # The loaded state joins the tag now, not at the next step: under a
         # limit the forward pass before it may need the room, and only the
         # tag's memory can be offloaded for it.
-        h._retag_state(o)
+        h._retake(o)
 
     h._hooks += [opt.register_step_pre_hook(pre), opt.register_step_post_hook(post)]
     if hasattr(opt, "register_state_dict_pre_hook"):
         h._hooks.append(opt.register_state_dict_pre_hook(sd_pre))
     if hasattr(opt, "register_load_state_dict_post_hook"):
         h._hooks.append(opt.register_load_state_dict_post_hook(load_post))
-    h._retag_state(opt)
+    h._retake(opt)
 
 
 def _prefetch_in_backward(h: OffloadHandle, opt: Any, at: float) -> None:
@@ -512,6 +531,10 @@ def _prefetch_in_backward(h: OffloadHandle, opt: Any, at: float) -> None:
 
     h._hooks += [q.register_post_accumulate_grad_hook(on_grad) for q in params]
     h._hooks.append(opt.register_step_post_hook(restart))
+
+
+def _is_optimizer(obj: Any) -> bool:
+    return hasattr(obj, "state") and hasattr(obj, "register_step_pre_hook")
 
 
 def _mark(name: str) -> Any:
