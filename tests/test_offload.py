@@ -428,6 +428,38 @@ def test_a_module_follows_tensors_that_replace_its_own() -> None:
     assert not m._forward_pre_hooks and not m._load_state_dict_post_hooks
 
 
+def test_a_module_is_not_taken_under_pressure_while_its_state_dict_lives() -> None:
+    # The state dict's tensors are the module's own: under a limit, cloning
+    # them (an allocation at a higher priority) made the pool offload the
+    # idle weights the clones were about to read ("invalid argument" from
+    # the copies on the GPU).  Busy while the dict lives, idle after it.
+    torch = pytest.importorskip("torch")
+    import gc
+
+    p = pool(64 * MiB, codec="raw")
+    a = p.alloc(20 * MiB, tag="sd_made_t", priority="low")
+    fill(a, 20 * MiB, 60)
+    m = torch.nn.Linear(1024, 1024, bias=False)
+    m.weight = torch.nn.Parameter(torch.frombuffer((ctypes.c_ubyte * (4 * MiB)).from_address(a),
+                                                   dtype=torch.float32).view(1024, 1024), requires_grad=False)
+    h = gpupool.offloadable(m, "sd_mod_t", priority="low", pool=p)
+    sd = m.state_dict()
+    with pytest.raises(MemoryError):
+        p.alloc(50 * MiB, tag="sd_hungry_t", priority="normal")
+    assert p.lookup(a).state == "used"
+    with torch.no_grad():
+        m(torch.zeros(1, 1024))  # (its hooks' own busy and idle leave the hold alone)
+    with pytest.raises(MemoryError):
+        p.alloc(50 * MiB, tag="sd_hungry_t", priority="normal")
+    del sd
+    gc.collect()
+    x = p.alloc(50 * MiB, tag="sd_hungry_t", priority="normal")
+    assert p.lookup(a).state == "offloaded" and p.stats()["offload"]["n_pressure"] == 1
+    p.free(x)
+    h.remove()  # (restores)
+    assert same(a, 20 * MiB, 60) and not m._state_dict_hooks
+
+
 def test_offload_of_at_most_max_bytes_takes_the_first_blocks() -> None:
     p = pool()
     blocks = [p.alloc(4 * MiB, tag="part_t") for _ in range(4)]

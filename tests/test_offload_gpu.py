@@ -246,9 +246,18 @@ def test_idle_module_offloaded_under_pressure_and_restored_by_its_hook(run_py) -
             y2 = m(x)  # the forward pre-hook restores it
         assert torch.equal(y1, y2)
         assert gpupool.stats()["tags"]["ref_model"]["offloaded"] == 0
-        # Weights loaded in the place of its own (assign=True) are the module's
-        # too.  (Without the limit: under it the clones' allocations could
-        # offload the idle weights they are about to read.)
+        # The state dict's tensors are the module's own: while it lives the
+        # pool does not offload them to make room for their clones (the
+        # copies would read unmapped memory).  Under the limit: out of memory.
+        sd = m.state_dict()
+        try:
+            clones = {k: v.clone() for k, v in sd.items()}
+            raise AssertionError("1 GiB cloned with 0.5 GiB of room")
+        except torch.OutOfMemoryError:
+            pass
+        assert gpupool.stats()["tags"]["ref_model"]["offloaded"] == 0
+        del sd
+        # Weights loaded in the place of its own (assign=True) are the module's too.
         gpupool.set_limit(None)
         m.load_state_dict({k: v.clone() for k, v in m.state_dict().items()}, assign=True)
         h.offload()

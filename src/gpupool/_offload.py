@@ -210,6 +210,11 @@ class OffloadHandle:
         self._margin = 0
         self._pressed = 0
         self._sent: Optional[int] = None
+        # Busy as the hooks last said, and readers they do not see the end
+        # of (a module's state_dict, while it lives): busy while any is held.
+        self._busy = False
+        self._holds = 0
+        self._use_lock = threading.RLock()  # (a finalizer may release inside _use)
 
     # -- what a user may call ------------------------------------------------
     def offload(self, **kw: Any) -> Optional[Dict[str, Any]]:
@@ -255,7 +260,29 @@ class OffloadHandle:
 
     # -- what the hooks do ---------------------------------------------------
     def _use(self, busy: bool) -> None:
-        self._pool._pool.offload_use(self._tid, busy)
+        with self._use_lock:
+            self._busy = busy
+            self._pool._pool.offload_use(self._tid, busy or self._holds > 0)
+
+    def _hold(self) -> None:
+        """Busy until as many :meth:`_release` calls, whatever the hooks say."""
+        with self._use_lock:
+            self._holds += 1
+            self._pool._pool.offload_use(self._tid, True)
+
+    def _release(self) -> None:
+        with self._use_lock:
+            self._holds -= 1
+            if not self._holds:
+                self._pool._pool.offload_use(self._tid, self._busy)
+
+    def _hold_while(self, obj: Any) -> None:
+        """Held until `obj` is collected (released now where it cannot be
+        weakly referenced)."""
+        try:
+            weakref.finalize(obj, self._release).atexit = False
+        except TypeError:
+            self._release()
 
     def _enter(self) -> None:
         """Before the object is used: busy (never offloaded under pressure),
@@ -364,7 +391,9 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       way is waited for) and marked busy, and the next offloadable module's
       is prefetched (``prefetch_next``); it stays busy until its backward has
       run when the forward recorded a graph, else until the forward ends.
-      ``state_dict()`` restores first; ``load_state_dict(assign=True)``
+      ``state_dict()`` restores first, and the module is not offloaded
+      under pressure while the dict it returned lives (its tensors are the
+      module's own); ``load_state_dict(assign=True)``
       puts the loaded tensors in the tag.  Convert its dtype or device
       before making it offloadable: tensors that replace its own otherwise
       join the tag only at the handle's ``.offload()``.
@@ -448,8 +477,25 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
 
         graph[0].register_hook(on_grad)
 
+    # The state dict's tensors are the module's own: whoever reads them after
+    # state_dict() returns (clones them, loads them elsewhere) would find
+    # them offloaded had the pool taken them under pressure meanwhile, so the
+    # module is busy for as long as the dict lives.
+    holds = hasattr(module, "register_state_dict_pre_hook") and hasattr(module, "register_state_dict_post_hook")
+
     def sd_pre(*a: Any, **k: Any) -> None:
-        h.restore()
+        if not holds:
+            h.restore()
+            return
+        h._hold()
+        try:
+            h.restore()
+        except BaseException:
+            h._release()
+            raise
+
+    def sd_post(mod: Any, state_dict: Any, prefix: str, local_metadata: Any) -> None:
+        h._hold_while(state_dict)
 
     def load_post(mod: Any, incompatible: Any) -> None:
         h._retake(mod)  # (assign=True puts the loaded tensors in the parameters' place)
@@ -457,6 +503,8 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
     h._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
     if hasattr(module, "register_state_dict_pre_hook"):
         h._hooks.append(module.register_state_dict_pre_hook(sd_pre))
+    if holds:
+        h._hooks.append(module.register_state_dict_post_hook(sd_post))
     if hasattr(module, "register_load_state_dict_post_hook"):
         h._hooks.append(module.register_load_state_dict_post_hook(load_post))
 
