@@ -394,6 +394,14 @@ def test_optimizer_state_is_prefetched_during_the_backward_pass() -> None:
         gpupool.offloadable(opt, "pf_opt_t", prefetch_at=1.5, pool=p)
 
 
+def _floats_over(addr: int, rows: int, cols: int) -> "torch.Tensor":
+    """A float32 CPU tensor over a HostPool block's memory (no copy)."""
+    import torch
+
+    buf = (ctypes.c_ubyte * (rows * cols * 4)).from_address(addr)
+    return torch.frombuffer(buf, dtype=torch.float32).view(rows, cols)
+
+
 def test_a_module_follows_tensors_that_replace_its_own() -> None:
     # A real torch module over a HostPool's memory: load_state_dict(assign=True)
     # puts the loaded tensors in the parameters' place (its hook takes them
@@ -405,8 +413,7 @@ def test_a_module_follows_tensors_that_replace_its_own() -> None:
     def over(tag: str, seed: int) -> "torch.Tensor":
         a = p.alloc(MiB, tag=tag)
         fill(a, MiB, seed)
-        buf = (ctypes.c_ubyte * MiB).from_address(a)
-        return torch.frombuffer(buf, dtype=torch.float32)[:512 * 512].view(512, 512)
+        return _floats_over(a, 512, 512)
 
     m = torch.nn.Linear(512, 512, bias=False)
     m.weight = torch.nn.Parameter(over("mod_made_t", 50), requires_grad=False)
@@ -440,8 +447,7 @@ def test_a_module_is_not_taken_under_pressure_while_its_state_dict_lives() -> No
     a = p.alloc(20 * MiB, tag="sd_made_t", priority="low")
     fill(a, 20 * MiB, 60)
     m = torch.nn.Linear(1024, 1024, bias=False)
-    m.weight = torch.nn.Parameter(torch.frombuffer((ctypes.c_ubyte * (4 * MiB)).from_address(a),
-                                                   dtype=torch.float32).view(1024, 1024), requires_grad=False)
+    m.weight = torch.nn.Parameter(_floats_over(a, 1024, 1024), requires_grad=False)
     h = gpupool.offloadable(m, "sd_mod_t", priority="low", pool=p)
     sd = m.state_dict()
     with pytest.raises(MemoryError):

@@ -309,7 +309,8 @@ class OffloadHandle:
         at after each step; a module's tensors (a walk of its submodules,
         too slow for every forward) when it is made offloadable, loaded,
         offloaded through the handle, or moved to another priority."""
-        if _is_optimizer(obj):
+        optimizer = _is_optimizer(obj)
+        if optimizer:
             tensors = [v for st in obj.state.values() for v in st.values() if hasattr(v, "data_ptr")]
         else:
             tensors = [*obj.parameters(), *obj.buffers()]
@@ -318,7 +319,7 @@ class OffloadHandle:
             return
         tagged(tensors, self.tag, self.priority, pool=self._tag_pool)
         self._key = key
-        if _is_optimizer(obj):
+        if optimizer:
             self._state_bytes = sum(t.numel() * t.element_size() for t in tensors)
         self._hint(tensors)
 
