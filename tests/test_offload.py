@@ -466,6 +466,94 @@ def test_a_module_is_not_taken_under_pressure_while_its_state_dict_lives() -> No
     assert same(a, 20 * MiB, 60) and not m._state_dict_hooks
 
 
+def _module_over(p: gpupool.HostPool, tag: str, rows: int, value: float) -> "torch.nn.Linear":
+    """A torch module whose weight (rows x 1024 floats, all `value`) lies in
+    a block of the HostPool, made offloadable at low priority as `tag`."""
+    import torch
+
+    a = p.alloc(rows * 4096, tag=tag + "_made", priority="low")
+    m = torch.nn.Linear(1024, rows, bias=False)
+    m.weight = torch.nn.Parameter(_floats_over(a, rows, 1024))
+    with torch.no_grad():
+        m.weight.fill_(value)
+    m.handle = gpupool.offloadable(m, tag, priority="low", pool=p)
+    return m
+
+
+def test_an_optimizer_step_holds_the_offloadable_modules_it_updates() -> None:
+    # The step comes after the module's backward pass, when the module is
+    # idle: an allocation of the step (foreach temporaries, new state) could
+    # make the pool offload the parameters the step's kernels are about to
+    # write (on a GPU: the CUDA context lost).  Any optimizer's step restores
+    # the offloadable modules whose parameters it updates and holds them;
+    # a module it does not update stays fair game.
+    torch = pytest.importorskip("torch")
+    p = pool(64 * MiB, codec="raw")  # (1 MiB of it the offloader's checksums)
+    m = _module_over(p, "step_mod_t", 2048, 1.0)  # 8 MiB each
+    other = _module_over(p, "step_other_t", 2048, 3.0)
+    w = m.weight.data_ptr()
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    m.weight.grad = torch.ones(2048, 1024)
+    m.handle.offload()
+    seen = []
+
+    def inside(o: object, args: object, kwargs: object) -> None:
+        seen.append(p.lookup(w).state)
+        x = p.alloc(52 * MiB, tag="step_hungry_t")  # fits once the other module is away
+        assert p.lookup(other.weight.data_ptr()).state == "offloaded"
+        p.free(x)
+        with pytest.raises(MemoryError):
+            p.alloc(60 * MiB, tag="step_hungry_t")  # would need the module's too
+
+    hook = opt.register_step_pre_hook(inside)
+    opt.step()
+    assert seen == ["used"]
+
+    def fail(o: object, args: object, kwargs: object) -> None:
+        raise RuntimeError("a step that raised")
+
+    failing = opt.register_step_pre_hook(fail)
+    with pytest.raises(RuntimeError):
+        opt.step()
+    failing.remove()
+    with pytest.raises(MemoryError):  # (the step that raised left the module held)
+        p.alloc(60 * MiB, tag="step_hungry_t")
+    hook.remove()
+    opt.zero_grad(set_to_none=False)  # (a step by zero: the values stay)
+    opt.step()  # releases what the step that raised held
+    x = p.alloc(60 * MiB, tag="step_hungry_t")
+    assert p.lookup(w).state == "offloaded"
+    p.free(x)
+    m.handle.remove()
+    other.handle.remove()
+    assert bool((m.weight == 0.5).all()) and bool((other.weight == 3.0).all())
+
+
+def test_in_use_holds_an_offloadable_module_resident() -> None:
+    # Reads that no hook sees (m.weight.norm(), an EMA of the weights) hold
+    # the module with the handle's in_use(): restored at the start, never
+    # offloaded under pressure inside the block, fair game after it, also
+    # after the block raised.
+    pytest.importorskip("torch")
+    p = pool(64 * MiB, codec="raw")
+    m = _module_over(p, "use_mod_t", 4096, 2.0)  # 16 MiB
+    w = m.weight.data_ptr()
+    m.handle.offload()
+    with m.handle.in_use() as held:
+        assert held is m.handle and p.lookup(w).state == "used"
+        with pytest.raises(MemoryError):
+            p.alloc(50 * MiB, tag="use_hungry_t")
+        assert float(m.weight.detach().sum()) == 2.0 * 4096 * 1024
+    with pytest.raises(RuntimeError):
+        with m.handle.in_use():
+            raise RuntimeError("raised inside the block")
+    x = p.alloc(50 * MiB, tag="use_hungry_t")
+    assert p.lookup(w).state == "offloaded"
+    p.free(x)
+    m.handle.remove()
+    assert bool((m.weight == 2.0).all())
+
+
 def test_offload_of_at_most_max_bytes_takes_the_first_blocks() -> None:
     p = pool()
     blocks = [p.alloc(4 * MiB, tag="part_t") for _ in range(4)]

@@ -270,6 +270,77 @@ def test_idle_module_offloaded_under_pressure_and_restored_by_its_hook(run_py) -
     assert "OK" in r.stdout
 
 
+def test_offloadable_modules_trained_on_a_joint_loss_under_a_limit(run_py) -> None:
+    """Two offloadable models, each with its own foreach AdamW, one loss:
+    after the backward pass both are idle, and under a limit each step's
+    temporaries make the pool offload a model.  Each step must find its own
+    model resident (any optimizer's step holds the offloadable modules it
+    updates); before, the other model's step wrote to offloaded memory."""
+    r = run_py("""
+        import torch, gpupool
+        gpupool.enable()
+        P = 8 * 4096 * 4096 * 4  # a model's weights (its biases aside)
+
+        def make(seed):
+            torch.manual_seed(seed)
+            return torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).cuda()
+
+        def train(models, opts, steps, g, peaks=None):
+            for _ in range(steps):
+                gpupool.reset_peak_stats()
+                x = torch.randn(64, 4096, device="cuda", generator=g)
+                loss = sum(m(x).square().mean() for m in models)
+                loss.backward()
+                if peaks is not None:
+                    peaks.append(gpupool.stats()["allocated_peak"])
+                for o in opts:
+                    o.step()
+                for o in opts:
+                    o.zero_grad()
+                if peaks is not None:
+                    peaks.append(gpupool.stats()["allocated_peak"])
+
+        ref = [make(0), make(1)]
+        train(ref, [torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=True) for m in ref], 6,
+              torch.Generator(device="cuda").manual_seed(1))
+        want = [[p.detach().cpu() for p in m.parameters()] for m in ref]
+        del ref
+        gpupool.empty_cache()
+
+        models = [make(0), make(1)]
+        opts = [torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=True) for m in models]
+        handles = [gpupool.offloadable(m, f"joint_{i}", priority="low") for i, m in enumerate(models)]
+        seen = []
+        for i, o in enumerate(opts):
+            o.register_step_pre_hook(lambda o, a, k, i=i: seen.append(
+                gpupool.stats()["tags"].get(f"joint_{i}", {}).get("offloaded", 0)))
+        g = torch.Generator(device="cuda").manual_seed(1)
+        train(models, opts, 1, g)  # (the state made, outside any limit)
+        peaks = []
+        train(models, opts, 1, g, peaks)
+        # The backward pass's peak fits (both models' weights, gradients and
+        # state, 8 P); with a step's temporaries (about P more) it does not:
+        # a model must leave.
+        torch.cuda.synchronize()
+        print("peaks", [round(b / P, 2) for b in peaks], "allocated", round(gpupool.stats()["allocated"] / P, 2))
+        assert peaks[1] - peaks[0] > P // 2, peaks
+        gpupool.set_limit(peaks[1] - P // 4)
+        gpupool.empty_cache()  # (the limit caps reserved bytes: no cache above it)
+        train(models, opts, 4, g)
+        pressed = (gpupool.stats().get("offload") or {}).get("n_pressure", 0)
+        assert pressed >= 2, gpupool.stats().get("offload")
+        assert seen == [0] * len(seen), seen
+        gpupool.set_limit(None)
+        for h in handles:
+            h.restore()
+        for m, w in zip(models, want):
+            for p, q in zip(m.parameters(), w):
+                assert torch.equal(p.detach().cpu(), q)
+        print("OK", pressed)
+    """)
+    assert "OK" in r.stdout
+
+
 def test_offload_loads_its_kernels_without_jit(run_py) -> None:
     """The checksum and gather kernels load as SASS on the GPUs of the
     generations tools/gen_ptx.py builds for: a PTX JIT maps the driver's

@@ -236,6 +236,23 @@ class OffloadHandle:
         """Start bringing it back (see :func:`prefetch`)."""
         prefetch(self.tag, pool=self._pool)
 
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator["OffloadHandle"]:
+        """Resident, and never offloaded under pressure, inside the block:
+        for code that reads or writes the object's tensors where no hook
+        sees it (``m.weight.norm()``, an EMA of a module's weights, a copy
+        of an optimizer's state on the device).  Outside its hooks idle
+        offloadable memory may be offloaded by any allocation that runs
+        short, and a kernel that then touches it loses the CUDA context.
+        Kernels queued inside the block may run after it ends: an offload
+        waits for them.  An optimizer's step (any optimizer's) holds the
+        offloadable modules whose parameters it updates in the same way."""
+        self._hold_resident()
+        try:
+            yield self
+        finally:
+            self._release()
+
     def set_priority(self, priority: Priority) -> None:
         """Move the object's memory to `priority` (re-tagged where it lies,
         offloaded or not): what the pool weighs when another allocation
@@ -275,6 +292,15 @@ class OffloadHandle:
             self._holds -= 1
             if not self._holds:
                 self._pool._pool.offload_use(self._tid, self._busy)
+
+    def _hold_resident(self) -> None:
+        """Held (see :meth:`_hold`), then restored; not held if the restore fails."""
+        self._hold()
+        try:
+            self.restore()
+        except BaseException:
+            self._release()
+            raise
 
     def _hold_while(self, obj: Any) -> None:
         """Held until `obj` is collected (released now where it cannot be
@@ -397,7 +423,9 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       module's own); ``load_state_dict(assign=True)``
       puts the loaded tensors in the tag.  Convert its dtype or device
       before making it offloadable: tensors that replace its own otherwise
-      join the tag only at the handle's ``.offload()``.
+      join the tag only at the handle's ``.offload()``.  Any optimizer's
+      step restores the offloadable modules whose parameters it updates
+      and holds them (busy) until it ends.
     * an optimizer: before ``step()``, its state is restored and marked
       busy; after it, the state (made by the first step) joins the tag, is
       marked idle and, with ``offload_after_step=True``, offloaded at once,
@@ -427,8 +455,10 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
     Idle offloadable memory of a priority below an allocation's may be
     offloaded by the pool when that allocation would otherwise run out of
     memory (lowest priority first, then the least recently used); the hooks
-    bring it back when it is next used.  Returns a handle with
-    ``.offload()``, ``.restore()``, ``.prefetch()`` and ``.remove()``."""
+    bring it back when it is next used; code that reads the tensors where
+    no hook sees it holds them with the handle's ``.in_use()``.  Returns a
+    handle with ``.offload()``, ``.restore()``, ``.prefetch()``,
+    ``.in_use()`` and ``.remove()``."""
     is_optimizer = _is_optimizer(obj)
     if not is_optimizer and not hasattr(obj, "register_forward_pre_hook"):
         raise TypeError(f"gpupool.offloadable() takes a torch.nn.Module or a torch.optim.Optimizer, "
@@ -450,8 +480,61 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
         _module_hooks(h, obj, prefetch_next)
         with OffloadHandle._chain_lock:
             OffloadHandle._chain.append(weakref.ref(h))
+        _hold_modules_in_steps()
     h._use(False)
     return h
+
+
+# An optimizer's step writes the parameters of modules that may be
+# offloadable, idle since their backward pass: an allocation of the step
+# (foreach temporaries, new state) could offload them under pressure before
+# the step's kernels write them.  So every optimizer's step holds the
+# offloadable modules that own its parameters (global step hooks, installed
+# with the first offloadable module).  Per optimizer, the handles its step
+# holds; a step that raised leaves them held until its next step.
+_step_holds: "weakref.WeakKeyDictionary[Any, List[OffloadHandle]]" = weakref.WeakKeyDictionary()
+_step_hooks: List[Any] = []
+
+
+def _hold_modules_in_steps() -> None:
+    with OffloadHandle._chain_lock:
+        if _step_hooks:
+            return
+        try:
+            from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+        except ImportError:  # (no torch: no optimizer either)
+            return
+        _step_hooks.append(register_optimizer_step_pre_hook(_step_pre))
+        _step_hooks.append(register_optimizer_step_post_hook(_step_post))
+
+
+def _step_pre(opt: Any, args: Any, kwargs: Any) -> None:
+    _step_post(opt, args, kwargs)
+    with OffloadHandle._chain_lock:
+        modules = [h for h in (r() for r in OffloadHandle._chain) if h is not None and h._key]
+    if not modules:
+        return
+    params = {q.data_ptr() for g in getattr(opt, "param_groups", ()) for q in g["params"]}
+    held: List[OffloadHandle] = []
+    try:
+        for h in modules:
+            if not params.isdisjoint(h._key or ()):
+                h._hold_resident()
+                held.append(h)
+    except BaseException:
+        for h in held:
+            h._release()
+        raise
+    if held:
+        with OffloadHandle._chain_lock:
+            _step_holds[opt] = held
+
+
+def _step_post(opt: Any, args: Any, kwargs: Any) -> None:
+    with OffloadHandle._chain_lock:
+        held = _step_holds.pop(opt, ())
+    for h in held:
+        h._release()
 
 
 def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
@@ -485,15 +568,10 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
     holds = hasattr(module, "register_state_dict_pre_hook") and hasattr(module, "register_state_dict_post_hook")
 
     def sd_pre(*a: Any, **k: Any) -> None:
-        if not holds:
+        if holds:
+            h._hold_resident()
+        else:
             h.restore()
-            return
-        h._hold()
-        try:
-            h.restore()
-        except BaseException:
-            h._release()
-            raise
 
     def sd_post(mod: Any, state_dict: Any, prefix: str, local_metadata: Any) -> None:
         h._hold_while(state_dict)
