@@ -57,6 +57,25 @@ static inline int offload_ok(gp_offloader *o)
     return v == 0;
 }
 
+/* A host backend of `capacity` bytes, the tests' pool over it (in *p, *be)
+ * and an offloader with two lanes. */
+static inline gp_offloader *offloader_with(uint64_t capacity, gp_pool **p, gp_backend **be)
+{
+    *p = pool_with(capacity, be);
+    gp_offloader *o;
+    CHECK(gp_offloader_create(*p, 0, 2, NULL, &o) == GP_OK);
+    return o;
+}
+
+/* The end of a test of an offloader: it and its pool consistent (the
+ * backend maps what the pool reserves), then both go. */
+static inline void offloader_done(gp_offloader *o, gp_pool *p, gp_backend *be)
+{
+    CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
+    gp_offloader_destroy(o);
+    done(p);
+}
+
 static inline int state_of(gp_pool *p, void *ptr)
 {
     gp_block_info b;

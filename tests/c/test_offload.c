@@ -206,9 +206,8 @@ static void test_prefetch_multi(void)
 static void test_pressure(void)
 {
     gp_backend *be;
-    gp_pool *p = pool_with(64 * MiB, &be);
-    gp_offloader *o;
-    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    gp_pool *p;
+    gp_offloader *o = offloader_with(64 * MiB, &p, &be);
     void *lo = gp_alloc(p, 20 * MiB, NULL, T_W, GP_PRIO_LOW, NULL);
     void *mid = gp_alloc(p, 20 * MiB, NULL, T_O, GP_PRIO_NORMAL, NULL);
     fill(lo, 20 * MiB, 1);
@@ -243,9 +242,7 @@ static void test_pressure(void)
     CHECK(gp_restore_tags(o, &T_O, 1, 0, &rr) == GP_OK && same(mid, 20 * MiB, 2));
     gp_free(p, lo);
     gp_free(p, mid);
-    CHECK(offload_ok(o));
-    gp_offloader_destroy(o);
-    done(p);
+    offloader_done(o, p, be);
 }
 
 /* Memory still offloaded when the offloader goes: no leak, no double
@@ -552,9 +549,8 @@ static void test_pin_faults(void)
         for (int mode = 0; mode < 2; mode++)
             for (int ahead = 0; ahead < 2; ahead++) {
                 gp_backend *be;
-                gp_pool *p = pool_with(512 * MiB, &be);
-                gp_offloader *o;
-                CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+                gp_pool *p;
+                gp_offloader *o = offloader_with(512 * MiB, &p, &be);
                 void *a = gp_alloc(p, 70 * MiB, NULL, T_W, GP_PRIO_NORMAL, NULL);
                 fill(a, 70 * MiB, 50 + (unsigned)f);
                 gp_host_fail(be, fns[f], 1, GP_ERR_NOMEM, mode);

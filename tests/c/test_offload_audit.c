@@ -83,9 +83,8 @@ typedef struct walk_case {
 static uint64_t walk_one(walk_case wc, gp_host_fn fn, uint64_t nth, int mode, int *gave_up)
 {
     gp_backend *be;
-    gp_pool *p = pool_with(64 * MiB, &be);
-    gp_offloader *o;
-    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    gp_pool *p;
+    gp_offloader *o = offloader_with(64 * MiB, &p, &be);
     void *b[WB];
     unsigned char *want[WB];
     for (int i = 0; i < WB; i++) {
@@ -147,8 +146,7 @@ static uint64_t walk_one(walk_case wc, gp_host_fn fn, uint64_t nth, int mode, in
         CHECK(gp_free(p, b[i]) == GP_OK);
         free(want[i]);
     }
-    gp_offloader_destroy(o);
-    done(p);
+    offloader_done(o, p, be);
     return c1.calls[fn] - c0.calls[fn];
 }
 
@@ -260,9 +258,8 @@ static void hang(int sig)
 static void test_together_or_fail(void)
 {
     gp_backend *be;
-    gp_pool *p = pool_with(64 * MiB, &be);
-    gp_offloader *o;
-    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    gp_pool *p;
+    gp_offloader *o = offloader_with(64 * MiB, &p, &be);
     void *a = gp_alloc(p, 24 * MiB, NULL, T_A, GP_PRIO_NORMAL, NULL);
     void *b = gp_alloc(p, 24 * MiB, NULL, T_B, GP_PRIO_NORMAL, NULL);
     fill(a, 24 * MiB, 4);
@@ -288,8 +285,7 @@ static void test_together_or_fail(void)
     CHECK(offload_ok(o));
     gp_free(p, a);
     gp_free(p, b);
-    gp_offloader_destroy(o);
-    done(p);
+    offloader_done(o, p, be);
 }
 
 /* ----------------------------------------------------- failed give-back */
@@ -297,9 +293,8 @@ static void test_together_or_fail(void)
 static void test_failed_giveback(void)
 {
     gp_backend *be;
-    gp_pool *p = pool_with(64 * MiB, &be);
-    gp_offloader *o;
-    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    gp_pool *p;
+    gp_offloader *o = offloader_with(64 * MiB, &p, &be);
     void *a = gp_alloc(p, 12 * MiB, NULL, T_A, GP_PRIO_NORMAL, NULL);
     fill(a, 12 * MiB, 6);
     gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
@@ -317,8 +312,7 @@ static void test_failed_giveback(void)
     CHECK(st == GP_OK && state_of(p, a) == GP_BLOCK_USED && same(a, 12 * MiB, 6));
     CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
     gp_free(p, a);
-    gp_offloader_destroy(o);
-    done(p);
+    offloader_done(o, p, be);
 }
 
 /* ------------------------------------- restores that make room mid-way */
@@ -445,9 +439,8 @@ static void test_first_error(void)
 static void test_prefetch_failed(void)
 {
     gp_backend *be;
-    gp_pool *p = pool_with(64 * MiB, &be);
-    gp_offloader *o;
-    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    gp_pool *p;
+    gp_offloader *o = offloader_with(64 * MiB, &p, &be);
     void *a = gp_alloc(p, 6 * MiB, NULL, T_A, GP_PRIO_NORMAL, NULL);
     fill(a, 6 * MiB, 12);
     gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
@@ -465,8 +458,7 @@ static void test_prefetch_failed(void)
     CHECK(st == GP_OK && state_of(p, a) == GP_BLOCK_USED && same(a, 6 * MiB, 12));
     CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
     gp_free(p, a);
-    gp_offloader_destroy(o);
-    done(p);
+    offloader_done(o, p, be);
 }
 
 /* A block freed while offloaded: its bytes are nobody's, so a corrupt host
@@ -474,9 +466,8 @@ static void test_prefetch_failed(void)
 static void test_freed_corrupt(void)
 {
     gp_backend *be;
-    gp_pool *p = pool_with(64 * MiB, &be);
-    gp_offloader *o;
-    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    gp_pool *p;
+    gp_offloader *o = offloader_with(64 * MiB, &p, &be);
     void *gone = gp_alloc(p, 6 * MiB, NULL, T_A, GP_PRIO_NORMAL, NULL);
     void *kept = gp_alloc(p, 3 * MiB, NULL, T_A, GP_PRIO_NORMAL, NULL);
     fill(gone, 6 * MiB, 13);
@@ -491,8 +482,7 @@ static void test_freed_corrupt(void)
     CHECK(st == GP_OK && state_of(p, kept) == GP_BLOCK_USED && same(kept, 3 * MiB, 14));
     CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
     gp_free(p, kept);
-    gp_offloader_destroy(o);
-    done(p);
+    offloader_done(o, p, be);
 }
 
 /* ----------------------------------------------------- retag, codec */
@@ -500,9 +490,8 @@ static void test_freed_corrupt(void)
 static void test_retag_while_offloaded(void)
 {
     gp_backend *be;
-    gp_pool *p = pool_with(64 * MiB, &be);
-    gp_offloader *o;
-    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    gp_pool *p;
+    gp_offloader *o = offloader_with(64 * MiB, &p, &be);
     void *x = gp_alloc(p, 6 * MiB, NULL, T_A, GP_PRIO_NORMAL, NULL);
     fill(x, 6 * MiB, 9);
     gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
@@ -521,16 +510,14 @@ static void test_retag_while_offloaded(void)
     CHECK(state_of(p, x) == GP_BLOCK_USED && same(x, 6 * MiB, 9));
     CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
     gp_free(p, x);
-    gp_offloader_destroy(o);
-    done(p);
+    offloader_done(o, p, be);
 }
 
 static void test_codec_refused_alike(void)
 {
     gp_backend *be;
-    gp_pool *p = pool_with(64 * MiB, &be);
-    gp_offloader *o;
-    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    gp_pool *p;
+    gp_offloader *o = offloader_with(64 * MiB, &p, &be);
     void *x = gp_alloc(p, 2 * MiB, NULL, T_A, GP_PRIO_NORMAL, NULL);
     gp_offload_result r;
     gp_offload_opts kept = {.keep = 1, .codec = GP_CODEC_ANS, .elem_size = 2};
@@ -541,8 +528,7 @@ static void test_codec_refused_alike(void)
     gp_status s0 = gp_offload_tags(o, &T_A, 1, &dropped, &r);
     CHECK(s1 != GP_OK && s0 == s1 && strcmp(m1, gp_last_error()) == 0 && state_of(p, x) == GP_BLOCK_USED);
     gp_free(p, x);
-    gp_offloader_destroy(o);
-    done(p);
+    offloader_done(o, p, be);
 }
 
 /* ------------------------------------------------ status and words agree */
@@ -570,9 +556,8 @@ static const char *named_status(const char *msg, char *buf, size_t n)
 static uint64_t words_one(int codec, int restore_side, gp_host_fn fn, uint64_t nth, gp_host_fn bg, unsigned *bad)
 {
     gp_backend *be;
-    gp_pool *p = pool_with(64 * MiB, &be);
-    gp_offloader *o;
-    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    gp_pool *p;
+    gp_offloader *o = offloader_with(64 * MiB, &p, &be);
     void *b[WB];
     unsigned char *want[WB];
     for (int i = 0; i < WB; i++) {
@@ -622,8 +607,7 @@ static uint64_t words_one(int codec, int restore_side, gp_host_fn fn, uint64_t n
         CHECK(gp_free(p, b[i]) == GP_OK);
         free(want[i]);
     }
-    gp_offloader_destroy(o);
-    done(p);
+    offloader_done(o, p, be);
     return c1.calls[fn] - c0.calls[fn];
 }
 
@@ -660,9 +644,8 @@ static void test_status_and_words(void)
 static void test_lost_then_prefetched(void)
 {
     gp_backend *be;
-    gp_pool *p = pool_with(64 * MiB, &be);
-    gp_offloader *o;
-    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    gp_pool *p;
+    gp_offloader *o = offloader_with(64 * MiB, &p, &be);
     void *b[3];
     for (int i = 0; i < 3; i++) {
         b[i] = gp_alloc(p, 4 * MiB, NULL, T_A, GP_PRIO_NORMAL, NULL);
@@ -691,8 +674,7 @@ static void test_lost_then_prefetched(void)
     CHECK(gp_prefetch_tags(o, &T_A, 1) == GP_OK && gp_restore_tags(o, &T_A, 1, 0, &rr) == GP_OK);
     CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
     for (int i = 0; i < 3; i++) gp_free(p, b[i]);
-    gp_offloader_destroy(o);
-    done(p);
+    offloader_done(o, p, be);
 }
 
 /* Each test alone when named (a crash in one then hides no other). */
