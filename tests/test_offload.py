@@ -554,6 +554,44 @@ def test_in_use_holds_an_offloadable_module_resident() -> None:
     assert bool((m.weight == 2.0).all())
 
 
+def test_code_compiled_before_a_module_was_made_offloadable_is_dropped(run_py) -> None:
+    # torch.compile does not guard on module hooks: code compiled for a
+    # module of the same structure before the hooks existed ran without them
+    # and read the offloaded weights (a segfault here, the CUDA context lost
+    # on a GPU).  offloadable() drops compiled code, with a warning.  In a
+    # fresh process: the failure it guards against is a crash.
+    pytest.importorskip("torch")
+    r = run_py("""
+        import ctypes, warnings, torch, gpupool
+        p = gpupool.HostPool(64 << 20, chunk="256KiB", large_chunk="1MiB", codec="raw")
+
+        def linear_over(tag, seed):
+            a = p.alloc(4 << 20, tag=tag, priority="low")
+            buf = (ctypes.c_ubyte * (4 << 20)).from_address(a)
+            w = torch.frombuffer(buf, dtype=torch.float32).view(1024, 1024)
+            w.copy_(torch.randn(1024, 1024, generator=torch.Generator().manual_seed(seed)))
+            m = torch.nn.Linear(1024, 1024, bias=False)
+            m.weight = torch.nn.Parameter(w, requires_grad=False)
+            return m
+
+        x = torch.randn(4, 1024)
+        torch.compile(linear_over("plain_t", 0), backend="eager")(x)  # compiled before any hook
+        m = linear_over("compiled_made_t", 1)
+        want = m(x)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            h = gpupool.offloadable(m, "compiled_t", pool=p)
+            gpupool.offloadable(linear_over("second_made_t", 2), "second_t", pool=p)
+        said = [w for w in caught if "torch.compiler.reset()" in str(w.message)]
+        assert len(said) == 1 and said[0].filename == __file__, [str(w.message) for w in caught]
+        h.offload()
+        assert torch.equal(torch.compile(m, backend="eager")(x), want)
+        assert p.lookup(m.weight.data_ptr()).state == "used"
+        print("OK")
+    """)
+    assert "OK" in r.stdout
+
+
 def test_offload_of_at_most_max_bytes_takes_the_first_blocks() -> None:
     p = pool()
     blocks = [p.alloc(4 * MiB, tag="part_t") for _ in range(4)]

@@ -425,7 +425,8 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       before making it offloadable: tensors that replace its own otherwise
       join the tag only at the handle's ``.offload()``.  Any optimizer's
       step restores the offloadable modules whose parameters it updates
-      and holds them (busy) until it ends.
+      and holds them (busy) until it ends.  Code torch.compile compiled
+      before is dropped (a warning says so): it would not run the hooks.
     * an optimizer: before ``step()``, its state is restored and marked
       busy; after it, the state (made by the first step) joins the tag, is
       marked idle and, with ``offload_after_step=True``, offloaded at once,
@@ -478,6 +479,7 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
     else:
         h._retake(obj)
         _module_hooks(h, obj, prefetch_next)
+        _drop_code_compiled_without_hooks()
         with OffloadHandle._chain_lock:
             OffloadHandle._chain.append(weakref.ref(h))
         _hold_modules_in_steps()
@@ -535,6 +537,37 @@ def _step_post(opt: Any, args: Any, kwargs: Any) -> None:
         held = _step_holds.pop(opt, ())
     for h in held:
         h._release()
+
+
+# torch.compile does not guard on module hooks by default
+# (torch._dynamo.config.skip_nnmodule_hook_guards): code it compiled before
+# the hooks existed, for this module or any module of the same structure,
+# runs without them and reads offloaded weights (on a GPU the CUDA context
+# is lost).  Such code is dropped when a module is made offloadable; the
+# count of frames compiled when it last was tells whether any is left.
+_frames_at_drop = 0
+
+
+def _drop_code_compiled_without_hooks() -> None:
+    global _frames_at_drop
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is None or not getattr(getattr(dynamo, "config", None), "skip_nnmodule_hook_guards", True):
+        return
+    try:
+        frames = int(dynamo.utils.counters["frames"]["ok"])
+    except (AttributeError, KeyError, TypeError, ValueError):
+        frames = _frames_at_drop + 1  # (not told: assume some)
+    if frames == _frames_at_drop:
+        return
+    warnings.warn("gpupool.offloadable(): torch.compile had compiled code, which does not run module hooks "
+                  "installed after it (torch does not guard on them); its caches are reset "
+                  "(torch.compiler.reset()) so that compiled calls run the offload hooks. Make modules "
+                  "offloadable before their first compiled call to keep what was compiled.",
+                  RuntimeWarning, stacklevel=3)
+    import torch.compiler
+
+    torch.compiler.reset()
+    _frames_at_drop = frames
 
 
 def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
