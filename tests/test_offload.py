@@ -554,6 +554,66 @@ def test_in_use_holds_an_offloadable_module_resident() -> None:
     assert bool((m.weight == 2.0).all())
 
 
+def test_a_conversion_holds_an_offloadable_module_and_its_result_joins_the_tag(run_py) -> None:
+    # module.to(), .half(), .cpu() run Module._apply, which no hook saw: on
+    # a module offloaded (or taken under pressure by the conversion's own
+    # allocations) its reads hit unmapped memory (a segfault here, the CUDA
+    # context lost on a GPU), and the tensors that replaced the module's
+    # stayed outside the tag.  _apply here does what .to() does on a GPU:
+    # each new tensor comes from the pool and is read from the old one.
+    # In a fresh process: the failure it guards against is a crash.
+    pytest.importorskip("torch")
+    r = run_py("""
+        import copy, ctypes, torch, gpupool
+        p = gpupool.HostPool(32 << 20, chunk="256KiB", large_chunk="1MiB", codec="raw")
+        made = []
+
+        def over(n):
+            a = p.alloc(n * 4)
+            made.append(a)
+            return torch.frombuffer((ctypes.c_ubyte * (n * 4)).from_address(a), dtype=torch.float32)
+
+        def doubled(t):
+            return over(t.numel()).view_as(t).copy_(t).mul_(2)
+
+        m = torch.nn.Linear(1024, 1024, bias=False)
+        m.weight = torch.nn.Parameter(over(1024 * 1024).view(1024, 1024).fill_(1.5), requires_grad=False)
+        first = m.weight.data_ptr()
+        h = gpupool.offloadable(m, "conv_t", pool=p)
+        h.offload()
+        m._apply(doubled)  # reads the offloaded weight
+        p.free(first)  # (what torch frees once nothing holds the old weight)
+        w = m.weight.data_ptr()
+        assert bool((m.weight == 3.0).all())
+        assert p.lookup(w).tag == "conv_t" and p.lookup(w).priority == h.priority
+        assert h.offload()["bytes"] == 4 << 20 and p.lookup(w).state == "offloaded"
+
+        # Idle, low priority, and the conversion's allocations (the caller's
+        # priority) need its room: held, the conversion runs out of memory
+        # instead of reading what the pool took, and the module is intact.
+        hog = p.alloc(24 << 20, tag="hog_t", priority="normal")
+        try:
+            m._apply(doubled)
+            raise AssertionError("converted without room for the copy")
+        except MemoryError:
+            pass
+        assert p.lookup(w).state == "used" and m.weight.data_ptr() == w
+        p.free(hog)
+        h.offload()
+        assert p.lookup(w).state == "offloaded"
+
+        # A deep copy converts itself, not the original; remove() undoes it.
+        h.restore()
+        c = copy.deepcopy(m)
+        c.double()
+        assert c.weight.dtype == torch.float64 and m.weight.data_ptr() == w
+        h.remove()
+        assert "_apply" not in vars(m) and bool((m.weight == 3.0).all())
+        print("OK")
+    """)
+    assert "OK" in r.stdout
+
+
 def test_code_compiled_before_a_module_was_made_offloadable_is_dropped(run_py) -> None:
     # torch.compile does not guard on module hooks: code compiled for a
     # module of the same structure before the hooks existed ran without them

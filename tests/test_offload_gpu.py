@@ -341,6 +341,69 @@ def test_offloadable_modules_trained_on_a_joint_loss_under_a_limit(run_py) -> No
     assert "OK" in r.stdout
 
 
+def test_an_offloaded_module_converted_by_what_users_call(run_py) -> None:
+    """.to(dtype), .cpu(), .cuda() and .float() of an offloadable module,
+    offloaded or idle under a limit: each reads the weights where no hook
+    saw it (before: CUDA_ERROR_ILLEGAL_ADDRESS) and their results stayed
+    outside the tag.  Now each comes back with the right values, and what
+    replaced the weights offloads with the tag."""
+    r = run_py("""
+        import torch, gpupool
+        gpupool.enable()
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).cuda()  # 512 MiB
+        x = torch.randn(8, 4096, device="cuda")
+        want = [q.detach().cpu() for q in m.parameters()]
+        h = gpupool.offloadable(m, "conv", priority="low")
+
+        def offloaded():
+            torch.cuda.synchronize()
+            return gpupool.stats()["tags"].get("conv", {}).get("offloaded", 0)
+
+        def weights():
+            return sum(q.numel() * q.element_size() for q in m.parameters())
+
+        def check(dtype):  # (every check follows the conversion to bf16)
+            for q, w in zip(m.parameters(), want):
+                assert q.dtype == dtype and torch.equal(q.detach().cpu(), w.to(torch.bfloat16).to(dtype))
+
+        h.offload()
+        m.to(torch.bfloat16)
+        check(torch.bfloat16)
+        assert offloaded() == 0 and h.offload()["bytes"] >= weights() - 2**20, gpupool.stats()["tags"]["conv"]
+        m.cpu()
+        check(torch.bfloat16)
+        assert all(q.device.type == "cpu" for q in m.parameters())
+        m.cuda()
+        assert h.offload()["bytes"] >= weights() - 2**20
+        with torch.no_grad():
+            m(x.to(torch.bfloat16))  # the forward hook restores
+        check(torch.bfloat16)
+
+        # Idle at low priority, and the conversion's allocations need its
+        # room: held, .float() runs out of memory instead of reading what
+        # the pool took for them; with room it converts.
+        gpupool.empty_cache()
+        torch.cuda.synchronize()
+        gpupool.set_limit(gpupool.stats()["reserved"] + 16 * 2**20)
+        try:
+            m.float()
+            raise AssertionError("converted 0.5 GiB with 16 MiB of room")
+        except torch.OutOfMemoryError:
+            pass
+        assert offloaded() == 0
+        check(torch.bfloat16)
+        gpupool.set_limit(None)
+        m.float()
+        check(torch.float32)
+        assert h.offload()["bytes"] >= weights() - 2**20
+        h.restore()
+        check(torch.float32)
+        print("OK")
+    """)
+    assert "OK" in r.stdout
+
+
 def test_offload_loads_its_kernels_without_jit(run_py) -> None:
     """The checksum and gather kernels load as SASS on the GPUs of the
     generations tools/gen_ptx.py builds for: a PTX JIT maps the driver's

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import types
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Literal, Optional, Sequence, Union, overload
@@ -421,9 +422,11 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       ``state_dict()`` restores first, and the module is not offloaded
       under pressure while the dict it returned lives (its tensors are the
       module's own); ``load_state_dict(assign=True)``
-      puts the loaded tensors in the tag.  Convert its dtype or device
-      before making it offloadable: tensors that replace its own otherwise
-      join the tag only at the handle's ``.offload()``.  Any optimizer's
+      puts the loaded tensors in the tag.  A conversion (``.to()``,
+      ``.half()``, ``.cuda()``, ``.cpu()``) restores it and holds it while
+      it runs, and the tensors that replace its own join the tag; tensors
+      swapped in by other means (``m.weight.data = t``) join at the
+      handle's ``.offload()``.  Any optimizer's
       step restores the offloadable modules whose parameters it updates
       and holds them (busy) until it ends.  Code torch.compile compiled
       before is dropped (a warning says so): it would not run the hooks.
@@ -613,12 +616,55 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
         h._retake(mod)  # (assign=True puts the loaded tensors in the parameters' place)
 
     h._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    if hasattr(module, "_apply"):
+        h._hooks.append(_hold_in_conversions(h, module))
     if hasattr(module, "register_state_dict_pre_hook"):
         h._hooks.append(module.register_state_dict_pre_hook(sd_pre))
     if holds:
         h._hooks.append(module.register_state_dict_post_hook(sd_post))
     if hasattr(module, "register_load_state_dict_post_hook"):
         h._hooks.append(module.register_load_state_dict_post_hook(load_post))
+
+
+class _Undo:
+    """What undoes a hook that is not torch's, as torch's hook handles do."""
+
+    def __init__(self, undo: Any) -> None:
+        self.remove = undo
+
+
+def _hold_in_conversions(h: OffloadHandle, module: Any) -> _Undo:
+    """A conversion (``module.to()``, ``.half()``, ``.cuda()``, ``.cpu()``:
+    torch's ``Module._apply``) reads every tensor of the module where no
+    hook sees it, and allocates the tensors that replace them, which under
+    pressure could offload those still to be read: it runs with the module
+    held resident, its new tensors allocated under the tag (in its region,
+    at the caller's priority), and what replaced the module's tensors joins
+    the tag after it.  Bound to the module as an attribute of its own: a
+    deep copy gets the method bound to the copy, whose conversions stay
+    plain (the handle is the original's)."""
+
+    def convert(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if h._obj() is not self:
+            return type(self)._apply(self, *args, **kwargs)
+        h._hold_resident()
+        ctx = _C.set_context(h._tid, _C.get_context()[1])
+        try:
+            return type(self)._apply(self, *args, **kwargs)
+        finally:
+            _C.set_context(*ctx)
+            h._release()
+            h._retake(self)
+
+    module._apply = types.MethodType(convert, module)
+    ref = weakref.ref(module)  # (the handle does not keep the module alive)
+
+    def undo() -> None:
+        m = ref()
+        if m is not None and getattr(m.__dict__.get("_apply"), "__func__", None) is convert:
+            del m.__dict__["_apply"]
+
+    return _Undo(undo)
 
 
 def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> None:
