@@ -527,6 +527,48 @@ def test_compile_sdpa_cudnn_and_ddp_still_work(run_py) -> None:
 
 
 @gpu
+def test_compile_with_cuda_graphs_says_what_works_and_the_way_round_works(run_py) -> None:
+    # mode="reduce-overhead" records with CUDA graph trees, which need the
+    # caching allocator's own calls: under gpupool a clear error; with
+    # cudagraph_trees off, each graph captured through torch.cuda.graph into
+    # gpupool's graph pools, equal to eager over varying shapes, and trains.
+    r = run_py("""
+    import torch, gpupool
+    gpupool.enable()
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, 512)).cuda()
+    x = torch.randn(8, 512, device="cuda")
+    try:
+        with torch.no_grad():
+            torch.compile(m, mode="reduce-overhead")(x)
+        raise AssertionError("CUDA graph trees ran under gpupool")
+    except RuntimeError as e:
+        assert str(e).startswith("gpupool: torch.compile's CUDA graphs") and "cudagraph_trees = False" in str(e), e
+    torch.compiler.reset()
+    torch._inductor.config.triton.cudagraph_trees = False
+    f = torch.compile(m, mode="reduce-overhead")
+    with torch.no_grad():
+        for n in [8, 8, 8, 16, 16, 16, 8, 32, 32, 8]:
+            x = torch.randn(n, 512, device="cuda")
+            torch.testing.assert_close(f(x).clone(), m(x), rtol=1e-4, atol=1e-4)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    losses = []
+    for n in [8, 8, 8, 16, 16, 8]:
+        loss = f(torch.randn(n, 512, device="cuda")).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0], losses
+    # A graph per shape, each in a graph pool of gpupool's (3 for inference,
+    # then forward and backward graphs of the training shapes).
+    assert len(gpupool._torch_patch._graph_keys) >= 5, gpupool._torch_patch._graph_keys
+    print("OK")
+    """)
+    assert "OK" in r.stdout
+
+
+@gpu
 def test_cudnn_benchmark_fails_under_a_bare_pluggable_allocator(run_py) -> None:
     # The "bare" column of the cuDNN row: the same allocator functions, handed
     # to PyTorch without gpupool.enable() (so cacheInfo is not routed).
@@ -556,6 +598,26 @@ def test_cache_info_hook_says_what_it_lacks() -> None:
         pytest.skip("torch is loaded in this process")
     why = _C.set_cache_info(True)
     assert isinstance(why, str) and "CUDAPluggableAllocator" in why, why
+
+
+def test_graph_trees_allocator_calls_say_what_works_under_gpupool() -> None:
+    # torch.compile's CUDA graphs (reduce-overhead, max-autotune) call the
+    # caching allocator's checkpoint functions; under a pluggable allocator
+    # torch's error asks to file an issue with torch.  While gpupool routes
+    # the API they raise one that names what works; uninstalled, torch's own.
+    torch = pytest.importorskip("torch")
+    names = [n for n in _torch_patch._GRAPH_TREE_CALLS if hasattr(torch._C, n)]
+    if not names:
+        pytest.skip("this torch build has no CUDA graph trees")
+    theirs = {n: getattr(torch._C, n) for n in names}
+    _torch_patch.install_api()
+    try:
+        for n in names:
+            with pytest.raises(RuntimeError, match=r"gpupool: torch.compile's CUDA graphs .*cudagraph_trees = False"):
+                getattr(torch._C, n)(0, (0, 0), set())
+    finally:
+        _torch_patch.uninstall_api()
+    assert {n: getattr(torch._C, n) for n in names} == theirs
 
 
 CACHE_INFO_THROUGH_VTABLE = """

@@ -15,7 +15,8 @@ entry points to gpupool:
   limit, the snapshot functions give gpupool's snapshot in PyTorch's
   format, and the allocator's C++ ``cacheInfo`` (cuDNN's benchmark mode)
   answers from gpupool (csrc/torch_abi.c).  Each is set in both ``torch.cuda`` and ``torch.cuda.memory``, since
-  code calls both.
+  code calls both.  The allocator calls of torch.compile's CUDA graph trees
+  raise an error that names what works under gpupool instead of torch's.
 * Correctness hooks (``install_safety``; always on while gpupool is enabled,
   since turning them off would let memory be reused under running kernels):
   ``torch.Tensor.record_stream`` also tells gpupool, and
@@ -240,6 +241,29 @@ _API: Dict[str, Callable[..., Any]] = {
 # at call time, so they follow.
 
 
+# torch.compile's CUDA graphs (mode="reduce-overhead" or "max-autotune":
+# CUDA graph trees) keep their memory pool's state through calls into
+# PyTorch's own caching allocator that a pluggable allocator cannot answer,
+# and torch's error for them asks the user to file an issue with torch.
+# Under gpupool these calls say what works instead.
+_GRAPH_TREE_CALLS = ("_cuda_checkPoolLiveAllocations", "_cuda_getCheckpointState", "_cuda_setCheckpointPoolState")
+
+
+def _graph_trees_refused(name: str) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            f"gpupool: torch.compile's CUDA graphs (mode='reduce-overhead' or 'max-autotune', which record "
+            f"with CUDA graph trees) need PyTorch's own caching allocator (torch._C.{name}), which gpupool "
+            "does not replace. Under gpupool, torch.cuda.graph and torch.cuda.make_graphed_callables work, "
+            "and so does torch.compile with mode='default' or 'max-autotune-no-cudagraphs'; or set "
+            "torch._inductor.config.triton.cudagraph_trees = False before compiling: each graph then has "
+            "a memory pool of its own and its outputs are overwritten by its next replay (clone what you keep).")
+    return refuse
+
+
+_API_C: Dict[str, Callable[..., Any]] = {name: _graph_trees_refused(name) for name in _GRAPH_TREE_CALLS}
+
+
 def _set(obj: Any, name: str, value: Any) -> None:
     if (obj, name) not in _saved:
         _saved[(obj, name)] = getattr(obj, name)
@@ -249,16 +273,18 @@ def _set(obj: Any, name: str, value: Any) -> None:
 def install_api() -> Optional[str]:
     """Route torch.cuda's memory APIs to gpupool, and the allocator's
     cacheInfo, which cuDNN's benchmark mode asks for its workspace (the
-    pluggable allocator throws: every convolution would fail).  Idempotent.
+    pluggable allocator throws: every convolution would fail); CUDA graph
+    trees' allocator calls raise an error that says what works.  Idempotent.
     Returns why cacheInfo could not be routed (None when it was)."""
     torch = _torch()
     with _lock:
-        for name, fn in _API.items():
-            for mod in (torch.cuda, torch.cuda.memory):
-                if hasattr(mod, name):
-                    _set(mod, name, fn)
-            if name not in _api_names:
-                _api_names.append(name)
+        for mods, table in (((torch.cuda, torch.cuda.memory), _API), ((torch._C,), _API_C)):
+            for name, fn in table.items():
+                for mod in mods:
+                    if hasattr(mod, name):
+                        _set(mod, name, fn)
+                if name not in _api_names:
+                    _api_names.append(name)
         return _C.set_cache_info(True)
 
 
