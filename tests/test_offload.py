@@ -614,6 +614,40 @@ def test_a_conversion_holds_an_offloadable_module_and_its_result_joins_the_tag(r
     assert "OK" in r.stdout
 
 
+def test_a_deep_copy_of_an_offloaded_module_holds_it_and_the_copy_is_its_own(run_py) -> None:
+    # copy.deepcopy (a reference model, an EMA) clones every tensor where no
+    # hook sees it: of an offloaded module it read unmapped memory (a
+    # segfault here), and the copy carried the hooks, whose forward then
+    # restored the original.  Now the copy is made with the module held, and
+    # on the copy the hooks do nothing.  In a fresh process: a crash before.
+    pytest.importorskip("torch")
+    r = run_py("""
+        import copy, ctypes, torch, gpupool
+        p = gpupool.HostPool(32 << 20, chunk="256KiB", large_chunk="1MiB", codec="raw")
+        a = p.alloc(4 << 20, priority="low")
+        w = torch.frombuffer((ctypes.c_ubyte * (4 << 20)).from_address(a), dtype=torch.float32)
+        m = torch.nn.Sequential(torch.nn.Linear(1024, 1024, bias=False))
+        m[0].weight = torch.nn.Parameter(w.view(1024, 1024).fill_(0.5), requires_grad=False)
+        h = gpupool.offloadable(m, "copied_t", pool=p)
+        h.offload()
+        c = copy.deepcopy(m)
+        assert bool((c[0].weight == 0.5).all()) and c[0].weight.data_ptr() != a
+        assert p.lookup(a).state == "used" and not {"_apply", "__deepcopy__"} & set(vars(c))
+        h.offload()
+        with torch.no_grad():
+            assert float(c(torch.ones(2, 1024)).sum()) == 2 * 1024 * 512.0
+        sd = c.state_dict()
+        assert p.lookup(a).state == "offloaded"  # (the copy's hooks left the original alone)
+        with torch.no_grad():
+            assert float(m(torch.ones(2, 1024)).sum()) == 2 * 1024 * 512.0  # the original's still work
+        assert p.lookup(a).state == "used"
+        h.remove()
+        assert not {"_apply", "__deepcopy__"} & set(vars(m))
+        print("OK")
+    """)
+    assert "OK" in r.stdout
+
+
 def test_code_compiled_before_a_module_was_made_offloadable_is_dropped(run_py) -> None:
     # torch.compile does not guard on module hooks: code compiled for a
     # module of the same structure before the hooks existed ran without them

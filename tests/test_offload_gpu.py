@@ -341,14 +341,15 @@ def test_offloadable_modules_trained_on_a_joint_loss_under_a_limit(run_py) -> No
     assert "OK" in r.stdout
 
 
-def test_an_offloaded_module_converted_by_what_users_call(run_py) -> None:
-    """.to(dtype), .cpu(), .cuda() and .float() of an offloadable module,
-    offloaded or idle under a limit: each reads the weights where no hook
-    saw it (before: CUDA_ERROR_ILLEGAL_ADDRESS) and their results stayed
-    outside the tag.  Now each comes back with the right values, and what
-    replaced the weights offloads with the tag."""
+def test_an_offloaded_module_converted_or_copied_by_what_users_call(run_py) -> None:
+    """.to(dtype), .cpu(), .cuda(), .float() and copy.deepcopy of an
+    offloadable module, offloaded or idle under a limit: each reads the
+    weights where no hook saw it (before: CUDA_ERROR_ILLEGAL_ADDRESS), the
+    conversions' results stayed outside the tag and a copy's forward
+    restored the original.  Now each comes back with the right values, what
+    replaced the weights offloads with the tag, and a copy is its own."""
     r = run_py("""
-        import torch, gpupool
+        import copy, torch, gpupool
         gpupool.enable()
         torch.manual_seed(0)
         m = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).cuda()  # 512 MiB
@@ -397,8 +398,15 @@ def test_an_offloaded_module_converted_by_what_users_call(run_py) -> None:
         m.float()
         check(torch.float32)
         assert h.offload()["bytes"] >= weights() - 2**20
-        h.restore()
+        ref = copy.deepcopy(m)  # (a reference model, made while the module is offloaded)
+        assert offloaded() == 0
         check(torch.float32)
+        h.offload()
+        with torch.no_grad():
+            out = ref(x)
+        assert offloaded() >= weights() - 2**20  # (the copy's forward left the original offloaded)
+        with torch.no_grad():
+            assert torch.equal(m(x), out)
         print("OK")
     """)
     assert "OK" in r.stdout

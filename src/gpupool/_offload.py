@@ -13,6 +13,7 @@ allocation would otherwise run out of memory."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
 import threading
 import types
@@ -423,10 +424,11 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       under pressure while the dict it returned lives (its tensors are the
       module's own); ``load_state_dict(assign=True)``
       puts the loaded tensors in the tag.  A conversion (``.to()``,
-      ``.half()``, ``.cuda()``, ``.cpu()``) restores it and holds it while
-      it runs, and the tensors that replace its own join the tag; tensors
-      swapped in by other means (``m.weight.data = t``) join at the
-      handle's ``.offload()``.  Any optimizer's
+      ``.half()``, ``.cuda()``, ``.cpu()``) and ``copy.deepcopy`` restore
+      it and hold it while they run; the tensors a conversion puts in
+      place of its own join the tag (a deep copy's are the copy's, on
+      which the hooks do nothing); tensors swapped in by other means
+      (``m.weight.data = t``) join at the handle's ``.offload()``.  Any optimizer's
       step restores the offloadable modules whose parameters it updates
       and holds them (busy) until it ends.  Code torch.compile compiled
       before is dropped (a warning says so): it would not run the hooks.
@@ -576,12 +578,21 @@ def _drop_code_compiled_without_hooks() -> None:
 def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
     import torch
 
+    # A deep copy of the module (a reference model, an EMA) carries these
+    # hooks: on the copy, whose tensors are its own, they do nothing.
+    def mine(mod: Any) -> bool:
+        return mod is h._obj()
+
     def pre(mod: Any, args: Any) -> None:
+        if not mine(mod):
+            return
         h._enter()
         if prefetch_next:
             h._prefetch_next()
 
     def post(mod: Any, args: Any, out: Any) -> None:
+        if not mine(mod):
+            return
         graph = [t for t in _flat(out) if getattr(t, "grad_fn", None) is not None]
         if not (torch.is_grad_enabled() and graph):
             h._use(False)
@@ -603,21 +614,60 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
     # module is busy for as long as the dict lives.
     holds = hasattr(module, "register_state_dict_pre_hook") and hasattr(module, "register_state_dict_post_hook")
 
-    def sd_pre(*a: Any, **k: Any) -> None:
+    def sd_pre(mod: Any, *a: Any, **k: Any) -> None:
+        if not mine(mod):
+            return
         if holds:
             h._hold_resident()
         else:
             h.restore()
 
     def sd_post(mod: Any, state_dict: Any, prefix: str, local_metadata: Any) -> None:
-        h._hold_while(state_dict)
+        if mine(mod):
+            h._hold_while(state_dict)
 
     def load_post(mod: Any, incompatible: Any) -> None:
-        h._retake(mod)  # (assign=True puts the loaded tensors in the parameters' place)
+        if mine(mod):
+            h._retake(mod)  # (assign=True puts the loaded tensors in the parameters' place)
+
+    # A conversion (module.to(), .half(), .cuda(), .cpu(): torch's
+    # Module._apply) reads every tensor of the module where no hook sees it,
+    # and allocates the tensors that replace them, which under pressure could
+    # offload those still to be read: it runs with the module held resident,
+    # its new tensors allocated under the tag (in its region, at the
+    # caller's priority), and what replaced the module's tensors joins the
+    # tag after it.
+    def convert(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not mine(self):
+            return type(self)._apply(self, *args, **kwargs)
+        h._hold_resident()
+        ctx = _C.set_context(h._tid, _C.get_context()[1])
+        try:
+            return type(self)._apply(self, *args, **kwargs)
+        finally:
+            _C.set_context(*ctx)
+            h._release()
+            h._retake(self)
+
+    # A deep copy clones every tensor of the module where no hook sees it:
+    # it runs with the module held resident.  The copy carries neither method
+    # (they are taken out of the module while the copy is made).
+    def deep_copy(self: Any, memo: Any) -> Any:
+        own = {n: f for n, f in self.__dict__.items() if getattr(f, "__func__", None) in (convert, deep_copy)}
+        for n in own:
+            del self.__dict__[n]
+        try:
+            if not mine(self):
+                return copy.deepcopy(self, memo)
+            with h.in_use():
+                return copy.deepcopy(self, memo)
+        finally:
+            self.__dict__.update(own)
 
     h._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
     if hasattr(module, "_apply"):
-        h._hooks.append(_hold_in_conversions(h, module))
+        h._hooks.append(_own_method(module, "_apply", convert))
+    h._hooks.append(_own_method(module, "__deepcopy__", deep_copy))
     if hasattr(module, "register_state_dict_pre_hook"):
         h._hooks.append(module.register_state_dict_pre_hook(sd_pre))
     if holds:
@@ -633,36 +683,17 @@ class _Undo:
         self.remove = undo
 
 
-def _hold_in_conversions(h: OffloadHandle, module: Any) -> _Undo:
-    """A conversion (``module.to()``, ``.half()``, ``.cuda()``, ``.cpu()``:
-    torch's ``Module._apply``) reads every tensor of the module where no
-    hook sees it, and allocates the tensors that replace them, which under
-    pressure could offload those still to be read: it runs with the module
-    held resident, its new tensors allocated under the tag (in its region,
-    at the caller's priority), and what replaced the module's tensors joins
-    the tag after it.  Bound to the module as an attribute of its own: a
-    deep copy gets the method bound to the copy, whose conversions stay
-    plain (the handle is the original's)."""
-
-    def convert(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if h._obj() is not self:
-            return type(self)._apply(self, *args, **kwargs)
-        h._hold_resident()
-        ctx = _C.set_context(h._tid, _C.get_context()[1])
-        try:
-            return type(self)._apply(self, *args, **kwargs)
-        finally:
-            _C.set_context(*ctx)
-            h._release()
-            h._retake(self)
-
-    module._apply = types.MethodType(convert, module)
+def _own_method(module: Any, name: str, fn: Any) -> _Undo:
+    """`fn` bound to the module as an attribute of its own, where torch has
+    no hook (a shallow copy shares it: fn tells the module apart).  The
+    undo leaves a method someone set since in place."""
+    module.__dict__[name] = types.MethodType(fn, module)
     ref = weakref.ref(module)  # (the handle does not keep the module alive)
 
     def undo() -> None:
         m = ref()
-        if m is not None and getattr(m.__dict__.get("_apply"), "__func__", None) is convert:
-            del m.__dict__["_apply"]
+        if m is not None and getattr(m.__dict__.get(name), "__func__", None) is fn:
+            del m.__dict__[name]
 
     return _Undo(undo)
 
