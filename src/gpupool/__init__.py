@@ -15,7 +15,8 @@ from . import _C
 from ._arbiter import install_yield_point, registries, tenants, yield_point
 from ._context import current_tag, priority_value, tag, tag_lifetime
 from ._history import dump_snapshot, record_history, snapshot
-from ._offload import OffloadHandle, offload, offloadable, offloaded, prefetch, restore
+from ._offload import offload, offloaded, prefetch, restore
+from ._offloadable import OffloadHandle, offloadable
 from ._plot import plot
 from ._pool import Block, HostPool, PoolCorruptError, PoolView, format_bytes
 from ._registry import device_pool, is_enabled

@@ -1,0 +1,637 @@
+"""Making a ``torch.nn.Module`` or a ``torch.optim.Optimizer`` offloadable:
+its tensors move to a tag, and hooks restore them before each use, hold
+them while they are in use, and let the pool offload them when they are idle
+(:func:`offloadable`, :class:`OffloadHandle`)."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import sys
+import threading
+import types
+import warnings
+import weakref
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
+
+from . import _C
+from ._context import Priority, priority_value, tag_id, tag_lifetime
+from ._offload import _pool, offload, prefetch, restore
+from ._tagged import tagged
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._pool import PoolView
+
+__all__ = ["offloadable", "OffloadHandle"]
+
+
+class OffloadHandle:
+    """What :func:`offloadable` returns: the tag, and the hooks it installed."""
+
+    # Offloadable modules in the order they were made so: a module's forward
+    # prefetches the next one.
+    _chain: "List[weakref.ReferenceType[OffloadHandle]]" = []
+    _chain_lock = threading.Lock()
+
+    def __init__(self, obj: Any, tag: str, priority: int, pool: "PoolView", tag_pool: Optional["PoolView"]) -> None:
+        self.tag = tag
+        self.priority = priority
+        self._pool = pool
+        self._tag_pool = tag_pool  # tagged()'s pool: None for CUDA tensors
+        self._obj = weakref.ref(obj)
+        self.elem_size = 0  # the dtype hint: the element size of most of its bytes
+        self._tid = tag_id(tag)
+        self._hooks: List[Any] = []
+        # The addresses of the object's tensors as the tag last took them
+        # (None: to be taken at the next use), and an optimizer's state bytes.
+        self._key: Optional[List[int]] = None
+        self._state_bytes = 0
+        # Under a pool limit, the bytes of the state that the offload behind
+        # the next step takes (None: all of it): what the limit leaves no
+        # room for at the step's peak, measured at the last one (_measure).
+        self._part: Optional[int] = None
+        self._measured = False
+        # What the pool took of the state beyond the measure, under
+        # pressure, at most so far; its count of such offloads at the last
+        # measure; and the part the offload behind the last step asked for
+        # (None: all of it, nothing the pool could add).
+        self._margin = 0
+        self._pressed = 0
+        self._sent: Optional[int] = None
+        # Busy as the hooks last said, and readers they do not see the end
+        # of (a module's state_dict, while it lives): busy while any is held.
+        self._busy = False
+        self._holds = 0
+        self._use_lock = threading.RLock()  # (a finalizer may release inside _use)
+
+    # -- what a user may call ------------------------------------------------
+    def offload(self, **kw: Any) -> Optional[Dict[str, Any]]:
+        """Offload the object's memory now (see :func:`offload`; the dtype
+        hint is the object's own unless given).  A module's tensors that
+        replaced its own since it was last looked at join the tag first (an
+        optimizer's state is looked at after each step)."""
+        obj = self._obj()
+        if obj is not None and not _is_optimizer(obj):
+            self._retake(obj)
+        kw.setdefault("dtype", self.elem_size or None)
+        return offload(self.tag, pool=self._pool, **kw)
+
+    def restore(self) -> Dict[str, Any]:
+        """Bring it back now (see :func:`restore`)."""
+        return restore(self.tag, pool=self._pool)
+
+    def prefetch(self) -> None:
+        """Start bringing it back (see :func:`prefetch`)."""
+        prefetch(self.tag, pool=self._pool)
+
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator["OffloadHandle"]:
+        """Resident, and never offloaded under pressure, inside the block:
+        for code that reads or writes the object's tensors where no hook
+        sees it (``m.weight.norm()``, an EMA of a module's weights, a copy
+        of an optimizer's state on the device).  Outside its hooks idle
+        offloadable memory may be offloaded by any allocation that runs
+        short, and a kernel that then touches it loses the CUDA context.
+        Kernels queued inside the block may run after it ends: an offload
+        waits for them.  An optimizer's step (any optimizer's) holds the
+        offloadable modules whose parameters it updates in the same way."""
+        self._hold_resident()
+        try:
+            yield self
+        finally:
+            self._release()
+
+    def set_priority(self, priority: Priority) -> None:
+        """Move the object's memory to `priority` (re-tagged where it lies,
+        offloaded or not): what the pool weighs when another allocation
+        needs room, and what a restore of it may displace."""
+        self.priority = priority_value(priority)
+        obj = self._obj()
+        if obj is not None:
+            self._key = None
+            self._retake(obj)
+        self._pool._pool.offload_register(self._tid, self.priority, self.elem_size)
+
+    def remove(self) -> None:
+        """Remove the hooks and stop offloading it under pressure (its memory
+        is restored first, so that nothing is left on the host)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        self._pool._pool.offload_register(self._tid, -1)
+        self.restore()
+        with OffloadHandle._chain_lock:
+            OffloadHandle._chain[:] = [r for r in OffloadHandle._chain if r() not in (None, self)]
+
+    # -- what the hooks do ---------------------------------------------------
+    def _use(self, busy: bool) -> None:
+        with self._use_lock:
+            self._busy = busy
+            self._pool._pool.offload_use(self._tid, busy or self._holds > 0)
+
+    def _hold(self) -> None:
+        """Busy until as many :meth:`_release` calls, whatever the hooks say."""
+        with self._use_lock:
+            self._holds += 1
+            self._pool._pool.offload_use(self._tid, True)
+
+    def _release(self) -> None:
+        with self._use_lock:
+            self._holds -= 1
+            if not self._holds:
+                self._pool._pool.offload_use(self._tid, self._busy)
+
+    def _hold_resident(self) -> None:
+        """Held (see :meth:`_hold`), then restored; not held if the restore fails."""
+        self._hold()
+        try:
+            self.restore()
+        except BaseException:
+            self._release()
+            raise
+
+    def _hold_while(self, obj: Any) -> None:
+        """Held until `obj` is collected (released now where it cannot be
+        weakly referenced)."""
+        try:
+            weakref.finalize(obj, self._release).atexit = False
+        except TypeError:
+            self._release()
+
+    def _enter(self) -> None:
+        """Before the object is used: busy (never offloaded under pressure),
+        and resident (waits for a prefetch, restores if offloaded)."""
+        self._use(True)
+        self.restore()
+
+    def _prefetch_next(self) -> None:
+        with OffloadHandle._chain_lock:
+            chain = [r() for r in OffloadHandle._chain]
+        if self in chain:
+            i = chain.index(self)
+            nxt = chain[i + 1] if i + 1 < len(chain) else None
+            if nxt is not None:
+                nxt.prefetch()
+
+    def _retake(self, obj: Any) -> None:
+        """The object's tensors join the tag: a module's parameters and
+        buffers, an optimizer's state (made by its first step); and any
+        that replace them later, told apart by their addresses, not their
+        number (``load_state_dict`` going back to a checkpoint makes as
+        many new ones, outside the tag, and so does a module's
+        ``load_state_dict(assign=True)``).  An optimizer's state is looked
+        at after each step; a module's tensors (a walk of its submodules,
+        too slow for every forward) when it is made offloadable, loaded,
+        offloaded through the handle, or moved to another priority."""
+        optimizer = _is_optimizer(obj)
+        if optimizer:
+            tensors = [v for st in obj.state.values() for v in st.values() if hasattr(v, "data_ptr")]
+        else:
+            tensors = [*obj.parameters(), *obj.buffers()]
+        key = [t.data_ptr() for t in tensors]
+        if key == self._key:
+            return
+        tagged(tensors, self.tag, self.priority, pool=self._tag_pool)
+        self._key = key
+        if optimizer:
+            self._state_bytes = sum(t.numel() * t.element_size() for t in tensors)
+        self._hint(tensors)
+
+    def _offload_behind_step(self) -> None:
+        """After the step: the state leaves on the background thread, all of
+        it, or under a pool limit the part the limit needs; the window in
+        which the next peak is measured starts."""
+        self._pool._pool.window_peak(True)
+        self._measured = False
+        self._sent = self._part
+        if self._part == 0:
+            return  # (the limit has room for all of it: nothing moves)
+        with _mark("gpupool.offload"):
+            self.offload(wait=False, max_bytes=self._part, refill_cache=True)
+
+    def _measure(self) -> None:
+        """Once the forward pass and the start of the backward pass are
+        behind (the prefetch, else the step): the most the rest of the step
+        held (`allocated` at its highest since the last step, less the part
+        of the state still on the device then) sets the part of the state
+        the next offload takes under a pool limit, leaving 1/16 of the
+        limit for the cache.  Where the pool had to take more of the state
+        meanwhile (a request the limit had no room for: cache in pieces too
+        small to give back, which `allocated` does not show), that offload
+        ran on the thread that allocated (tens of ms on the fp32 recipe,
+        every other step); what it took beyond the measure becomes a margin
+        kept for the following steps.  Without a limit: all of it."""
+        if self._measured:
+            return
+        self._measured = True
+        peak = self._pool._pool.window_peak(True)
+        s = self._pool.stats()
+        limit = s["limit"]
+        if not limit or not self._state_bytes:
+            self._part = None
+            return
+        away = s["tags"].get(self.tag, {}).get("offloaded", 0)
+        others = peak - max(0, self._state_bytes - away)
+        need = others + self._state_bytes + limit // 16 - limit
+        pressed = (s.get("offload") or {}).get("n_pressure", 0)
+        if self._sent is not None and pressed > self._pressed and away > need:
+            self._margin = max(self._margin, away - need)
+        self._pressed = pressed
+        need += self._margin
+        self._part = None if need >= self._state_bytes else max(0, need)
+
+    def _hint(self, tensors: List[Any]) -> None:
+        """The dtype hint: the element size holding most of the bytes."""
+        by: Dict[int, int] = {}
+        for t in tensors:
+            size = t.element_size()
+            by[size] = by.get(size, 0) + t.numel() * size
+        if by:
+            self.elem_size = max(by, key=by.__getitem__)
+        self._pool._pool.offload_register(self._tid, self.priority, self.elem_size)
+
+    def __repr__(self) -> str:
+        return f"OffloadHandle(tag={self.tag!r}, priority={self.priority})"
+
+
+def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after_step: bool = False,
+                prefetch_next: bool = True, prefetch_at: Optional[float] = 0.0, device: Optional[int] = None,
+                pool: Optional["PoolView"] = None) -> OffloadHandle:
+    """Make a ``torch.nn.Module`` or a ``torch.optim.Optimizer`` offloadable.
+
+    Its tensors move to `tag` with `priority` (re-tagged where they lie, no
+    copy), and hooks make offload transparent:
+
+    * a module: before its forward, its memory is restored (a prefetch under
+      way is waited for) and marked busy, and the next offloadable module's
+      is prefetched (``prefetch_next``); it stays busy until its backward has
+      run when the forward recorded a graph, else until the forward ends.
+      ``state_dict()`` restores first, and the module is not offloaded
+      under pressure while the dict it returned lives (its tensors are the
+      module's own); ``load_state_dict(assign=True)``
+      puts the loaded tensors in the tag.  A conversion (``.to()``,
+      ``.half()``, ``.cuda()``, ``.cpu()``) and ``copy.deepcopy`` restore
+      it and hold it while they run; the tensors a conversion puts in
+      place of its own join the tag (a deep copy's are the copy's, on
+      which the hooks do nothing); tensors swapped in by other means
+      (``m.weight.data = t``) join at the handle's ``.offload()``.  Any optimizer's
+      step restores the offloadable modules whose parameters it updates
+      and holds them (busy) until it ends.  Code torch.compile compiled
+      before is dropped (a warning says so): it would not run the hooks.
+    * an optimizer: before ``step()``, its state is restored and marked
+      busy; after it, the state (made by the first step) joins the tag, is
+      marked idle and, with ``offload_after_step=True``, offloaded at once,
+      on the pool's background thread (the next forward is queued while
+      the copies run; the next step's restore waits for them).  Then the
+      state is prefetched during the backward pass, once the gradients of
+      ``prefetch_at`` of the parameters' bytes have been accumulated: by
+      default at the first gradient, when the step's peak (the loss and
+      its gradient) is behind, so that the copies have the whole backward
+      pass to run beside (at half of the bytes, a tied embedding's
+      gradient, which comes last, left them too little: 0.69x the tokens/s
+      of the fp32 fine-tune without offload, against 0.79x); None: the
+      step's own restore brings it back.  Neither
+      waits on the thread that queues the work: the offload waits for the
+      step's kernels (an event, not a device sync), and a prefetch asked
+      while it still copies is queued behind it.  Under a pool limit
+      (``set_limit``) only the part of the state the limit needs leaves:
+      what the step's other memory, at its highest before the prefetch,
+      leaves no room for (with 1/16 of the limit for the cache), measured
+      anew at each step, plus the most the pool once had to offload of it
+      beyond that under pressure; the rest stays on the device.  With
+      gradient accumulation it comes back in the first backward pass and
+      stays until the step.  A state loaded later (``load_state_dict``)
+      joins the tag as it is loaded.  The end of the step is a yield point (gpupool.yield_point) for a
+      process sharing the GPU (GPUPOOL_TENANT).
+
+    Idle offloadable memory of a priority below an allocation's may be
+    offloaded by the pool when that allocation would otherwise run out of
+    memory (lowest priority first, then the least recently used); the hooks
+    bring it back when it is next used; code that reads the tensors where
+    no hook sees it holds them with the handle's ``.in_use()``.  Returns a
+    handle with ``.offload()``, ``.restore()``, ``.prefetch()``,
+    ``.in_use()`` and ``.remove()``."""
+    is_optimizer = _is_optimizer(obj)
+    if not is_optimizer and not hasattr(obj, "register_forward_pre_hook"):
+        raise TypeError(f"gpupool.offloadable() takes a torch.nn.Module or a torch.optim.Optimizer, "
+                        f"got {type(obj).__name__}")
+    prio = priority_value(priority)
+    tag_lifetime(tag, "long")  # with placement: apart from short-lived churn, so whole chunks can go
+    p = _pool(device, pool)
+    h = OffloadHandle(obj, tag, prio, p, pool)
+    p._pool.offload_register(h._tid, prio)
+    if prefetch_at is not None and not 0.0 <= prefetch_at <= 1.0:
+        raise ValueError(f"prefetch_at must be a fraction of the parameters' bytes in [0, 1] or None, "
+                         f"got {prefetch_at!r}")
+    if is_optimizer:
+        _optimizer_hooks(h, obj, offload_after_step)
+        if offload_after_step and prefetch_at is not None:
+            _prefetch_in_backward(h, obj, prefetch_at)
+    else:
+        h._retake(obj)
+        _module_hooks(h, obj, prefetch_next)
+        _drop_code_compiled_without_hooks()
+        with OffloadHandle._chain_lock:
+            OffloadHandle._chain.append(weakref.ref(h))
+        _hold_modules_in_steps()
+    h._use(False)
+    return h
+
+
+# An optimizer's step writes the parameters of modules that may be
+# offloadable, idle since their backward pass: an allocation of the step
+# (foreach temporaries, new state) could offload them under pressure before
+# the step's kernels write them.  So every optimizer's step holds the
+# offloadable modules that own its parameters (global step hooks, installed
+# with the first offloadable module).  Per optimizer, the handles its step
+# holds; a step that raised leaves them held until its next step.
+_step_holds: "weakref.WeakKeyDictionary[Any, List[OffloadHandle]]" = weakref.WeakKeyDictionary()
+_step_hooks: List[Any] = []
+
+
+def _hold_modules_in_steps() -> None:
+    with OffloadHandle._chain_lock:
+        if _step_hooks:
+            return
+        try:
+            from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+        except ImportError:  # (no torch: no optimizer either)
+            return
+        _step_hooks.append(register_optimizer_step_pre_hook(_step_pre))
+        _step_hooks.append(register_optimizer_step_post_hook(_step_post))
+
+
+def _step_pre(opt: Any, args: Any, kwargs: Any) -> None:
+    _step_post(opt, args, kwargs)
+    with OffloadHandle._chain_lock:
+        modules = [h for h in (r() for r in OffloadHandle._chain) if h is not None and h._key]
+    if not modules:
+        return
+    params = {q.data_ptr() for g in getattr(opt, "param_groups", ()) for q in g["params"]}
+    held: List[OffloadHandle] = []
+    try:
+        for h in modules:
+            if not params.isdisjoint(h._key or ()):
+                h._hold_resident()
+                held.append(h)
+    except BaseException:
+        for h in held:
+            h._release()
+        raise
+    if held:
+        with OffloadHandle._chain_lock:
+            _step_holds[opt] = held
+
+
+def _step_post(opt: Any, args: Any, kwargs: Any) -> None:
+    with OffloadHandle._chain_lock:
+        held = _step_holds.pop(opt, ())
+    for h in held:
+        h._release()
+
+
+# torch.compile does not guard on module hooks by default
+# (torch._dynamo.config.skip_nnmodule_hook_guards): code it compiled before
+# the hooks existed, for this module or any module of the same structure,
+# runs without them and reads offloaded weights (on a GPU the CUDA context
+# is lost).  Such code is dropped when a module is made offloadable; the
+# count of frames compiled when it last was tells whether any is left.
+_frames_at_drop = 0
+
+
+def _drop_code_compiled_without_hooks() -> None:
+    global _frames_at_drop
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is None or not getattr(getattr(dynamo, "config", None), "skip_nnmodule_hook_guards", True):
+        return
+    try:
+        frames = int(dynamo.utils.counters["frames"]["ok"])
+    except (AttributeError, KeyError, TypeError, ValueError):
+        frames = _frames_at_drop + 1  # (not told: assume some)
+    if frames == _frames_at_drop:
+        return
+    warnings.warn("gpupool.offloadable(): torch.compile had compiled code, which does not run module hooks "
+                  "installed after it (torch does not guard on them); its caches are reset "
+                  "(torch.compiler.reset()) so that compiled calls run the offload hooks. Make modules "
+                  "offloadable before their first compiled call to keep what was compiled.",
+                  RuntimeWarning, stacklevel=3)
+    import torch.compiler
+
+    torch.compiler.reset()
+    _frames_at_drop = frames
+
+
+def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
+    import torch
+
+    # A deep copy of the module (a reference model, an EMA) carries these
+    # hooks: on the copy, whose tensors are its own, they do nothing.
+    def mine(mod: Any) -> bool:
+        return mod is h._obj()
+
+    def pre(mod: Any, args: Any) -> None:
+        if not mine(mod):
+            return
+        h._enter()
+        if prefetch_next:
+            h._prefetch_next()
+
+    def post(mod: Any, args: Any, out: Any) -> None:
+        if not mine(mod):
+            return
+        graph = [t for t in _flat(out) if getattr(t, "grad_fn", None) is not None]
+        if not (torch.is_grad_enabled() and graph):
+            h._use(False)
+            return
+        # Backward reads the weights again: busy until the backward pass has
+        # run (restored first, should pressure have taken them meanwhile).
+        # A tensor hook, not a module backward hook: those forbid in-place
+        # changes of the outputs, which models make.
+        def on_grad(grad: Any) -> Any:
+            h._enter()
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: h._use(False))
+            return grad
+
+        graph[0].register_hook(on_grad)
+
+    # The state dict's tensors are the module's own: whoever reads them after
+    # state_dict() returns (clones them, loads them elsewhere) would find
+    # them offloaded had the pool taken them under pressure meanwhile, so the
+    # module is busy for as long as the dict lives.
+    holds = hasattr(module, "register_state_dict_pre_hook") and hasattr(module, "register_state_dict_post_hook")
+
+    def sd_pre(mod: Any, *a: Any, **k: Any) -> None:
+        if not mine(mod):
+            return
+        if holds:
+            h._hold_resident()
+        else:
+            h.restore()
+
+    def sd_post(mod: Any, state_dict: Any, prefix: str, local_metadata: Any) -> None:
+        if mine(mod):
+            h._hold_while(state_dict)
+
+    def load_post(mod: Any, incompatible: Any) -> None:
+        if mine(mod):
+            h._retake(mod)  # (assign=True puts the loaded tensors in the parameters' place)
+
+    # A conversion (module.to(), .half(), .cuda(), .cpu(): torch's
+    # Module._apply) reads every tensor of the module where no hook sees it,
+    # and allocates the tensors that replace them, which under pressure could
+    # offload those still to be read: it runs with the module held resident,
+    # its new tensors allocated under the tag (in its region, at the
+    # caller's priority), and what replaced the module's tensors joins the
+    # tag after it.
+    def convert(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not mine(self):
+            return type(self)._apply(self, *args, **kwargs)
+        h._hold_resident()
+        ctx = _C.set_context(h._tid, _C.get_context()[1])
+        try:
+            return type(self)._apply(self, *args, **kwargs)
+        finally:
+            _C.set_context(*ctx)
+            h._release()
+            h._retake(self)
+
+    # A deep copy clones every tensor of the module where no hook sees it:
+    # it runs with the module held resident.  The copy carries neither method
+    # (they are taken out of the module while the copy is made).
+    def deep_copy(self: Any, memo: Any) -> Any:
+        own = {n: f for n, f in self.__dict__.items() if getattr(f, "__func__", None) in (convert, deep_copy)}
+        for n in own:
+            del self.__dict__[n]
+        try:
+            if not mine(self):
+                return copy.deepcopy(self, memo)
+            with h.in_use():
+                return copy.deepcopy(self, memo)
+        finally:
+            self.__dict__.update(own)
+
+    h._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    if hasattr(module, "_apply"):
+        h._hooks.append(_own_method(module, "_apply", convert))
+    h._hooks.append(_own_method(module, "__deepcopy__", deep_copy))
+    if hasattr(module, "register_state_dict_pre_hook"):
+        h._hooks.append(module.register_state_dict_pre_hook(sd_pre))
+    if holds:
+        h._hooks.append(module.register_state_dict_post_hook(sd_post))
+    if hasattr(module, "register_load_state_dict_post_hook"):
+        h._hooks.append(module.register_load_state_dict_post_hook(load_post))
+
+
+class _Undo:
+    """What undoes a hook that is not torch's, as torch's hook handles do."""
+
+    def __init__(self, undo: Any) -> None:
+        self.remove = undo
+
+
+def _own_method(module: Any, name: str, fn: Any) -> _Undo:
+    """`fn` bound to the module as an attribute of its own, where torch has
+    no hook (a shallow copy shares it: fn tells the module apart).  The
+    undo leaves a method someone set since in place."""
+    module.__dict__[name] = types.MethodType(fn, module)
+    ref = weakref.ref(module)  # (the handle does not keep the module alive)
+
+    def undo() -> None:
+        m = ref()
+        if m is not None and getattr(m.__dict__.get(name), "__func__", None) is fn:
+            del m.__dict__[name]
+
+    return _Undo(undo)
+
+
+def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> None:
+    # The context the step allocates under: its new state (the first step
+    # makes it) lands under the tag, in the tag's region (offloadable tags
+    # are long-lived), not among the gradients it would then share chunks
+    # with.  At the priority of the code that steps, which is what may
+    # displace cache under a limit (cache of a priority above the request's
+    # stays): the state moves to the handle's priority after the step.  Per
+    # thread; a step that raised leaves it set until the next.
+    saved = threading.local()
+
+    def pre(o: Any, args: Any, kwargs: Any) -> None:
+        if offload_after_step:
+            h._measure()  # (where no prefetch did)
+        with _mark("gpupool.restore"):
+            h._enter()
+        if getattr(saved, "ctx", None) is None:
+            saved.ctx = _C.set_context(h._tid, _C.get_context()[1])
+
+    def post(o: Any, args: Any, kwargs: Any) -> None:
+        ctx, saved.ctx = getattr(saved, "ctx", None), None
+        if ctx is not None:
+            _C.set_context(*ctx)
+        h._retake(o)
+        h._use(False)
+        if offload_after_step:
+            h._offload_behind_step()
+        # The end of a step is a yield point of this process's tenants
+        # (GPUPOOL_TENANT): their asks are answered, the next step's room taken.
+        _C.tenant_yield(0)
+
+    def sd_pre(o: Any) -> None:
+        h.restore()
+
+    def load_post(o: Any) -> None:
+        # The loaded state joins the tag now, not at the next step: under a
+        # limit the forward pass before it may need the room, and only the
+        # tag's memory can be offloaded for it.
+        h._retake(o)
+
+    h._hooks += [opt.register_step_pre_hook(pre), opt.register_step_post_hook(post)]
+    if hasattr(opt, "register_state_dict_pre_hook"):
+        h._hooks.append(opt.register_state_dict_pre_hook(sd_pre))
+    if hasattr(opt, "register_load_state_dict_post_hook"):
+        h._hooks.append(opt.register_load_state_dict_post_hook(load_post))
+    h._retake(opt)
+
+
+def _prefetch_in_backward(h: OffloadHandle, opt: Any, at: float) -> None:
+    params = [q for g in getattr(opt, "param_groups", ()) for q in g["params"]
+              if getattr(q, "requires_grad", False) and hasattr(q, "register_post_accumulate_grad_hook")]
+    total = sum(q.numel() * q.element_size() for q in params)
+    # Bytes whose gradients this backward pass has accumulated; -1 once the
+    # prefetch has been started.  The step starts the count afresh.
+    seen = [0]
+
+    def on_grad(q: Any) -> None:
+        if seen[0] < 0:
+            return
+        seen[0] += q.numel() * q.element_size()
+        if seen[0] >= at * total:
+            seen[0] = -1
+            h._measure()
+            with _mark("gpupool.prefetch"):
+                h.prefetch()
+
+    def restart(o: Any, args: Any, kwargs: Any) -> None:
+        seen[0] = 0
+
+    h._hooks += [q.register_post_accumulate_grad_hook(on_grad) for q in params]
+    h._hooks.append(opt.register_step_post_hook(restart))
+
+
+def _is_optimizer(obj: Any) -> bool:
+    return hasattr(obj, "state") and hasattr(obj, "register_step_pre_hook")
+
+
+def _mark(name: str) -> Any:
+    """A range of the hooks' host time in a torch.profiler trace (benchmarks/timeline.py
+    names the hooks under way when the compute stream is idle); nothing without torch."""
+    torch = sys.modules.get("torch")
+    return contextlib.nullcontext() if torch is None else torch.profiler.record_function(name)
+
+
+def _flat(x: Any) -> Iterator[Any]:
+    if isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _flat(y)
+    elif isinstance(x, dict):
+        for y in x.values():
+            yield from _flat(y)
+    else:
+        yield x
