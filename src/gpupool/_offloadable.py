@@ -483,8 +483,6 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
     # caller's priority), and what replaced the module's tensors joins the
     # tag after it.
     def convert(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not mine(self):
-            return type(self)._apply(self, *args, **kwargs)
         h._hold_resident()
         ctx = _C.set_context(h._tid, _C.get_context()[1])
         try:
@@ -502,8 +500,6 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
         for n in own:
             del self.__dict__[n]
         try:
-            if not mine(self):
-                return copy.deepcopy(self, memo)
             with h.in_use():
                 return copy.deepcopy(self, memo)
         finally:
@@ -530,8 +526,7 @@ class _Undo:
 
 def _own_method(module: Any, name: str, fn: Any) -> _Undo:
     """`fn` bound to the module as an attribute of its own, where torch has
-    no hook (a shallow copy shares it: fn tells the module apart).  The
-    undo leaves a method someone set since in place."""
+    no hook.  The undo leaves a method someone set since in place."""
     module.__dict__[name] = types.MethodType(fn, module)
     ref = weakref.ref(module)  # (the handle does not keep the module alive)
 
