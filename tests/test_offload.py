@@ -468,6 +468,73 @@ def test_a_module_is_not_taken_under_pressure_while_its_state_dict_lives() -> No
     assert same(a, 20 * MiB, 60) and not m._state_dict_hooks
 
 
+def test_an_optimizer_is_not_taken_under_pressure_while_its_state_dict_lives() -> None:
+    # The state dict's tensors are the optimizer's own state: under a limit,
+    # cloning them (copy.deepcopy of the dict, a checkpoint kept on the
+    # device) made the pool offload the idle state the clones were about to
+    # read.  Busy while the dict lives, idle after it; the dict saves and
+    # loads as torch's does (an OrderedDict: a plain dict cannot be weakly
+    # referenced, which the hold needs).
+    torch = pytest.importorskip("torch")
+    import gc
+    import io
+
+    p = pool(64 * MiB, codec="raw")
+    w = torch.nn.Parameter(torch.zeros(5120, 1024))
+    opt = torch.optim.SGD([w], lr=0.1, momentum=1.0)  # (a step by a zero gradient keeps the state)
+    a = p.alloc(20 * MiB, tag="sd_opt_made_t", priority="low")
+    fill(a, 20 * MiB, 61)
+    opt.state[w] = {"momentum_buffer": _floats_over(a, 5120, 1024)}
+    kept = opt.state[w]["momentum_buffer"].clone()
+    h = gpupool.offloadable(opt, "sd_opt_t", priority="low", pool=p)
+    assert p.lookup(a).tag == "sd_opt_t"
+    h.offload()
+    sd = opt.state_dict()
+    assert p.lookup(a).state == "used" and isinstance(sd, dict)
+    with pytest.raises(MemoryError):
+        p.alloc(50 * MiB, tag="sd_opt_hungry_t", priority="normal")
+    assert p.lookup(a).state == "used"
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    back = torch.load(buf, weights_only=True)
+    assert back["param_groups"] == sd["param_groups"]
+    assert bool((back["state"][0]["momentum_buffer"] == sd["state"][0]["momentum_buffer"]).all())
+    torch.optim.SGD([w], lr=0.1, momentum=1.0).load_state_dict(back)
+    del sd
+    gc.collect()
+    x = p.alloc(50 * MiB, tag="sd_opt_hungry_t", priority="normal")
+    assert p.lookup(a).state == "offloaded" and p.stats()["offload"]["n_pressure"] == 1
+    p.free(x)
+    opt.state_dict()  # (dropped at once: held no longer)
+    x = p.alloc(50 * MiB, tag="sd_opt_hungry_t", priority="normal")
+    p.free(x)
+    h.remove()  # (restores)
+    assert same(a, 20 * MiB, 61)
+
+    # Held until the next step at most, which moves the state on (a dict
+    # kept in a variable of the loop would keep the pool from it for
+    # good): the offload behind that step runs, and pressure may take the
+    # state after it.
+    h = gpupool.offloadable(opt, "sd_opt_t", priority="low", offload_after_step=True, prefetch_at=None, pool=p)
+    w.grad = torch.zeros_like(w)
+    sd = opt.state_dict()
+    with pytest.raises(MemoryError):
+        p.alloc(50 * MiB, tag="sd_opt_hungry_t", priority="normal")
+    opt.step()
+    gpupool.restore("nothing_t", pool=p)  # (waits for the background offload)
+    assert p.lookup(a).state == "offloaded"
+    gpupool.restore("sd_opt_t", pool=p)
+    x = p.alloc(50 * MiB, tag="sd_opt_hungry_t", priority="normal")
+    assert p.lookup(a).state == "offloaded"
+    p.free(x)
+    del sd
+    gc.collect()  # (released at the step: not again)
+    assert h._holds == 0
+    h.remove()
+    assert torch.equal(opt.state[w]["momentum_buffer"], kept)
+
+
 def _module_over(p: gpupool.HostPool, tag: str, rows: int, value: float) -> "torch.nn.Linear":
     """A torch module whose weight (rows x 1024 floats, all `value`) lies in
     a block of the HostPool, made offloadable at low priority as `tag`."""
@@ -613,6 +680,48 @@ def test_a_conversion_holds_an_offloadable_module_and_its_result_joins_the_tag(r
         assert p.lookup(w).state == "offloaded"
         h.remove()
         assert "_apply" not in vars(m) and bool((m.weight == 3.0).all())
+        print("OK")
+    """))
+    assert "OK" in r.stdout
+
+
+def test_module_apply_holds_an_offloadable_module_and_keeps_what_fn_keeps_apart(run_py) -> None:
+    # Module.apply(fn) (a weight initialisation, a re-scaling) runs user
+    # code over every submodule where no hook saw it: on an offloaded
+    # module fn wrote unmapped memory (a segfault here, the CUDA context
+    # lost on a GPU).  Now it runs with the module held resident; a tensor
+    # fn puts in the module's place joins the tag after it, and one fn keeps
+    # apart stays in the caller's tag (it must not leave with the module).
+    pytest.importorskip("torch")
+    r = run_py(_FRESH + textwrap.dedent("""
+        m = torch.nn.Sequential(linear_over("applied_made_t", torch.full((1024, 1024), 1.0)))
+        h = gpupool.offloadable(m, "applied_t", pool=p)
+        kept = []
+
+        def rescale(mod):
+            if isinstance(mod, torch.nn.Linear):
+                with torch.no_grad():
+                    mod.weight.mul_(3)
+                kept.append(floats(1024).fill_(7))
+
+        h.offload()
+        m.apply(rescale)  # writes the offloaded weight
+        assert bool((m[0].weight == 3.0).all())
+        assert p.lookup(kept[0].data_ptr()).tag != "applied_t"
+
+        def replace(mod):
+            if isinstance(mod, torch.nn.Linear):
+                mod.weight = torch.nn.Parameter(floats(1024 * 1024).view(1024, 1024).fill_(5), requires_grad=False)
+
+        h.offload()
+        first = m[0].weight.data_ptr()
+        m.apply(replace)
+        p.free(first)  # (what torch frees once nothing holds the old weight)
+        w = m[0].weight.data_ptr()
+        assert p.lookup(w).tag == "applied_t" and h.offload()["bytes"] == 4 << 20
+        assert p.lookup(w).state == "offloaded" and p.lookup(kept[0].data_ptr()).state == "used"
+        h.remove()
+        assert "apply" not in vars(m) and bool((m[0].weight == 5.0).all())
         print("OK")
     """))
     assert "OK" in r.stdout

@@ -407,6 +407,55 @@ def test_an_offloaded_module_converted_or_copied_by_what_users_call(run_py) -> N
         assert offloaded() >= weights() - 2**20  # (the copy's forward left the original offloaded)
         with torch.no_grad():
             assert torch.equal(m(x), out)
+
+        # Module.apply(fn) writes the weights where no hook sees it.
+        h.offload()
+        m.apply(lambda mod: mod.weight.data.mul_(2) if isinstance(mod, torch.nn.Linear) else None)
+        for q, w in zip(m.parameters(), want):
+            assert torch.equal(q.detach().cpu(), w.to(torch.bfloat16).float() * (2 if q.dim() == 2 else 1))
+        print("OK")
+    """)
+    assert "OK" in r.stdout
+
+
+def test_an_optimizer_state_dict_copied_under_a_limit_holds_the_state(run_py) -> None:
+    """copy.deepcopy(opt.state_dict()) (a checkpoint kept on the device)
+    under a limit: the clones' allocations made the pool offload the idle
+    state they were about to read.  Now the state is held while the dict
+    lives (up to the next step): out of memory without room, and with room
+    a copy equal to the state; after the step the state is fair game."""
+    r = run_py("""
+        import copy, gc, torch, gpupool
+        gpupool.enable()
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).cuda()  # 512 MiB
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        m(torch.randn(8, 4096, device="cuda")).square().mean().backward()
+        opt.step()  # 1 GiB of state
+        m.zero_grad(set_to_none=True)
+        want = [v.cpu() for st in opt.state.values() for v in st.values()]
+        h = gpupool.offloadable(opt, "opt_sd", priority="low")
+        gpupool.empty_cache()
+        torch.cuda.synchronize()
+        gpupool.set_limit(gpupool.stats()["reserved"] + 512 * 2**20)
+        sd = opt.state_dict()
+        try:
+            kept = copy.deepcopy(sd)
+            raise AssertionError("1 GiB of state copied with 0.5 GiB of room")
+        except torch.OutOfMemoryError:
+            pass
+        assert gpupool.stats()["tags"]["opt_sd"]["offloaded"] == 0
+        del sd
+        gc.collect()  # (the failed copy's frames)
+        with gpupool.tag("work", priority="high"):
+            big = torch.empty(2**30, dtype=torch.uint8, device="cuda")  # the state's room, once the dict is gone
+        assert gpupool.stats()["tags"]["opt_sd"]["offloaded"] > 0
+        del big
+        gpupool.set_limit(None)
+        kept = copy.deepcopy(opt.state_dict())  # (restores it first)
+        got = [v.cpu() for st in kept["state"].values() for v in st.values()]
+        assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+        h.remove()
         print("OK")
     """)
     assert "OK" in r.stdout

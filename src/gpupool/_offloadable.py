@@ -4,6 +4,7 @@ them while they are in use, and let the pool offload them when they are idle
 (:func:`offloadable`, :class:`OffloadHandle`)."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import sys
@@ -149,13 +150,17 @@ class OffloadHandle:
             self._release()
             raise
 
-    def _hold_while(self, obj: Any) -> None:
+    def _hold_while(self, obj: Any) -> Optional[weakref.finalize]:
         """Held until `obj` is collected (released now where it cannot be
-        weakly referenced)."""
+        weakly referenced); calling what it returns releases it sooner,
+        once whatever comes first."""
         try:
-            weakref.finalize(obj, self._release).atexit = False
+            done = weakref.finalize(obj, self._release)
         except TypeError:
             self._release()
+            return None
+        done.atexit = False
+        return done
 
     def _enter(self) -> None:
         """Before the object is used: busy (never offloaded under pressure),
@@ -269,10 +274,11 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       under pressure while the dict it returned lives (its tensors are the
       module's own); ``load_state_dict(assign=True)``
       puts the loaded tensors in the tag.  A conversion (``.to()``,
-      ``.half()``, ``.cuda()``, ``.cpu()``) and ``copy.deepcopy`` restore
-      it and hold it while they run; the tensors a conversion puts in
-      place of its own join the tag (a deep copy's are the copy's, on
-      which the hooks do nothing); tensors swapped in by other means
+      ``.half()``, ``.cuda()``, ``.cpu()``), ``.apply(fn)`` and
+      ``copy.deepcopy`` restore it and hold it while they run; the tensors
+      a conversion or fn puts in place of its own join the tag (a deep
+      copy's are the copy's, on which the hooks do nothing; what fn keeps
+      apart stays in the caller's tag); tensors swapped in by other means
       (``m.weight.data = t``) join at the handle's ``.offload()``.  Any optimizer's
       step restores the offloadable modules whose parameters it updates
       and holds them (busy) until it ends.  Code torch.compile compiled
@@ -292,7 +298,9 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       step's own restore brings it back.  Neither
       waits on the thread that queues the work: the offload waits for the
       step's kernels (an event, not a device sync), and a prefetch asked
-      while it still copies is queued behind it.  Under a pool limit
+      while it still copies is queued behind it.  ``state_dict()`` restores
+      the state and holds it while the dict it returned lives, up to the
+      next step (the dict is an OrderedDict).  Under a pool limit
       (``set_limit``) only the part of the state the limit needs leaves:
       what the step's other memory, at its highest before the prefetch,
       leaves no room for (with 1/16 of the limit for the cache), measured
@@ -481,22 +489,28 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
     # offload those still to be read: it runs with the module held resident,
     # its new tensors allocated under the tag (in its region, at the
     # caller's priority), and what replaced the module's tensors joins the
-    # tag after it.
-    def convert(self: Any, *args: Any, **kwargs: Any) -> Any:
-        h._hold_resident()
-        ctx = _C.set_context(h._tid, _C.get_context()[1])
-        try:
-            return type(self)._apply(self, *args, **kwargs)
-        finally:
-            _C.set_context(*ctx)
-            h._release()
-            h._retake(self)
+    # tag after it.  Module.apply(fn) (weight initialisation, a re-scaling)
+    # runs the same way, but allocates under the caller's tag: fn is the
+    # user's code, and what it keeps apart from the module must not leave
+    # with it.
+    def held(name: str, under_tag: bool) -> Any:
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            h._hold_resident()
+            ctx = _C.set_context(h._tid, _C.get_context()[1]) if under_tag else None
+            try:
+                return getattr(type(self), name)(self, *args, **kwargs)
+            finally:
+                if ctx is not None:
+                    _C.set_context(*ctx)
+                h._release()
+                h._retake(self)
+        return run
 
     # A deep copy clones every tensor of the module where no hook sees it:
-    # it runs with the module held resident.  The copy carries neither method
-    # (they are taken out of the module while the copy is made).
+    # it runs with the module held resident.  The copy carries none of these
+    # methods (they are taken out of the module while the copy is made).
     def deep_copy(self: Any, memo: Any) -> Any:
-        own = {n: f for n, f in self.__dict__.items() if getattr(f, "__func__", None) in (convert, deep_copy)}
+        own = {n: f for n, f in self.__dict__.items() if getattr(f, "__func__", None) in methods.values()}
         for n in own:
             del self.__dict__[n]
         try:
@@ -505,10 +519,9 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
         finally:
             self.__dict__.update(own)
 
+    methods = {"_apply": held("_apply", True), "apply": held("apply", False), "__deepcopy__": deep_copy}
     h._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
-    if hasattr(module, "_apply"):
-        h._hooks.append(_own_method(module, "_apply", convert))
-    h._hooks.append(_own_method(module, "__deepcopy__", deep_copy))
+    h._hooks += [_own_method(module, n, f) for n, f in methods.items() if n == "__deepcopy__" or hasattr(module, n)]
     if hasattr(module, "register_state_dict_pre_hook"):
         h._hooks.append(module.register_state_dict_pre_hook(sd_pre))
     if holds:
@@ -549,6 +562,8 @@ def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> No
     saved = threading.local()
 
     def pre(o: Any, args: Any, kwargs: Any) -> None:
+        while dicts:
+            dicts.pop()()
         if offload_after_step:
             h._measure()  # (where no prefetch did)
         with _mark("gpupool.restore"):
@@ -568,8 +583,26 @@ def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> No
         # (GPUPOOL_TENANT): their asks are answered, the next step's room taken.
         _C.tenant_yield(0)
 
+    # As a module's (see _module_hooks): busy while the dict lives, whose
+    # tensors are the state itself, but only until the next step, which
+    # moves the state on (a dict kept in a variable of the training loop
+    # would otherwise keep the pool from it for good).  torch's dict is a
+    # plain one, which cannot be weakly referenced: the hook returns it as
+    # an OrderedDict (saved and loaded as torch's own, weights_only too).
+    holds = hasattr(opt, "register_state_dict_post_hook")
+    dicts: List[weakref.finalize] = []
+
     def sd_pre(o: Any) -> None:
-        h.restore()
+        if holds:
+            h._hold_resident()
+        else:
+            h.restore()
+
+    def sd_post(o: Any, state_dict: Any) -> Any:
+        held = collections.OrderedDict(state_dict)
+        done = h._hold_while(held)
+        dicts[:] = [d for d in dicts if d.alive] + ([done] if done is not None else [])
+        return held
 
     def load_post(o: Any) -> None:
         # The loaded state joins the tag now, not at the next step: under a
@@ -580,6 +613,8 @@ def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> No
     h._hooks += [opt.register_step_pre_hook(pre), opt.register_step_post_hook(post)]
     if hasattr(opt, "register_state_dict_pre_hook"):
         h._hooks.append(opt.register_state_dict_pre_hook(sd_pre))
+    if holds:
+        h._hooks.append(opt.register_state_dict_post_hook(sd_post))
     if hasattr(opt, "register_load_state_dict_post_hook"):
         h._hooks.append(opt.register_load_state_dict_post_hook(load_post))
     h._retake(opt)
