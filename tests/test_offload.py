@@ -727,6 +727,54 @@ def test_module_apply_holds_an_offloadable_module_and_keeps_what_fn_keeps_apart(
     assert "OK" in r.stdout
 
 
+def test_an_offloadable_module_pickles_as_a_plain_one(run_py) -> None:
+    # torch.save(model) pickles the module, hooks and all: the handle's
+    # hooks and methods are functions pickle cannot name ("Can't pickle
+    # local object"), and an offloaded module's tensors would be read where
+    # no hook sees it (after the pickle is made, when torch.save writes
+    # them).  Now the module, or one holding it, pickles as a plain module,
+    # restored first and held while what pickling took of it lives.
+    pytest.importorskip("torch")
+    r = run_py(_FRESH + textwrap.dedent("""
+        import gc, io
+        m = linear_over("pickled_made_t", torch.full((1024, 1024), 0.25))
+        h = gpupool.offloadable(m, "pickled_t", pool=p)
+        w = m.weight.data_ptr()
+        for obj in (m, torch.nn.Sequential(m)):
+            h.offload()
+            buf = io.BytesIO()
+            torch.save(obj, buf)
+            assert p.lookup(w).state == "used"
+            buf.seek(0)
+            back = torch.load(buf, weights_only=False)
+            plain = back if isinstance(back, torch.nn.Linear) else back[0]
+            assert bool((plain.weight == 0.25).all()) and plain.weight.data_ptr() != w
+            assert not plain._forward_pre_hooks and not plain._forward_hooks and not plain._state_dict_pre_hooks
+            assert not {"_apply", "apply", "__deepcopy__", "__getstate__"} & set(vars(plain))
+        assert len(m._forward_pre_hooks) == 1 and "__getstate__" in vars(m)
+        c = copy.copy(m)
+        assert not c._forward_pre_hooks and not {"_apply", "__getstate__"} & set(vars(c))
+
+        # Held while the state lives: the pool does not take the module for
+        # an allocation of a higher priority; after it, it may.
+        state = m.__getstate__()
+        try:
+            p.alloc(60 << 20, tag="pickled_hog_t", priority="normal")
+            raise AssertionError("the module was taken while its state lived")
+        except MemoryError:
+            pass
+        del state
+        gc.collect()
+        hog = p.alloc(60 << 20, tag="pickled_hog_t", priority="normal")
+        assert p.lookup(w).state == "offloaded"
+        p.free(hog)
+        h.remove()
+        assert not m._forward_pre_hooks and "__getstate__" not in vars(m) and bool((m.weight == 0.25).all())
+        print("OK")
+    """))
+    assert "OK" in r.stdout
+
+
 def test_a_deep_copy_of_an_offloaded_module_holds_it_and_the_copy_is_its_own(run_py) -> None:
     # copy.deepcopy (a reference model, an EMA) clones every tensor where no
     # hook sees it: of an offloaded module it read unmapped memory (a

@@ -342,14 +342,15 @@ def test_offloadable_modules_trained_on_a_joint_loss_under_a_limit(run_py) -> No
 
 
 def test_an_offloaded_module_converted_or_copied_by_what_users_call(run_py) -> None:
-    """.to(dtype), .cpu(), .cuda(), .float() and copy.deepcopy of an
-    offloadable module, offloaded or idle under a limit: each reads the
-    weights where no hook saw it (before: CUDA_ERROR_ILLEGAL_ADDRESS), the
+    """.to(dtype), .cpu(), .cuda(), .float(), .apply(fn), copy.deepcopy and
+    torch.save of an offloadable module, offloaded or idle under a limit:
+    each reads the weights where no hook saw it (before:
+    CUDA_ERROR_ILLEGAL_ADDRESS; torch.save failed to pickle the hooks), the
     conversions' results stayed outside the tag and a copy's forward
     restored the original.  Now each comes back with the right values, what
     replaced the weights offloads with the tag, and a copy is its own."""
     r = run_py("""
-        import copy, torch, gpupool
+        import copy, io, torch, gpupool
         gpupool.enable()
         torch.manual_seed(0)
         m = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).cuda()  # 512 MiB
@@ -413,6 +414,16 @@ def test_an_offloaded_module_converted_or_copied_by_what_users_call(run_py) -> N
         m.apply(lambda mod: mod.weight.data.mul_(2) if isinstance(mod, torch.nn.Linear) else None)
         for q, w in zip(m.parameters(), want):
             assert torch.equal(q.detach().cpu(), w.to(torch.bfloat16).float() * (2 if q.dim() == 2 else 1))
+
+        # torch.save(model) of the offloaded module: a plain module comes back.
+        h.offload()
+        buf = io.BytesIO()
+        torch.save(m, buf)
+        buf.seek(0)
+        saved = torch.load(buf, weights_only=False)
+        assert not saved._forward_pre_hooks and "__getstate__" not in vars(saved)
+        for q, r in zip(m.parameters(), saved.parameters()):
+            assert torch.equal(q, r) and q.data_ptr() != r.data_ptr()
         print("OK")
     """)
     assert "OK" in r.stdout

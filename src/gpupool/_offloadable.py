@@ -276,9 +276,11 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       puts the loaded tensors in the tag.  A conversion (``.to()``,
       ``.half()``, ``.cuda()``, ``.cpu()``), ``.apply(fn)`` and
       ``copy.deepcopy`` restore it and hold it while they run; the tensors
-      a conversion or fn puts in place of its own join the tag (a deep
-      copy's are the copy's, on which the hooks do nothing; what fn keeps
-      apart stays in the caller's tag); tensors swapped in by other means
+      a conversion or fn puts in place of its own join the tag (what fn
+      keeps apart stays in the caller's tag).  A deep copy, a pickle
+      (``torch.save(model)``) and ``copy.copy`` take a plain module, without
+      the handle's hooks, with the module restored and held while what
+      they took lives; tensors swapped in by other means
       (``m.weight.data = t``) join at the handle's ``.offload()``.  Any optimizer's
       step restores the offloadable modules whose parameters it updates
       and holds them (busy) until it ends.  Code torch.compile compiled
@@ -431,8 +433,9 @@ def _drop_code_compiled_without_hooks() -> None:
 def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
     import torch
 
-    # A deep copy of the module (a reference model, an EMA) carries these
-    # hooks: on the copy, whose tensors are its own, they do nothing.
+    # A copy made from the module's dict without pickling it (DataParallel's
+    # replicas) carries these hooks: on it, whose tensors are its own, they
+    # do nothing.  (Copies that pickle it carry none: get_state below.)
     def mine(mod: Any) -> bool:
         return mod is h._obj()
 
@@ -506,22 +509,39 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
                 h._retake(self)
         return run
 
+    # What pickling takes of the module (torch.save(model), copy.copy, a
+    # deep copy): a plain module, without the methods and hooks of the
+    # handle (functions of this one, which pickle cannot name).  Its tensors
+    # are read where no hook sees it, after this returns (torch.save writes
+    # them once the pickle is made): held while the state lives.
+    def get_state(self: Any) -> Any:
+        h._hold_resident()
+        state = collections.OrderedDict(type(self).__getstate__(self))
+        for n, f in methods.items():
+            if getattr(state.get(n), "__func__", None) is f:
+                del state[n]
+        for k, v in state.items():
+            if isinstance(v, dict) and any(f in hooks for f in v.values()):
+                state[k] = type(v)((i, f) for i, f in v.items() if f not in hooks)
+        h._hold_while(state)
+        return state
+
     # A deep copy clones every tensor of the module where no hook sees it:
-    # it runs with the module held resident.  The copy carries none of these
-    # methods (they are taken out of the module while the copy is made).
+    # it runs with the module held resident, as the standard deep copy
+    # (of what get_state gives) with this method taken out meanwhile.
     def deep_copy(self: Any, memo: Any) -> Any:
-        own = {n: f for n, f in self.__dict__.items() if getattr(f, "__func__", None) in methods.values()}
-        for n in own:
-            del self.__dict__[n]
+        own = self.__dict__.pop("__deepcopy__")
         try:
             with h.in_use():
                 return copy.deepcopy(self, memo)
         finally:
-            self.__dict__.update(own)
+            self.__dict__["__deepcopy__"] = own
 
-    methods = {"_apply": held("_apply", True), "apply": held("apply", False), "__deepcopy__": deep_copy}
+    methods = {"_apply": held("_apply", True), "apply": held("apply", False), "__deepcopy__": deep_copy,
+               "__getstate__": get_state}
+    hooks = (pre, post, sd_pre, sd_post, load_post)
     h._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
-    h._hooks += [_own_method(module, n, f) for n, f in methods.items() if n == "__deepcopy__" or hasattr(module, n)]
+    h._hooks += [_own_method(module, n, f) for n, f in methods.items() if n.startswith("__") or hasattr(module, n)]
     if hasattr(module, "register_state_dict_pre_hook"):
         h._hooks.append(module.register_state_dict_pre_hook(sd_pre))
     if holds:
