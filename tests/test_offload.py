@@ -775,6 +775,39 @@ def test_an_offloadable_module_pickles_as_a_plain_one(run_py) -> None:
     assert "OK" in r.stdout
 
 
+def test_an_offloaded_optimizer_pickles_and_deep_copies_with_its_state(run_py) -> None:
+    # torch.save(optimizer) and copy.deepcopy(optimizer) read the state
+    # where no hook sees it: of an offloaded state, unmapped memory (a
+    # segfault here, the CUDA context lost on a GPU).  Now the state is
+    # restored first and held while what pickling took of it lives.
+    pytest.importorskip("torch")
+    r = run_py(_FRESH + textwrap.dedent("""
+        import io
+        w = torch.nn.Parameter(torch.zeros(1024, 1024))
+        opt = torch.optim.SGD([w], lr=0.1, momentum=0.9)
+        buf = floats(1024 * 1024, "pickled_opt_made_t", "low").view(1024, 1024).fill_(0.75)
+        opt.state[w] = {"momentum_buffer": buf}
+        h = gpupool.offloadable(opt, "pickled_opt_t", pool=p)
+        a = buf.data_ptr()
+        h.offload()
+        f = io.BytesIO()
+        torch.save(opt, f)
+        assert p.lookup(a).state == "used"
+        f.seek(0)
+        back = torch.load(f, weights_only=False)
+        got = next(iter(back.state.values()))["momentum_buffer"]
+        assert bool((got == 0.75).all()) and got.data_ptr() != a and "__getstate__" not in vars(back)
+        h.offload()
+        c = copy.deepcopy(opt)
+        got = next(iter(c.state.values()))["momentum_buffer"]
+        assert bool((got == 0.75).all()) and got.data_ptr() != a and not c._optimizer_step_pre_hooks
+        h.remove()
+        assert "__getstate__" not in vars(opt)
+        print("OK")
+    """))
+    assert "OK" in r.stdout
+
+
 def test_a_deep_copy_of_an_offloaded_module_holds_it_and_the_copy_is_its_own(run_py) -> None:
     # copy.deepcopy (a reference model, an EMA) clones every tensor where no
     # hook sees it: of an offloaded module it read unmapped memory (a

@@ -302,7 +302,8 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       step's kernels (an event, not a device sync), and a prefetch asked
       while it still copies is queued behind it.  ``state_dict()`` restores
       the state and holds it while the dict it returned lives, up to the
-      next step (the dict is an OrderedDict).  Under a pool limit
+      next step (the dict is an OrderedDict); ``torch.save(optimizer)`` and
+      ``copy.deepcopy`` restore it and hold it while what they took lives.  Under a pool limit
       (``set_limit``) only the part of the state the limit needs leaves:
       what the step's other memory, at its highest before the prefetch,
       leaves no room for (with 1/16 of the limit for the cache), measured
@@ -511,20 +512,16 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
 
     # What pickling takes of the module (torch.save(model), copy.copy, a
     # deep copy): a plain module, without the methods and hooks of the
-    # handle (functions of this one, which pickle cannot name).  Its tensors
-    # are read where no hook sees it, after this returns (torch.save writes
-    # them once the pickle is made): held while the state lives.
+    # handle (functions of this one, which pickle cannot name).
     def get_state(self: Any) -> Any:
-        h._hold_resident()
-        state = collections.OrderedDict(type(self).__getstate__(self))
+        state = dict(type(self).__getstate__(self))
         for n, f in methods.items():
             if getattr(state.get(n), "__func__", None) is f:
                 del state[n]
         for k, v in state.items():
             if isinstance(v, dict) and any(f in hooks for f in v.values()):
                 state[k] = type(v)((i, f) for i, f in v.items() if f not in hooks)
-        h._hold_while(state)
-        return state
+        return _held_state(h, state)
 
     # A deep copy clones every tensor of the module where no hook sees it:
     # it runs with the module held resident, as the standard deep copy
@@ -550,6 +547,19 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
         h._hooks.append(module.register_load_state_dict_post_hook(load_post))
 
 
+def _held_state(h: OffloadHandle, state: Any) -> Any:
+    """`state`, what pickling takes of the handle's object, with the object
+    restored and held while the state lives: its tensors are read where no
+    hook sees it, after ``__getstate__`` returns (torch.save writes them
+    once the pickle is made, while its pickler still holds the state; a
+    deep copy clones them).  As an OrderedDict: a plain dict cannot be
+    weakly referenced, and a class of ours would pickle as gpupool's."""
+    state = collections.OrderedDict(state)
+    h._hold_resident()
+    h._hold_while(state)
+    return state
+
+
 class _Undo:
     """What undoes a hook that is not torch's, as torch's hook handles do."""
 
@@ -557,16 +567,17 @@ class _Undo:
         self.remove = undo
 
 
-def _own_method(module: Any, name: str, fn: Any) -> _Undo:
-    """`fn` bound to the module as an attribute of its own, where torch has
-    no hook.  The undo leaves a method someone set since in place."""
-    module.__dict__[name] = types.MethodType(fn, module)
-    ref = weakref.ref(module)  # (the handle does not keep the module alive)
+def _own_method(obj: Any, name: str, fn: Any) -> _Undo:
+    """`fn` bound to the module or optimizer as an attribute of its own,
+    where torch has no hook.  The undo leaves a method someone set since in
+    place."""
+    obj.__dict__[name] = types.MethodType(fn, obj)
+    ref = weakref.ref(obj)  # (the handle does not keep the object alive)
 
     def undo() -> None:
-        m = ref()
-        if m is not None and getattr(m.__dict__.get(name), "__func__", None) is fn:
-            del m.__dict__[name]
+        o = ref()
+        if o is not None and getattr(o.__dict__.get(name), "__func__", None) is fn:
+            del o.__dict__[name]
 
     return _Undo(undo)
 
@@ -630,7 +641,14 @@ def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> No
         # tag's memory can be offloaded for it.
         h._retake(o)
 
+    # torch.save(optimizer) and copy.deepcopy(optimizer) read the state
+    # where no hook sees it (torch's own __getstate__ leaves the hooks out).
+    def get_state(self: Any) -> Any:
+        return _held_state(h, type(self).__getstate__(self))
+
     h._hooks += [opt.register_step_pre_hook(pre), opt.register_step_post_hook(post)]
+    if hasattr(type(opt), "__getstate__"):
+        h._hooks.append(_own_method(opt, "__getstate__", get_state))
     if hasattr(opt, "register_state_dict_pre_hook"):
         h._hooks.append(opt.register_state_dict_pre_hook(sd_pre))
     if holds:
