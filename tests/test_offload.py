@@ -627,8 +627,14 @@ def test_in_use_holds_an_offloadable_module_resident() -> None:
 # they guard against are crashes): a HostPool, float tensors over its
 # blocks, and a bias-free Linear whose weight lies in one.
 _FRESH = """
-import copy, ctypes, warnings, torch, gpupool
+import copy, ctypes, io, warnings, torch, gpupool
 p = gpupool.HostPool(64 << 20, chunk="256KiB", large_chunk="1MiB", codec="raw")
+
+def saved(obj):  # torch.save, then torch.load (of a whole object)
+    f = io.BytesIO()
+    torch.save(obj, f)
+    f.seek(0)
+    return torch.load(f, weights_only=False)
 
 def floats(n, tag=None, priority=None):
     a = p.alloc(n * 4, tag=tag, priority=priority)
@@ -736,17 +742,14 @@ def test_an_offloadable_module_pickles_as_a_plain_one(run_py) -> None:
     # restored first and held while what pickling took of it lives.
     pytest.importorskip("torch")
     r = run_py(_FRESH + textwrap.dedent("""
-        import gc, io
+        import gc
         m = linear_over("pickled_made_t", torch.full((1024, 1024), 0.25))
         h = gpupool.offloadable(m, "pickled_t", pool=p)
         w = m.weight.data_ptr()
         for obj in (m, torch.nn.Sequential(m)):
             h.offload()
-            buf = io.BytesIO()
-            torch.save(obj, buf)
+            back = saved(obj)
             assert p.lookup(w).state == "used"
-            buf.seek(0)
-            back = torch.load(buf, weights_only=False)
             plain = back if isinstance(back, torch.nn.Linear) else back[0]
             assert bool((plain.weight == 0.25).all()) and plain.weight.data_ptr() != w
             assert not plain._forward_pre_hooks and not plain._forward_hooks and not plain._state_dict_pre_hooks
@@ -782,7 +785,6 @@ def test_an_offloaded_optimizer_pickles_and_deep_copies_with_its_state(run_py) -
     # restored first and held while what pickling took of it lives.
     pytest.importorskip("torch")
     r = run_py(_FRESH + textwrap.dedent("""
-        import io
         w = torch.nn.Parameter(torch.zeros(1024, 1024))
         opt = torch.optim.SGD([w], lr=0.1, momentum=0.9)
         buf = floats(1024 * 1024, "pickled_opt_made_t", "low").view(1024, 1024).fill_(0.75)
@@ -790,11 +792,8 @@ def test_an_offloaded_optimizer_pickles_and_deep_copies_with_its_state(run_py) -
         h = gpupool.offloadable(opt, "pickled_opt_t", pool=p)
         a = buf.data_ptr()
         h.offload()
-        f = io.BytesIO()
-        torch.save(opt, f)
+        back = saved(opt)
         assert p.lookup(a).state == "used"
-        f.seek(0)
-        back = torch.load(f, weights_only=False)
         got = next(iter(back.state.values()))["momentum_buffer"]
         assert bool((got == 0.75).all()) and got.data_ptr() != a and "__getstate__" not in vars(back)
         h.offload()
