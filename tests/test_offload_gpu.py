@@ -434,9 +434,10 @@ def test_an_optimizer_state_dict_copied_under_a_limit_holds_the_state(run_py) ->
     under a limit: the clones' allocations made the pool offload the idle
     state they were about to read.  Now the state is held while the dict
     lives (up to the next step): out of memory without room, and with room
-    a copy equal to the state; after the step the state is fair game."""
+    a copy equal to the state.  torch.save(opt) and copy.deepcopy(opt) of
+    the offloaded state read it where no hook saw it: now equal copies."""
     r = run_py("""
-        import copy, gc, torch, gpupool
+        import copy, gc, io, torch, gpupool
         gpupool.enable()
         torch.manual_seed(0)
         m = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).cuda()  # 512 MiB
@@ -466,6 +467,19 @@ def test_an_optimizer_state_dict_copied_under_a_limit_holds_the_state(run_py) ->
         kept = copy.deepcopy(opt.state_dict())  # (restores it first)
         got = [v.cpu() for st in kept["state"].values() for v in st.values()]
         assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+
+        # The optimizer itself, pickled whole or deep-copied while offloaded.
+        for how in ("torch.save", "deepcopy"):
+            h.offload()
+            if how == "torch.save":
+                buf = io.BytesIO()
+                torch.save(opt, buf)
+                buf.seek(0)
+                other = torch.load(buf, weights_only=False)
+            else:
+                other = copy.deepcopy(opt)
+            got = [v.cpu() for st in other.state.values() for v in st.values()]
+            assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want)), how
         h.remove()
         print("OK")
     """)
