@@ -318,7 +318,10 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
     offloaded by the pool when that allocation would otherwise run out of
     memory (lowest priority first, then the least recently used); the hooks
     bring it back when it is next used; code that reads the tensors where
-    no hook sees it holds them with the handle's ``.in_use()``.  Returns a
+    no hook sees it holds them with the handle's ``.in_use()`` (also a
+    module outside this one that shares a weight with it, as a tied
+    embedding does with ``lm_head``: or make the module holding both
+    offloadable).  Returns a
     handle with ``.offload()``, ``.restore()``, ``.prefetch()``,
     ``.in_use()`` and ``.remove()``."""
     is_optimizer = _is_optimizer(obj)
