@@ -598,6 +598,26 @@ def test_an_optimizer_step_holds_the_offloadable_modules_it_updates() -> None:
     assert bool((m.weight == 0.5).all()) and bool((other.weight == 3.0).all())
 
 
+def test_a_move_to_where_the_module_already_is_leaves_it_offloaded() -> None:
+    # model.to(device) before use (pipelines, trainers, loops) converts
+    # nothing, yet it restored an offloaded module in full; under a limit
+    # that restore may displace what needed the room.  Now it returns the
+    # module as it is.
+    torch = pytest.importorskip("torch")
+    p = pool(64 * MiB, codec="raw")
+    m = _module_over(p, "to_mod_t", 1024, 1.5)  # 4 MiB
+    w = m.weight.data_ptr()
+    m.handle.offload()
+    for args, kwargs in [(("cpu",), {}), ((torch.float32,), {}), (("cpu", torch.float32), {}), ((), {}),
+                         ((torch.zeros(1),), {}), ((), {"device": torch.device("cpu"), "non_blocking": True}),
+                         ((), {"dtype": torch.float32})]:
+        assert m.to(*args, **kwargs) is m and p.lookup(w).state == "offloaded", (args, kwargs)
+    with pytest.raises(TypeError):
+        m.to(torch.int64)  # (what torch says of it, as before)
+    m.handle.remove()  # (a real conversion: the GPU test, whose new tensors come from the pool)
+    assert bool((m.weight == 1.5).all()) and "to" not in vars(m)
+
+
 def test_in_use_holds_an_offloadable_module_resident() -> None:
     # Reads that no hook sees (m.weight.norm(), an EMA of the weights) hold
     # the module with the handle's in_use(): restored at the start, never

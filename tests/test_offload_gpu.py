@@ -343,7 +343,8 @@ def test_offloadable_modules_trained_on_a_joint_loss_under_a_limit(run_py) -> No
 
 def test_an_offloaded_module_converted_or_copied_by_what_users_call(run_py) -> None:
     """.to(dtype), .cpu(), .cuda(), .float(), .apply(fn), copy.deepcopy and
-    torch.save of an offloadable module, offloaded or idle under a limit:
+    torch.save of an offloadable module, offloaded or idle under a limit
+    (and a .to() to where it is, which restored it for nothing):
     each reads the weights where no hook saw it (before:
     CUDA_ERROR_ILLEGAL_ADDRESS; torch.save failed to pickle the hooks), the
     conversions' results stayed outside the tag and a copy's forward
@@ -415,8 +416,13 @@ def test_an_offloaded_module_converted_or_copied_by_what_users_call(run_py) -> N
         for q, w in zip(m.parameters(), want):
             assert torch.equal(q.detach().cpu(), w.to(torch.bfloat16).float() * (2 if q.dim() == 2 else 1))
 
-        # torch.save(model) of the offloaded module: a plain module comes back.
+        # .to() where it already is: nothing to convert, nothing restored.
         h.offload()
+        away = offloaded()
+        assert m.to("cuda") is m and m.to("cuda:0", torch.float32) is m and m.to(x) is m
+        assert away >= weights() - 2**20 and offloaded() == away
+
+        # torch.save(model) of the offloaded module: a plain module comes back.
         buf = io.BytesIO()
         torch.save(m, buf)
         buf.seek(0)

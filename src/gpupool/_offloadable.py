@@ -277,7 +277,8 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       ``.half()``, ``.cuda()``, ``.cpu()``), ``.apply(fn)`` and
       ``copy.deepcopy`` restore it and hold it while they run; the tensors
       a conversion or fn puts in place of its own join the tag (what fn
-      keeps apart stays in the caller's tag).  A deep copy, a pickle
+      keeps apart stays in the caller's tag); a ``.to()`` to where every
+      tensor already is returns the module as it is, offloaded or not.  A deep copy, a pickle
       (``torch.save(model)``) and ``copy.copy`` take a plain module, without
       the handle's hooks, with the module restored and held while what
       they took lives; tensors swapped in by other means
@@ -537,8 +538,21 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
         finally:
             self.__dict__["__deepcopy__"] = own
 
-    methods = {"_apply": held("_apply", True), "apply": held("apply", False), "__deepcopy__": deep_copy,
-               "__getstate__": get_state}
+    # `.to()` where every tensor already is (model.to(device) before use, as
+    # pipelines and trainers do) reads nothing: it returns the module as it
+    # is, offloaded or not, instead of restoring it for a conversion of
+    # nothing.
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        device, dtype, _, fmt = torch._C._nn._parse_to(*args, **kwargs)
+        tensors = [*self.parameters(), *self.buffers()]
+        tensors += [t.grad for t in tensors if t.grad is not None]
+        if fmt is None and (dtype is None or dtype.is_floating_point or dtype.is_complex) and \
+                all(_stays(t, device, dtype) for t in tensors):
+            return self
+        return type(self).to(self, *args, **kwargs)
+
+    methods = {"_apply": held("_apply", True), "apply": held("apply", False), "to": to,
+               "__deepcopy__": deep_copy, "__getstate__": get_state}
     hooks = (pre, post, sd_pre, sd_post, load_post)
     h._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
     h._hooks += [_own_method(module, n, f) for n, f in methods.items() if n.startswith("__") or hasattr(module, n)]
@@ -548,6 +562,19 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
         h._hooks.append(module.register_state_dict_post_hook(sd_post))
     if hasattr(module, "register_load_state_dict_post_hook"):
         h._hooks.append(module.register_load_state_dict_post_hook(load_post))
+
+
+def _stays(t: Any, device: Any, dtype: Any) -> bool:
+    """Whether Module.to(device, dtype) leaves tensor `t` as it is."""
+    import torch
+
+    if dtype is not None and (t.is_floating_point() or t.is_complex()) and t.dtype != dtype:
+        return False
+    if device is None or device.index is not None:
+        return device is None or t.device == device
+    if device.type == "cuda":  # (the current device, as torch fills the index in)
+        return t.device.type == "cuda" and t.device.index == torch.cuda.current_device()
+    return t.device.type == device.type == "cpu"
 
 
 def _held_state(h: OffloadHandle, state: Any) -> Any:
