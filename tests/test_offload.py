@@ -612,10 +612,11 @@ def test_a_move_to_where_the_module_already_is_leaves_it_offloaded() -> None:
                          ((torch.zeros(1),), {}), ((), {"device": torch.device("cpu"), "non_blocking": True}),
                          ((), {"dtype": torch.float32})]:
         assert m.to(*args, **kwargs) is m and p.lookup(w).state == "offloaded", (args, kwargs)
+    assert m.cpu() is m and p.lookup(w).state == "offloaded"
     with pytest.raises(TypeError):
         m.to(torch.int64)  # (what torch says of it, as before)
     m.handle.remove()  # (a real conversion: the GPU test, whose new tensors come from the pool)
-    assert bool((m.weight == 1.5).all()) and "to" not in vars(m)
+    assert bool((m.weight == 1.5).all()) and not {"to", "cpu", "cuda"} & set(vars(m))
 
 
 def test_in_use_holds_an_offloadable_module_resident() -> None:

@@ -344,7 +344,7 @@ def test_offloadable_modules_trained_on_a_joint_loss_under_a_limit(run_py) -> No
 def test_an_offloaded_module_converted_or_copied_by_what_users_call(run_py) -> None:
     """.to(dtype), .cpu(), .cuda(), .float(), .apply(fn), copy.deepcopy and
     torch.save of an offloadable module, offloaded or idle under a limit
-    (and a .to() to where it is, which restored it for nothing):
+    (and a .to() or .cuda() to where it is, which restored it for nothing):
     each reads the weights where no hook saw it (before:
     CUDA_ERROR_ILLEGAL_ADDRESS; torch.save failed to pickle the hooks), the
     conversions' results stayed outside the tag and a copy's forward
@@ -420,6 +420,7 @@ def test_an_offloaded_module_converted_or_copied_by_what_users_call(run_py) -> N
         h.offload()
         away = offloaded()
         assert m.to("cuda") is m and m.to("cuda:0", torch.float32) is m and m.to(x) is m
+        assert m.cuda() is m and m.cuda(0) is m and m.cuda("cuda:0") is m
         assert away >= weights() - 2**20 and offloaded() == away
 
         # torch.save(model) of the offloaded module: a plain module comes back.

@@ -277,8 +277,9 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       ``.half()``, ``.cuda()``, ``.cpu()``), ``.apply(fn)`` and
       ``copy.deepcopy`` restore it and hold it while they run; the tensors
       a conversion or fn puts in place of its own join the tag (what fn
-      keeps apart stays in the caller's tag); a ``.to()`` to where every
-      tensor already is returns the module as it is, offloaded or not.  A deep copy, a pickle
+      keeps apart stays in the caller's tag); a ``.to()``, ``.cuda()`` or
+      ``.cpu()`` to where every tensor already is returns the module as it
+      is, offloaded or not.  A deep copy, a pickle
       (``torch.save(model)``) and ``copy.copy`` take a plain module, without
       the handle's hooks, with the module restored and held while what
       they took lives; tensors swapped in by other means
@@ -538,20 +539,31 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
         finally:
             self.__dict__["__deepcopy__"] = own
 
-    # `.to()` where every tensor already is (model.to(device) before use, as
-    # pipelines and trainers do) reads nothing: it returns the module as it
-    # is, offloaded or not, instead of restoring it for a conversion of
-    # nothing.
-    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
-        device, dtype, _, fmt = torch._C._nn._parse_to(*args, **kwargs)
-        tensors = [*self.parameters(), *self.buffers()]
-        tensors += [t.grad for t in tensors if t.grad is not None]
-        if fmt is None and (dtype is None or dtype.is_floating_point or dtype.is_complex) and \
-                all(_stays(t, device, dtype) for t in tensors):
-            return self
-        return type(self).to(self, *args, **kwargs)
+    # A move to where every tensor already is (model.to(device) or
+    # model.cuda() before use, as pipelines and trainers call it) reads
+    # nothing: it returns the module as it is, offloaded or not, instead of
+    # restoring it for a conversion of nothing.  `where` parses the
+    # method's arguments as torch does: (device, dtype, memory format).
+    def unmoved(name: str, where: Any) -> Any:
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            device, dtype, fmt = where(*args, **kwargs)
+            tensors = [*self.parameters(), *self.buffers()]
+            tensors += [t.grad for t in tensors if t.grad is not None]
+            if fmt is None and (dtype is None or dtype.is_floating_point or dtype.is_complex) and \
+                    all(_stays(t, device, dtype) for t in tensors):
+                return self
+            return getattr(type(self), name)(self, *args, **kwargs)
+        return run
 
-    methods = {"_apply": held("_apply", True), "apply": held("apply", False), "to": to,
+    def to_args(*args: Any, **kwargs: Any) -> Any:
+        device, dtype, _, fmt = torch._C._nn._parse_to(*args, **kwargs)
+        return device, dtype, fmt
+
+    def cuda_args(device: Any = None) -> Any:
+        return torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda"), None, None
+
+    methods = {"_apply": held("_apply", True), "apply": held("apply", False), "to": unmoved("to", to_args),
+               "cuda": unmoved("cuda", cuda_args), "cpu": unmoved("cpu", lambda: (torch.device("cpu"), None, None)),
                "__deepcopy__": deep_copy, "__getstate__": get_state}
     hooks = (pre, post, sd_pre, sd_post, load_post)
     h._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
