@@ -762,9 +762,11 @@ def test_an_offloadable_module_pickles_as_a_plain_one(run_py) -> None:
     # them).  Now the module, or one holding it, pickles as a plain module,
     # restored first and held while what pickling took of it lives.
     pytest.importorskip("torch")
+    pytest.importorskip("numpy")
     r = run_py(_FRESH + textwrap.dedent("""
-        import gc
+        import gc, numpy
         m = linear_over("pickled_made_t", torch.full((1024, 1024), 0.25))
+        m.meta = {"scale": numpy.ones(2)}  # (a dict attribute whose values compare elementwise)
         h = gpupool.offloadable(m, "pickled_t", pool=p)
         w = m.weight.data_ptr()
         for obj in (m, torch.nn.Sequential(m)):

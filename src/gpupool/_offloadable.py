@@ -523,9 +523,9 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
         for n, f in methods.items():
             if getattr(state.get(n), "__func__", None) is f:
                 del state[n]
-        for k, v in state.items():
-            if isinstance(v, dict) and any(f in hooks for f in v.values()):
-                state[k] = type(v)((i, f) for i, f in v.items() if f not in hooks)
+        for k, v in state.items():  # (by identity: `in` would compare any value, arrays too)
+            if isinstance(v, dict) and any(id(f) in hooks for f in v.values()):
+                state[k] = type(v)((i, f) for i, f in v.items() if id(f) not in hooks)
         return _held_state(h, state)
 
     # A deep copy clones every tensor of the module where no hook sees it:
@@ -565,7 +565,7 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
     methods = {"_apply": held("_apply", True), "apply": held("apply", False), "to": unmoved("to", to_args),
                "cuda": unmoved("cuda", cuda_args), "cpu": unmoved("cpu", lambda: (torch.device("cpu"), None, None)),
                "__deepcopy__": deep_copy, "__getstate__": get_state}
-    hooks = (pre, post, sd_pre, sd_post, load_post)
+    hooks = {id(f) for f in (pre, post, sd_pre, sd_post, load_post)}
     h._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
     h._hooks += [_own_method(module, n, f) for n, f in methods.items() if n.startswith("__") or hasattr(module, n)]
     if hasattr(module, "register_state_dict_pre_hook"):
