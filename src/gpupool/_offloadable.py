@@ -568,12 +568,19 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
     hooks = {id(f) for f in (pre, post, sd_pre, sd_post, load_post)}
     h._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
     h._hooks += [_own_method(module, n, f) for n, f in methods.items() if n.startswith("__") or hasattr(module, n)]
-    if hasattr(module, "register_state_dict_pre_hook"):
-        h._hooks.append(module.register_state_dict_pre_hook(sd_pre))
-    if holds:
-        h._hooks.append(module.register_state_dict_post_hook(sd_post))
-    if hasattr(module, "register_load_state_dict_post_hook"):
-        h._hooks.append(module.register_load_state_dict_post_hook(load_post))
+    _state_dict_hooks(h, module, sd_pre, sd_post, load_post)
+
+
+def _state_dict_hooks(h: OffloadHandle, obj: Any, pre: Any, post: Any, load_post: Any) -> None:
+    """state_dict()'s pre and post hooks and load_state_dict()'s post hook
+    on a module or optimizer, where its torch has them (the post hook only
+    with the pre hook: the hold it releases is taken there)."""
+    if hasattr(obj, "register_state_dict_pre_hook"):
+        h._hooks.append(obj.register_state_dict_pre_hook(pre))
+        if hasattr(obj, "register_state_dict_post_hook"):
+            h._hooks.append(obj.register_state_dict_post_hook(post))
+    if hasattr(obj, "register_load_state_dict_post_hook"):
+        h._hooks.append(obj.register_load_state_dict_post_hook(load_post))
 
 
 def _stays(t: Any, device: Any, dtype: Any) -> bool:
@@ -662,7 +669,7 @@ def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> No
     # would otherwise keep the pool from it for good).  torch's dict is a
     # plain one, which cannot be weakly referenced: the hook returns it as
     # an OrderedDict (saved and loaded as torch's own, weights_only too).
-    holds = hasattr(opt, "register_state_dict_post_hook")
+    holds = hasattr(opt, "register_state_dict_pre_hook") and hasattr(opt, "register_state_dict_post_hook")
     dicts: List[weakref.finalize] = []
 
     def sd_pre(o: Any) -> None:
@@ -691,12 +698,7 @@ def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> No
     h._hooks += [opt.register_step_pre_hook(pre), opt.register_step_post_hook(post)]
     if hasattr(type(opt), "__getstate__"):
         h._hooks.append(_own_method(opt, "__getstate__", get_state))
-    if hasattr(opt, "register_state_dict_pre_hook"):
-        h._hooks.append(opt.register_state_dict_pre_hook(sd_pre))
-    if holds:
-        h._hooks.append(opt.register_state_dict_post_hook(sd_post))
-    if hasattr(opt, "register_load_state_dict_post_hook"):
-        h._hooks.append(opt.register_load_state_dict_post_hook(load_post))
+    _state_dict_hooks(h, opt, sd_pre, sd_post, load_post)
     h._retake(opt)
 
 
