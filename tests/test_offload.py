@@ -535,6 +535,57 @@ def test_an_optimizer_is_not_taken_under_pressure_while_its_state_dict_lives() -
     assert torch.equal(opt.state[w]["momentum_buffer"], kept)
 
 
+def test_a_state_dict_that_raised_is_released_by_the_next_of_its_thread() -> None:
+    # state_dict()'s pre hook holds the object, its post hook hands the hold
+    # to the dict; a state_dict() that raised between them (a user's pre
+    # hook, a submodule) left the hold for good: pressure never took the
+    # object again.  The next state_dict() of the same thread releases it;
+    # another thread's does not (its own call may lie between the hooks).
+    torch = pytest.importorskip("torch")
+    import gc
+    import threading
+
+    p = pool(64 * MiB, codec="raw")
+    a = p.alloc(20 * MiB, tag="sd_raise_made_t", priority="low")
+    fill(a, 20 * MiB, 62)
+    m = torch.nn.Linear(1024, 5120, bias=False)
+    m.weight = torch.nn.Parameter(_floats_over(a, 5120, 1024), requires_grad=False)
+    w = torch.nn.Parameter(torch.zeros(256, 1024))
+    opt = torch.optim.SGD([w], lr=0.1, momentum=1.0)
+    opt.state[w] = {"momentum_buffer": _floats_over(p.alloc(MiB, tag="sd_raise_opt_made_t"), 256, 1024)}
+    handles = [gpupool.offloadable(m, "sd_raise_t", priority="low", pool=p),
+               gpupool.offloadable(opt, "sd_raise_opt_t", priority="low", pool=p)]
+    fail = [True]
+
+    def user_pre(*args: object) -> None:
+        if fail[0]:
+            raise RuntimeError("a user's state_dict hook failed")
+
+    for obj, h in zip((m, opt), handles):
+        obj.register_state_dict_pre_hook(user_pre)  # (after the handle's: its hold is taken)
+        fail[0] = True
+        with pytest.raises(RuntimeError, match="user's state_dict hook"):
+            obj.state_dict()
+        assert h._holds == 1
+        fail[0] = False
+        t = threading.Thread(target=lambda: obj.state_dict())
+        t.start()
+        t.join()
+        gc.collect()
+        assert h._holds == 1  # (another thread's call leaves this thread's alone)
+        sd = obj.state_dict()
+        assert h._holds == 1  # (the dict's own)
+        del sd
+        gc.collect()
+        assert h._holds == 0
+    x = p.alloc(50 * MiB, tag="sd_raise_hungry_t", priority="normal")
+    assert p.lookup(a).state == "offloaded"
+    p.free(x)
+    for h in handles:
+        h.remove()
+    assert same(a, 20 * MiB, 62)
+
+
 def _module_over(p: gpupool.HostPool, tag: str, rows: int, value: float) -> "torch.nn.Linear":
     """A torch module whose weight (rows x 1024 floats, all `value`) lies in
     a block of the HostPool, made offloadable at low priority as `tag`."""

@@ -474,19 +474,8 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
     # state_dict() returns (clones them, loads them elsewhere) would find
     # them offloaded had the pool taken them under pressure meanwhile, so the
     # module is busy for as long as the dict lives.
-    holds = hasattr(module, "register_state_dict_pre_hook") and hasattr(module, "register_state_dict_post_hook")
-
-    def sd_pre(mod: Any, *a: Any, **k: Any) -> None:
-        if not mine(mod):
-            return
-        if holds:
-            h._hold_resident()
-        else:
-            h.restore()
-
-    def sd_post(mod: Any, state_dict: Any, prefix: str, local_metadata: Any) -> None:
-        if mine(mod):
-            h._hold_while(state_dict)
+    def keep(state_dict: Any) -> None:
+        h._hold_while(state_dict)
 
     def load_post(mod: Any, incompatible: Any) -> None:
         if mine(mod):
@@ -565,22 +554,57 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
     methods = {"_apply": held("_apply", True), "apply": held("apply", False), "to": unmoved("to", to_args),
                "cuda": unmoved("cuda", cuda_args), "cpu": unmoved("cpu", lambda: (torch.device("cpu"), None, None)),
                "__deepcopy__": deep_copy, "__getstate__": get_state}
-    hooks = {id(f) for f in (pre, post, sd_pre, sd_post, load_post)}
     h._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
     h._hooks += [_own_method(module, n, f) for n, f in methods.items() if n.startswith("__") or hasattr(module, n)]
-    _state_dict_hooks(h, module, sd_pre, sd_post, load_post)
+    hooks = {id(f) for f in (pre, post, *_state_dict_hooks(h, module, keep, load_post, mine))}
 
 
-def _state_dict_hooks(h: OffloadHandle, obj: Any, pre: Any, post: Any, load_post: Any) -> None:
+def _state_dict_hooks(h: OffloadHandle, obj: Any, keep: Any, load_post: Any, mine: Any = None) -> List[Any]:
     """state_dict()'s pre and post hooks and load_state_dict()'s post hook
-    on a module or optimizer, where its torch has them (the post hook only
-    with the pre hook: the hold it releases is taken there)."""
+    on a module or optimizer (of the handle's object; `mine` tells it from
+    a copy that carries the hooks), where its torch has them.  The pre hook
+    restores the object and holds it; the post hook hands the hold to
+    ``keep(state_dict)`` (which releases it once the dict is done with) and
+    returns what that returns.  Without a post hook, the pre hook only
+    restores.  Returns the hooks it registered.
+
+    A state_dict() that raises between the two (a submodule's or a user's
+    hook) leaves the pre hook's hold without its post: the next
+    state_dict() of the same thread releases it, as a step that raised is
+    released by the next step.  Per thread: another thread's call may lie
+    between its two hooks meanwhile."""
+    holds = hasattr(obj, "register_state_dict_pre_hook") and hasattr(obj, "register_state_dict_post_hook")
+    pending = threading.local()
+
+    def pre(o: Any, *args: Any) -> None:
+        if mine is not None and not mine(o):
+            return
+        if not holds:
+            h.restore()
+            return
+        if getattr(pending, "held", False):
+            pending.held = False
+            h._release()
+        h._hold_resident()
+        pending.held = True
+
+    def post(o: Any, state_dict: Any, *args: Any) -> Any:
+        if mine is not None and not mine(o):
+            return None
+        pending.held = False
+        return keep(state_dict)
+
+    fns = []
     if hasattr(obj, "register_state_dict_pre_hook"):
         h._hooks.append(obj.register_state_dict_pre_hook(pre))
-        if hasattr(obj, "register_state_dict_post_hook"):
-            h._hooks.append(obj.register_state_dict_post_hook(post))
+        fns.append(pre)
+    if holds:
+        h._hooks.append(obj.register_state_dict_post_hook(post))
+        fns.append(post)
     if hasattr(obj, "register_load_state_dict_post_hook"):
         h._hooks.append(obj.register_load_state_dict_post_hook(load_post))
+        fns.append(load_post)
+    return fns
 
 
 def _stays(t: Any, device: Any, dtype: Any) -> bool:
@@ -669,16 +693,9 @@ def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> No
     # would otherwise keep the pool from it for good).  torch's dict is a
     # plain one, which cannot be weakly referenced: the hook returns it as
     # an OrderedDict (saved and loaded as torch's own, weights_only too).
-    holds = hasattr(opt, "register_state_dict_pre_hook") and hasattr(opt, "register_state_dict_post_hook")
     dicts: List[weakref.finalize] = []
 
-    def sd_pre(o: Any) -> None:
-        if holds:
-            h._hold_resident()
-        else:
-            h.restore()
-
-    def sd_post(o: Any, state_dict: Any) -> Any:
+    def keep(state_dict: Any) -> Any:
         held = collections.OrderedDict(state_dict)
         done = h._hold_while(held)
         dicts[:] = [d for d in dicts if d.alive] + ([done] if done is not None else [])
@@ -698,7 +715,7 @@ def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> No
     h._hooks += [opt.register_step_pre_hook(pre), opt.register_step_post_hook(post)]
     if hasattr(type(opt), "__getstate__"):
         h._hooks.append(_own_method(opt, "__getstate__", get_state))
-    _state_dict_hooks(h, opt, sd_pre, sd_post, load_post)
+    _state_dict_hooks(h, opt, keep, load_post)
     h._retake(opt)
 
 
