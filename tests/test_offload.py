@@ -535,6 +535,20 @@ def test_an_optimizer_is_not_taken_under_pressure_while_its_state_dict_lives() -
     assert torch.equal(opt.state[w]["momentum_buffer"], kept)
 
 
+def _module_over(p: gpupool.HostPool, tag: str, rows: int, value: float) -> "torch.nn.Linear":
+    """A torch module whose weight (rows x 1024 floats, all `value`) lies in
+    a block of the HostPool, made offloadable at low priority as `tag`."""
+    import torch
+
+    a = p.alloc(rows * 4096, tag=tag + "_made", priority="low")
+    m = torch.nn.Linear(1024, rows, bias=False)
+    m.weight = torch.nn.Parameter(_floats_over(a, rows, 1024))
+    with torch.no_grad():
+        m.weight.fill_(value)
+    m.handle = gpupool.offloadable(m, tag, priority="low", pool=p)
+    return m
+
+
 def test_a_state_dict_that_raised_is_released_by_the_next_of_its_thread() -> None:
     # state_dict()'s pre hook holds the object, its post hook hands the hold
     # to the dict; a state_dict() that raised between them (a user's pre
@@ -546,15 +560,11 @@ def test_a_state_dict_that_raised_is_released_by_the_next_of_its_thread() -> Non
     import threading
 
     p = pool(64 * MiB, codec="raw")
-    a = p.alloc(20 * MiB, tag="sd_raise_made_t", priority="low")
-    fill(a, 20 * MiB, 62)
-    m = torch.nn.Linear(1024, 5120, bias=False)
-    m.weight = torch.nn.Parameter(_floats_over(a, 5120, 1024), requires_grad=False)
+    m = _module_over(p, "sd_raise_t", 5120, 3.0)  # (20 MiB)
     w = torch.nn.Parameter(torch.zeros(256, 1024))
     opt = torch.optim.SGD([w], lr=0.1, momentum=1.0)
     opt.state[w] = {"momentum_buffer": _floats_over(p.alloc(MiB, tag="sd_raise_opt_made_t"), 256, 1024)}
-    handles = [gpupool.offloadable(m, "sd_raise_t", priority="low", pool=p),
-               gpupool.offloadable(opt, "sd_raise_opt_t", priority="low", pool=p)]
+    handles = [m.handle, gpupool.offloadable(opt, "sd_raise_opt_t", priority="low", pool=p)]
     fail = [True]
 
     def user_pre(*args: object) -> None:
@@ -579,25 +589,11 @@ def test_a_state_dict_that_raised_is_released_by_the_next_of_its_thread() -> Non
         gc.collect()
         assert h._holds == 0
     x = p.alloc(50 * MiB, tag="sd_raise_hungry_t", priority="normal")
-    assert p.lookup(a).state == "offloaded"
+    assert p.lookup(m.weight.data_ptr()).state == "offloaded"
     p.free(x)
     for h in handles:
         h.remove()
-    assert same(a, 20 * MiB, 62)
-
-
-def _module_over(p: gpupool.HostPool, tag: str, rows: int, value: float) -> "torch.nn.Linear":
-    """A torch module whose weight (rows x 1024 floats, all `value`) lies in
-    a block of the HostPool, made offloadable at low priority as `tag`."""
-    import torch
-
-    a = p.alloc(rows * 4096, tag=tag + "_made", priority="low")
-    m = torch.nn.Linear(1024, rows, bias=False)
-    m.weight = torch.nn.Parameter(_floats_over(a, rows, 1024))
-    with torch.no_grad():
-        m.weight.fill_(value)
-    m.handle = gpupool.offloadable(m, tag, priority="low", pool=p)
-    return m
+    assert bool((m.weight == 3.0).all())
 
 
 def test_an_optimizer_step_holds_the_offloadable_modules_it_updates() -> None:
