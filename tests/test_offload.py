@@ -7,7 +7,7 @@ import ctypes
 import re
 import textwrap
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import pytest
 
@@ -594,6 +594,65 @@ def test_a_state_dict_that_raised_is_released_by_the_next_of_its_thread() -> Non
     for h in handles:
         h.remove()
     assert bool((m.weight == 3.0).all())
+
+
+def test_an_optimizer_wrapper_without_hooks_of_its_own_offloads_the_optimizer_it_wraps() -> None:
+    # accelerate's AcceleratedOptimizer (what transformers' Trainer hands its
+    # callbacks as `optimizer`) subclasses torch's Optimizer without running
+    # its __init__: registering a step hook on it raised AttributeError from
+    # torch's internals.  Its step(), state_dict() and load_state_dict() call
+    # the wrapped optimizer's, so the handle hooks that one.
+    torch = pytest.importorskip("torch")
+
+    class Wrapper(torch.optim.Optimizer):  # (accelerate's shape, no accelerate needed)
+        def __init__(self, optimizer: "torch.optim.Optimizer") -> None:
+            self.optimizer = optimizer
+
+        @property
+        def state(self) -> Any:
+            return self.optimizer.state
+
+        @property
+        def param_groups(self) -> Any:
+            return self.optimizer.param_groups
+
+        def state_dict(self) -> Any:
+            return self.optimizer.state_dict()
+
+        def step(self, closure: Any = None) -> Any:
+            return self.optimizer.step(closure)
+
+    p = pool(64 * MiB, codec="raw")
+    w = torch.nn.Parameter(torch.ones(1024, 1024))
+    ref = torch.nn.Parameter(torch.ones(1024, 1024))
+    opt, ref_opt = (torch.optim.SGD([q], lr=0.1, momentum=0.9) for q in (w, ref))
+    a = p.alloc(4 * MiB, tag="wrap_opt_made_t")
+    opt.state[w] = {"momentum_buffer": _floats_over(a, 1024, 1024)}
+    opt.state[w]["momentum_buffer"].fill_(0.5)
+    ref_opt.state[ref] = {"momentum_buffer": torch.full((1024, 1024), 0.5)}
+    wrapped = Wrapper(Wrapper(opt))
+    h = gpupool.offloadable(wrapped, "wrap_opt_t", offload_after_step=True, prefetch_at=None, pool=p)
+    assert p.lookup(a).tag == "wrap_opt_t"
+    for i in range(3):
+        for q in (w, ref):
+            q.grad = torch.full_like(q, float(i + 1))
+        wrapped.step()
+        ref_opt.step()
+        gpupool.restore("nothing_t", pool=p)  # (waits for the background offload)
+        assert p.lookup(a).state == "offloaded"
+    sd = wrapped.state_dict()
+    assert p.lookup(a).state == "used"
+    assert torch.equal(sd["state"][0]["momentum_buffer"], ref_opt.state[ref]["momentum_buffer"])
+    assert torch.equal(w, ref)
+    del sd
+    h.remove()
+
+    class Hookless(torch.optim.Optimizer):
+        def __init__(self) -> None:
+            self.state = {}
+
+    with pytest.raises(TypeError, match=r"Hookless subclasses torch.optim.Optimizer without running its __init__"):
+        gpupool.offloadable(Hookless(), "wrap_none_t", pool=p)
 
 
 def test_an_optimizer_step_holds_the_offloadable_modules_it_updates() -> None:

@@ -527,3 +527,82 @@ def test_offload_loads_its_kernels_without_jit(run_py) -> None:
     if before == "True":
         pytest.skip("torch's own kernels needed the JIT: ours cannot be told apart")
     assert after == "False", r.stdout
+
+
+def test_an_optimizer_offloaded_from_a_transformers_trainer_callback(run_py) -> None:
+    # transformers' Trainer, written without gpupool in mind: its callbacks
+    # get accelerate's wrapper of the optimizer, batches of varying lengths,
+    # gradient accumulation, a checkpoint mid-run and a resume from it.  The
+    # optimizer made offloadable from a callback trains bit-identical to the
+    # run without offload, its state away behind each step.
+    r = run_py("""
+        import tempfile, torch, gpupool
+        gpupool.enable()
+        try:
+            import accelerate  # noqa: F401
+            from transformers import Qwen2Config, Qwen2ForCausalLM, Trainer, TrainerCallback, TrainingArguments
+        except ImportError as e:
+            print("SKIP", e)
+            raise SystemExit(0)
+
+        g = torch.Generator().manual_seed(0)
+        rows = [torch.randint(0, 4096, (int(n),), generator=g).tolist()
+                for n in torch.randint(16, 160, (96,), generator=g)]
+        data = [{"input_ids": r} for r in rows]
+
+        def collate(batch):
+            n = max(len(b["input_ids"]) for b in batch)
+            ids = torch.zeros(len(batch), n, dtype=torch.long)
+            labels = torch.full((len(batch), n), -100)
+            mask = torch.zeros(len(batch), n, dtype=torch.long)
+            for i, b in enumerate(batch):
+                k = len(b["input_ids"])
+                ids[i, :k] = labels[i, :k] = torch.tensor(b["input_ids"])
+                mask[i, :k] = 1
+            return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+        class Offload(TrainerCallback):
+            def __init__(self):
+                self.away = []
+
+            def on_train_begin(self, args, state, control, optimizer=None, **kw):
+                self.h = gpupool.offloadable(optimizer, "trainer_opt", offload_after_step=True)
+
+            def on_step_end(self, args, state, control, **kw):
+                gpupool.restore("nothing")  # (waits for the offload behind the step)
+                self.away.append(gpupool.stats()["tags"]["trainer_opt"]["offloaded"])
+
+        def train(out, offload, resume=None):
+            torch.manual_seed(0)
+            cfg = Qwen2Config(vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, attn_implementation="eager")
+            model = Qwen2ForCausalLM(cfg).cuda()
+            args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                                     max_steps=8, learning_rate=1e-3, save_strategy="steps", save_steps=4,
+                                     logging_steps=1, report_to=[], seed=0, dataloader_num_workers=0,
+                                     disable_tqdm=True)
+            cb = Offload()
+            t = Trainer(model=model, args=args, train_dataset=data, data_collator=collate,
+                        callbacks=[cb] if offload else [])
+            t.train(resume_from_checkpoint=resume)
+            losses = [round(e["loss"], 6) for e in t.state.log_history if "loss" in e]
+            return model, losses, cb
+
+        with tempfile.TemporaryDirectory() as d:
+            plain, plain_losses, _ = train(d + "/plain", False)
+            off, off_losses, cb = train(d + "/off", True)
+            state = sum(v.numel() * v.element_size() for st in cb.h._obj().state.values() for v in st.values()
+                        if torch.is_tensor(v) and v.is_cuda)
+            assert len(cb.away) == 8 and min(cb.away) >= 0.9 * state > 0, (cb.away, state)
+            assert off_losses == plain_losses, (off_losses, plain_losses)
+            for p, q in zip(plain.parameters(), off.parameters()):
+                assert torch.equal(p, q)
+            back, back_losses, cb = train(d + "/back", True, resume=d + "/off/checkpoint-4")
+            assert len(cb.away) == 4 and min(cb.away) >= 0.9 * state, (cb.away, state)
+            for p, q in zip(plain.parameters(), back.parameters()):
+                assert torch.equal(p, q)
+        print("OK", plain_losses[-1], len(cb.away))
+    """)
+    if "SKIP" in r.stdout:
+        pytest.skip(r.stdout.strip())
+    assert "OK" in r.stdout

@@ -195,11 +195,62 @@ class OffloadHandle:
         key = [t.data_ptr() for t in tensors]
         if key == self._key:
             return
+        if optimizer and self._tag_pool is None and self._gather(obj):
+            tensors = [v for st in obj.state.values() for v in st.values() if hasattr(v, "data_ptr")]
+            key = [t.data_ptr() for t in tensors]
         tagged(tensors, self.tag, self.priority, pool=self._tag_pool)
         self._key = key
         if optimizer:
             self._state_bytes = sum(t.numel() * t.element_size() for t in tensors)
         self._hint(tensors)
+
+    def _gather(self, opt: Any) -> bool:
+        """Copies into the tag the optimizer's state tensors made outside it
+        (a state loaded by ``load_state_dict``, before the handle was made
+        or since), and returns whether any moved.  Made under another tag,
+        such tensors lie among its blocks, sharing mapping units with memory
+        that stays, and an offload keeps those pieces on the device: after
+        transformers' Trainer resumed a small model from a checkpoint, 38%
+        of the state left, against all of it before the checkpoint.  Only a
+        tensor that is its whole storage, shared with no other entry, is
+        copied; the old one is freed once nothing else holds it.  A copy the
+        device has no room for leaves the tensor where it lies."""
+        torch = sys.modules.get("torch")
+        if torch is None or torch.cuda.is_current_stream_capturing():
+            return False
+        # (entries, not tensors: each old tensor goes as soon as it is copied)
+        entries = [(st, k) for st in opt.state.values() for k, v in st.items()
+                   if type(v) is torch.Tensor and v.is_cuda and v.numel()]
+        storages = collections.Counter(st[k].untyped_storage().data_ptr() for st, k in entries)
+        stream = torch.cuda.current_stream()
+        moved = False
+        ctx = None
+        try:
+            for st, k in entries:
+                v = st[k]
+                u = v.untyped_storage()
+                if (storages[u.data_ptr()] > 1 or u.data_ptr() != v.data_ptr()
+                        or u.nbytes() != v.numel() * v.element_size()):
+                    continue
+                try:
+                    block = self._pool.lookup(v.data_ptr())
+                except ValueError:
+                    continue  # (not this pool's memory)
+                if block.tag == self.tag or block.state != "used":
+                    continue
+                if ctx is None:
+                    ctx = _C.set_context(self._tid, _C.get_context()[1])
+                try:
+                    st[k] = v.clone()
+                except torch.OutOfMemoryError:
+                    continue
+                if block.stream != stream.cuda_stream:
+                    v.record_stream(stream)
+                moved = True
+        finally:
+            if ctx is not None:
+                _C.set_context(*ctx)
+        return moved
 
     def _offload_behind_step(self) -> None:
         """After the step: the state leaves on the background thread, all of
@@ -313,7 +364,11 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       beyond that under pressure; the rest stays on the device.  With
       gradient accumulation it comes back in the first backward pass and
       stays until the step.  A state loaded later (``load_state_dict``)
-      joins the tag as it is loaded.  The end of the step is a yield point (gpupool.yield_point) for a
+      joins the tag as it is loaded, its tensors copied into the tag's
+      memory where they lie among other memory.  An optimizer that wraps
+      another without torch's hooks of its own (accelerate's, which
+      transformers' Trainer hands its callbacks) is taken through the
+      one it wraps.  The end of the step is a yield point (gpupool.yield_point) for a
       process sharing the GPU (GPUPOOL_TENANT).
 
     Idle offloadable memory of a priority below an allocation's may be
@@ -330,14 +385,16 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
     if not is_optimizer and not hasattr(obj, "register_forward_pre_hook"):
         raise TypeError(f"gpupool.offloadable() takes a torch.nn.Module or a torch.optim.Optimizer, "
                         f"got {type(obj).__name__}")
+    if prefetch_at is not None and not 0.0 <= prefetch_at <= 1.0:
+        raise ValueError(f"prefetch_at must be a fraction of the parameters' bytes in [0, 1] or None, "
+                         f"got {prefetch_at!r}")
+    if is_optimizer:
+        obj = _wrapped_optimizer(obj)
     prio = priority_value(priority)
     tag_lifetime(tag, "long")  # with placement: apart from short-lived churn, so whole chunks can go
     p = _pool(device, pool)
     h = OffloadHandle(obj, tag, prio, p, pool)
     p._pool.offload_register(h._tid, prio)
-    if prefetch_at is not None and not 0.0 <= prefetch_at <= 1.0:
-        raise ValueError(f"prefetch_at must be a fraction of the parameters' bytes in [0, 1] or None, "
-                         f"got {prefetch_at!r}")
     if is_optimizer:
         _optimizer_hooks(h, obj, offload_after_step)
         if offload_after_step and prefetch_at is not None:
@@ -746,6 +803,27 @@ def _prefetch_in_backward(h: OffloadHandle, opt: Any, at: float) -> None:
 
 def _is_optimizer(obj: Any) -> bool:
     return hasattr(obj, "state") and hasattr(obj, "register_step_pre_hook")
+
+
+def _wrapped_optimizer(obj: Any) -> Any:
+    """The optimizer whose hooks see obj's steps: obj, or the one it wraps.
+    A wrapper that subclasses torch's Optimizer without running its
+    ``__init__`` (accelerate's AcceleratedOptimizer, the ``optimizer`` that
+    transformers' Trainer hands its callbacks) has no hook registries of
+    its own; its ``step()``, ``state_dict()`` and ``load_state_dict()``
+    call the wrapped optimizer's, whose hooks then run."""
+    torch = sys.modules.get("torch")
+    seen = []
+    while (torch is not None and isinstance(obj, torch.optim.Optimizer)
+           and not hasattr(obj, "_optimizer_step_pre_hooks")):
+        seen.append(type(obj).__name__)
+        inner = getattr(obj, "optimizer", None)
+        if inner is None or len(seen) > 8 or not _is_optimizer(inner):
+            raise TypeError(f"gpupool.offloadable(): {' wrapping '.join(seen)} subclasses torch.optim.Optimizer "
+                            f"without running its __init__, so no step hook can be registered on it, and it "
+                            f"wraps no optimizer at .optimizer; pass the torch optimizer whose step() it calls")
+        obj = inner
+    return obj
 
 
 def _mark(name: str) -> Any:
