@@ -529,6 +529,77 @@ def test_offload_loads_its_kernels_without_jit(run_py) -> None:
     assert after == "False", r.stdout
 
 
+def test_a_loaded_optimizer_state_is_copied_into_its_tag_unless_held_elsewhere(run_py) -> None:
+    # A state loaded among memory that stays (each tensor made between
+    # blocks kept alive) left only in part: an offload keeps the pieces that
+    # share mapping units with other memory.  The handle copies the state
+    # into its tag; the loader's dict, alive during the load, holds the
+    # tensors then, so they go at the next step.  A tensor that the user's
+    # code holds too (live momentum it reads) is never copied: it must go
+    # on seeing the state's updates.
+    r = run_py("""
+        import torch, gpupool
+        gpupool.enable()
+
+        def make():
+            torch.manual_seed(0)
+            return torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(24)]).cuda()
+
+        x = torch.randn(64, 256, device="cuda")
+
+        def step(m, opt):
+            m(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+
+        def interleaved(sd, keep):
+            out = {"param_groups": sd["param_groups"], "state": {}}
+            for i, st in sd["state"].items():
+                out["state"][i] = {k: v.clone() if v.is_cuda else v for k, v in st.items()}
+                keep.append(torch.empty(64 << 10, dtype=torch.uint8, device="cuda"))
+            return out
+
+        def away(opt, tag):
+            gpupool.restore("nothing")  # (waits for the offload behind the step)
+            state = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
+                        if torch.is_tensor(v) and v.is_cuda)
+            return gpupool.stats()["tags"][tag]["offloaded"] / state
+
+        for kind in ("adamw", "sgd"):
+            a, b = make(), make()
+            if kind == "adamw":
+                oa, ob = (torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True) for m in (a, b))
+            else:
+                oa, ob = (torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9) for m in (a, b))
+            for _ in range(2):
+                step(a, oa)
+                step(b, ob)
+            h = gpupool.offloadable(ob, "loaded_" + kind, offload_after_step=True)
+            keep = []
+            sd = interleaved(ob.state_dict(), keep)
+            ob.load_state_dict(sd)
+            del sd
+            live = [ob.state[q]["momentum_buffer"] for q in b.parameters()] if kind == "sgd" else []
+            fractions = []
+            for _ in range(3):
+                step(a, oa)
+                step(b, ob)
+                fractions.append(away(ob, "loaded_" + kind))
+            h.restore()
+            for p, q in zip(a.parameters(), b.parameters()):
+                assert torch.equal(p, q), kind
+            if kind == "adamw":
+                assert min(fractions) >= 0.99, fractions
+            else:
+                assert all(t is ob.state[q]["momentum_buffer"] for t, q in zip(live, b.parameters()))
+                assert all(torch.equal(t, oa.state[p]["momentum_buffer"]) for t, p in zip(live, a.parameters()))
+            h.remove()
+            print(kind, [round(f, 3) for f in fractions])
+        print("OK")
+    """)
+    assert "OK" in r.stdout
+
+
 def test_an_optimizer_offloaded_from_a_transformers_trainer_callback(run_py) -> None:
     # transformers' Trainer, written without gpupool in mind: its callbacks
     # get accelerate's wrapper of the optimizer, batches of varying lengths,

@@ -12,7 +12,7 @@ import threading
 import types
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from . import _C
 from ._context import Priority, priority_value, tag_id, tag_lifetime
@@ -46,6 +46,9 @@ class OffloadHandle:
         # (None: to be taken at the next use), and an optimizer's state bytes.
         self._key: Optional[List[int]] = None
         self._state_bytes = 0
+        # An optimizer's loaded state that something else held when the tag
+        # took it in place: its addresses, to copy into the tag at the next step.
+        self._regather: Set[int] = set()
         # Under a pool limit, the bytes of the state that the offload behind
         # the next step takes (None: all of it): what the limit leaves no
         # room for at the step's peak, measured at the last one (_measure).
@@ -193,9 +196,16 @@ class OffloadHandle:
         else:
             tensors = [*obj.parameters(), *obj.buffers()]
         key = [t.data_ptr() for t in tensors]
-        if key == self._key:
+        fresh = key != self._key
+        if not fresh and not self._regather:
             return
-        if optimizer and self._tag_pool is None and self._gather(obj):
+        if optimizer and self._tag_pool is None:
+            del tensors  # (the gather copies only what the state alone holds)
+            moved, held = self._gather(obj, self._regather)
+            # (a tensor the loader's dict still held may go at the next step)
+            self._regather = held if fresh else set()
+            if not moved and not fresh:
+                return
             tensors = [v for st in obj.state.values() for v in st.values() if hasattr(v, "data_ptr")]
             key = [t.data_ptr() for t in tensors]
         tagged(tensors, self.tag, self.priority, pool=self._tag_pool)
@@ -204,26 +214,38 @@ class OffloadHandle:
             self._state_bytes = sum(t.numel() * t.element_size() for t in tensors)
         self._hint(tensors)
 
-    def _gather(self, opt: Any) -> bool:
+    def _gather(self, opt: Any, again: Set[int]) -> Tuple[bool, Set[int]]:
         """Copies into the tag the optimizer's state tensors made outside it
         (a state loaded by ``load_state_dict``, before the handle was made
-        or since), and returns whether any moved.  Made under another tag,
-        such tensors lie among its blocks, sharing mapping units with memory
-        that stays, and an offload keeps those pieces on the device: after
-        transformers' Trainer resumed a small model from a checkpoint, 38%
-        of the state left, against all of it before the checkpoint.  Only a
-        tensor that is its whole storage, shared with no other entry, is
-        copied; the old one is freed once nothing else holds it.  A copy the
-        device has no room for leaves the tensor where it lies."""
+        or since).  Made under another tag, such tensors lie among its
+        blocks, sharing mapping units with memory that stays, and an
+        offload keeps those pieces on the device: after transformers'
+        Trainer resumed a small model from a checkpoint, 38% of the state
+        left, against all of it before the checkpoint.  Only a tensor that
+        the state alone holds, that is its whole storage and shares it with
+        no other entry nor any parameter, is copied (code that keeps the
+        tensor elsewhere must go on seeing the state's updates); the old
+        one is freed at once.  A copy the device has no room for leaves the
+        tensor where it lies.  `again`: addresses the tag took in place
+        before, to copy now.  Returns whether any moved, and the addresses
+        that stayed because something else held them."""
         torch = sys.modules.get("torch")
         if torch is None or torch.cuda.is_current_stream_capturing():
-            return False
+            return False, set()
         # (entries, not tensors: each old tensor goes as soon as it is copied)
         entries = [(st, k) for st in opt.state.values() for k, v in st.items()
                    if type(v) is torch.Tensor and v.is_cuda and v.numel()]
         storages = collections.Counter(st[k].untyped_storage().data_ptr() for st, k in entries)
+        for g in opt.param_groups:
+            storages.update(q.untyped_storage().data_ptr() for q in g["params"])
         stream = torch.cuda.current_stream()
+        # The count of a tensor held by the state alone, as this interpreter
+        # counts a local and a dict's value.
+        probe = {0: object()}
+        v = probe[0]
+        alone = sys.getrefcount(v)
         moved = False
+        held: Set[int] = set()
         ctx = None
         try:
             for st, k in entries:
@@ -236,7 +258,10 @@ class OffloadHandle:
                     block = self._pool.lookup(v.data_ptr())
                 except ValueError:
                     continue  # (not this pool's memory)
-                if block.tag == self.tag or block.state != "used":
+                if (block.tag == self.tag and v.data_ptr() not in again) or block.state != "used":
+                    continue
+                if sys.getrefcount(v) > alone:
+                    held.add(v.data_ptr())
                     continue
                 if ctx is None:
                     ctx = _C.set_context(self._tid, _C.get_context()[1])
@@ -250,7 +275,7 @@ class OffloadHandle:
         finally:
             if ctx is not None:
                 _C.set_context(*ctx)
-        return moved
+        return moved, held
 
     def _offload_behind_step(self) -> None:
         """After the step: the state leaves on the background thread, all of
