@@ -192,7 +192,7 @@ class OffloadHandle:
         offloaded through the handle, or moved to another priority."""
         optimizer = _is_optimizer(obj)
         if optimizer:
-            tensors = [v for st in obj.state.values() for v in st.values() if hasattr(v, "data_ptr")]
+            tensors = _state_tensors(obj)
         else:
             tensors = [*obj.parameters(), *obj.buffers()]
         key = [t.data_ptr() for t in tensors]
@@ -206,7 +206,7 @@ class OffloadHandle:
             self._regather = held if fresh else set()
             if not moved and not fresh:
                 return
-            tensors = [v for st in obj.state.values() for v in st.values() if hasattr(v, "data_ptr")]
+            tensors = _state_tensors(obj)
             key = [t.data_ptr() for t in tensors]
         tagged(tensors, self.tag, self.priority, pool=self._tag_pool)
         self._key = key
@@ -828,6 +828,11 @@ def _prefetch_in_backward(h: OffloadHandle, opt: Any, at: float) -> None:
 
 def _is_optimizer(obj: Any) -> bool:
     return hasattr(obj, "state") and hasattr(obj, "register_step_pre_hook")
+
+
+def _state_tensors(opt: Any) -> List[Any]:
+    """An optimizer's state tensors, in the state's order."""
+    return [v for st in opt.state.values() for v in st.values() if hasattr(v, "data_ptr")]
 
 
 def _wrapped_optimizer(obj: Any) -> Any:
