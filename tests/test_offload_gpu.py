@@ -231,6 +231,75 @@ def test_offloaded_optimizer_under_what_training_loops_vary(run_py) -> None:
     assert "OK" in r.stdout
 
 
+def test_the_optimizers_torch_offers_offload_with_a_group_added_and_a_scheduler(run_py) -> None:
+    # What a user picks from torch.optim, each with the state it keeps on
+    # the device (capturable step counts, amsgrad's maxima, Adafactor's
+    # factored rows and columns, bf16 state of a fused AdamW), a parameter
+    # group added after two steps (its state made by a later step), an LR
+    # scheduler wrapping step() and zero_grad keeping or dropping the
+    # gradients: offloaded, each gives the bits of the run without offload,
+    # all of its state away behind every step.
+    r = run_py("""
+        import torch, gpupool
+        gpupool.enable()
+        cases = {
+            "adamw_capturable": lambda ps: torch.optim.AdamW(ps, lr=1e-3, capturable=True),
+            "adam_amsgrad": lambda ps: torch.optim.Adam(ps, lr=1e-3, amsgrad=True),
+            "adamw_fused_bf16": lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True),
+            "rmsprop": lambda ps: torch.optim.RMSprop(ps, lr=1e-3, momentum=0.9),
+            "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=1e-2),
+            "nadam": lambda ps: torch.optim.NAdam(ps, lr=1e-3),
+            "sgd_nesterov": lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9, nesterov=True),
+        }
+        if hasattr(torch.optim, "Adafactor"):
+            cases["adafactor"] = lambda ps: torch.optim.Adafactor(ps, lr=1e-2)
+
+        def state_bytes(opt):
+            return sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
+                       if torch.is_tensor(v) and v.is_cuda)
+
+        def train(name, make_opt, offload):
+            dtype = torch.bfloat16 if "bf16" in name else torch.float32
+            torch.manual_seed(0)
+            m = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(),
+                                    torch.nn.Linear(2048, 512)).cuda().to(dtype)
+            opt = make_opt(list(m[0].parameters()))
+            sched = torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)
+            tag = "opt_" + name
+            h = gpupool.offloadable(opt, tag, offload_after_step=True) if offload else None
+            g = torch.Generator(device="cuda").manual_seed(1)
+            away = []
+            for step in range(6):
+                if step == 2 and name != "adagrad":  # (Adagrad makes its state in __init__ only)
+                    opt.add_param_group({"params": list(m[2].parameters()), "lr": 5e-4})
+                x = torch.randn(16 + 8 * step, 512, device="cuda", generator=g, dtype=dtype)
+                m(x).float().square().mean().backward()
+                opt.step()
+                sched.step()
+                opt.zero_grad(set_to_none=step % 2 == 0)
+                if h is not None:
+                    gpupool.restore("nothing")  # (waits for the offload behind the step)
+                    away.append(gpupool.stats()["tags"][tag]["offloaded"] / state_bytes(opt))
+            params = [p.detach().clone() for p in m.parameters()]
+            if h is not None:
+                h.restore()
+            state = {(i, k): v.clone() for i, p in enumerate(m.parameters()) if p in opt.state
+                     for k, v in opt.state[p].items() if torch.is_tensor(v)}
+            if h is not None:
+                h.remove()
+            return params, state, away
+
+        for name, make_opt in cases.items():
+            pa, sa, _ = train(name, make_opt, False)
+            pb, sb, away = train(name, make_opt, True)
+            assert all(torch.equal(a, b) for a, b in zip(pa, pb)), name
+            assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa), name
+            assert len(away) == 6 and min(away) >= 0.9, (name, away)
+        print("OK", len(cases))
+    """)
+    assert "OK" in r.stdout
+
+
 def test_idle_module_offloaded_under_pressure_and_restored_by_its_hook(run_py) -> None:
     r = run_py("""
         import torch, gpupool
