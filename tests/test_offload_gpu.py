@@ -604,8 +604,8 @@ def test_a_loaded_optimizer_state_is_copied_into_its_tag_unless_held_elsewhere(r
     # share mapping units with other memory.  The handle copies the state
     # into its tag; the loader's dict, alive during the load, holds the
     # tensors then, so they go at the next step.  A tensor that the user's
-    # code holds too (live momentum it reads) is never copied: it must go
-    # on seeing the state's updates.
+    # code holds too (live momentum it reads, kept from the dict it loaded)
+    # is never copied: it must go on seeing the state's updates.
     r = run_py("""
         import torch, gpupool
         gpupool.enable()
@@ -646,9 +646,10 @@ def test_a_loaded_optimizer_state_is_copied_into_its_tag_unless_held_elsewhere(r
             h = gpupool.offloadable(ob, "loaded_" + kind, offload_after_step=True)
             keep = []
             sd = interleaved(ob.state_dict(), keep)
+            # (the user's code keeps the loaded momentum from before the load on)
+            live = [sd["state"][i]["momentum_buffer"] for i in range(len(sd["state"]))] if kind == "sgd" else []
             ob.load_state_dict(sd)
             del sd
-            live = [ob.state[q]["momentum_buffer"] for q in b.parameters()] if kind == "sgd" else []
             fractions = []
             for _ in range(3):
                 step(a, oa)
