@@ -300,6 +300,52 @@ def test_the_optimizers_torch_offers_offload_with_a_group_added_and_a_scheduler(
     assert "OK" in r.stdout
 
 
+def test_an_offloaded_optimizer_stepped_by_a_compiled_function(run_py) -> None:
+    # PyTorch's compiled-optimizer recipe: torch.compile of a function that
+    # calls opt.step().  Dynamo traces the step's hooks unless they are
+    # marked eager; traced, the handle's bookkeeping made it compile the
+    # step again at each step until its recompile limit, warning each time.
+    # Offloaded, the compiled step gives the bits of the compiled step
+    # without offload, the state away behind every step, no recompiles.
+    r = run_py("""
+        import torch, gpupool
+        gpupool.enable()
+
+        def train(offload):
+            torch.manual_seed(0)
+            m = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(6)]).cuda()
+            opt = torch.optim.Adam(m.parameters(), lr=torch.tensor(0.01))
+            h = gpupool.offloadable(opt, "compiled_step", offload_after_step=True) if offload else None
+
+            @torch.compile(fullgraph=False)
+            def step():
+                opt.step()
+
+            g = torch.Generator(device="cuda").manual_seed(1)
+            away = []
+            for _ in range(10):
+                m(torch.randn(64, 1024, device="cuda", generator=g)).square().mean().backward()
+                step()
+                opt.zero_grad()
+                if h is not None:
+                    gpupool.restore("nothing")  # (waits for the offload behind the step)
+                    state = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
+                                if torch.is_tensor(v) and v.is_cuda)
+                    away.append(gpupool.stats()["tags"]["compiled_step"]["offloaded"] / state)
+            if h is not None:
+                h.restore()
+            return [p.detach().clone() for p in m.parameters()], away
+
+        plain, _ = train(False)
+        offloaded, away = train(True)
+        assert all(torch.equal(p, q) for p, q in zip(plain, offloaded))
+        assert len(away) == 10 and min(away) >= 0.9, away
+        print("OK")
+    """)
+    assert "OK" in r.stdout
+    assert "recompil" not in r.stderr.lower(), r.stderr[-4000:]
+
+
 def test_idle_module_offloaded_under_pressure_and_restored_by_its_hook(run_py) -> None:
     r = run_py("""
         import torch, gpupool

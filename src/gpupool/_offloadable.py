@@ -454,8 +454,19 @@ def _hold_modules_in_steps() -> None:
             from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
         except ImportError:  # (no torch: no optimizer either)
             return
-        _step_hooks.append(register_optimizer_step_pre_hook(_step_pre))
-        _step_hooks.append(register_optimizer_step_post_hook(_step_post))
+        _step_hooks.append(register_optimizer_step_pre_hook(_eager(_step_pre)))
+        _step_hooks.append(register_optimizer_step_post_hook(_eager(_step_post)))
+
+
+def _eager(hook: Any) -> Any:
+    """`hook` as torch.compile runs it: as it is, not traced.  A step hook
+    runs inside ``opt.step()``, which a compiled function traces (PyTorch's
+    compiled-optimizer recipe); traced, the handle's bookkeeping (state
+    addresses, calls into the extension) made dynamo compile the step again
+    at each step until its recompile limit, a screen of warnings naming
+    gpupool's code, and then run it uncompiled."""
+    disable = getattr(getattr(sys.modules.get("torch"), "compiler", None), "disable", None)
+    return disable(hook) if disable is not None else hook
 
 
 def _step_pre(opt: Any, args: Any, kwargs: Any) -> None:
@@ -794,7 +805,7 @@ def _optimizer_hooks(h: OffloadHandle, opt: Any, offload_after_step: bool) -> No
     def get_state(self: Any) -> Any:
         return _held_state(h, type(self).__getstate__(self))
 
-    h._hooks += [opt.register_step_pre_hook(pre), opt.register_step_post_hook(post)]
+    h._hooks += [opt.register_step_pre_hook(_eager(pre)), opt.register_step_post_hook(_eager(post))]
     if hasattr(type(opt), "__getstate__"):
         h._hooks.append(_own_method(opt, "__getstate__", get_state))
     _state_dict_hooks(h, opt, keep, load_post)
