@@ -462,9 +462,9 @@ def _eager(hook: Any) -> Any:
     """`hook` as torch.compile runs it: as it is, not traced.  A step hook
     runs inside ``opt.step()``, which a compiled function traces (PyTorch's
     compiled-optimizer recipe); traced, the handle's bookkeeping (state
-    addresses, calls into the extension) made dynamo compile the step again
-    at each step until its recompile limit, a screen of warnings naming
-    gpupool's code, and then run it uncompiled."""
+    addresses, calls into the extension) failed dynamo's guards at each
+    step: a compilation every step until its recompile limit, and a screen
+    of warnings naming gpupool's code."""
     disable = getattr(getattr(sys.modules.get("torch"), "compiler", None), "disable", None)
     return disable(hook) if disable is not None else hook
 
