@@ -246,36 +246,40 @@ class OffloadHandle:
         alone = sys.getrefcount(v)
         moved = False
         held: Set[int] = set()
-        ctx = None
-        try:
-            for st, k in entries:
-                v = st[k]
-                u = v.untyped_storage()
-                if (storages[u.data_ptr()] > 1 or u.data_ptr() != v.data_ptr()
-                        or u.nbytes() != v.numel() * v.element_size()):
-                    continue
-                try:
-                    block = self._pool.lookup(v.data_ptr())
-                except ValueError:
-                    continue  # (not this pool's memory)
-                if (block.tag == self.tag and v.data_ptr() not in again) or block.state != "used":
-                    continue
-                if sys.getrefcount(v) > alone:
-                    held.add(v.data_ptr())
-                    continue
-                if ctx is None:
-                    ctx = _C.set_context(self._tid, _C.get_context()[1])
-                try:
+        for st, k in entries:
+            v = st[k]
+            u = v.untyped_storage()
+            if (storages[u.data_ptr()] > 1 or u.data_ptr() != v.data_ptr()
+                    or u.nbytes() != v.numel() * v.element_size()):
+                continue
+            try:
+                block = self._pool.lookup(v.data_ptr())
+            except ValueError:
+                continue  # (not this pool's memory)
+            if (block.tag == self.tag and v.data_ptr() not in again) or block.state != "used":
+                continue
+            if sys.getrefcount(v) > alone:
+                held.add(v.data_ptr())
+                continue
+            try:
+                with self._allocating():
                     st[k] = v.clone()
-                except torch.OutOfMemoryError:
-                    continue
-                if block.stream != stream.cuda_stream:
-                    v.record_stream(stream)
-                moved = True
-        finally:
-            if ctx is not None:
-                _C.set_context(*ctx)
+            except torch.OutOfMemoryError:
+                continue
+            if block.stream != stream.cuda_stream:
+                v.record_stream(stream)
+            moved = True
         return moved, held
+
+    @contextlib.contextmanager
+    def _allocating(self) -> Iterator[None]:
+        """This thread allocates under the tag (in its region), at the
+        priority it had."""
+        ctx = _C.set_context(self._tid, _C.get_context()[1])
+        try:
+            yield
+        finally:
+            _C.set_context(*ctx)
 
     def _offload_behind_step(self) -> None:
         """After the step: the state leaves on the background thread, all of
@@ -587,12 +591,10 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
     def held(name: str, under_tag: bool) -> Any:
         def run(self: Any, *args: Any, **kwargs: Any) -> Any:
             h._hold_resident()
-            ctx = _C.set_context(h._tid, _C.get_context()[1]) if under_tag else None
             try:
-                return getattr(type(self), name)(self, *args, **kwargs)
+                with h._allocating() if under_tag else contextlib.nullcontext():
+                    return getattr(type(self), name)(self, *args, **kwargs)
             finally:
-                if ctx is not None:
-                    _C.set_context(*ctx)
                 h._release()
                 h._retake(self)
         return run
