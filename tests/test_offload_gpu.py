@@ -793,3 +793,73 @@ def test_an_optimizer_offloaded_from_a_transformers_trainer_callback(run_py) -> 
     if "SKIP" in r.stdout:
         pytest.skip(r.stdout.strip())
     assert "OK" in r.stdout
+
+
+def test_an_optimizer_offloaded_under_ddp_and_fsdp2(run_py) -> None:
+    # Data-parallel training on one rank, as a job written for several runs
+    # it: under DDP the parameters are plain, under FSDP2 (fully_shard) they
+    # and the optimizer's state are DTensors, wrappers whose memory is that
+    # of the local tensors they hold.  Offloaded, every optimizer gives the
+    # bits of the run without offload, all of its state is away behind each
+    # step, and the prefetch starts in the backward pass.
+    r = run_py("""
+        import os, socket, torch, gpupool
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+        gpupool.enable()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+        dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+
+        def local(t):
+            return t.to_local() if hasattr(t, "to_local") else t
+
+        def run(kind, optname, offload):
+            torch.manual_seed(0)
+            m = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512),
+                                    torch.nn.Linear(512, 512)).cuda()
+            if kind == "ddp":
+                m = torch.nn.parallel.DistributedDataParallel(m, device_ids=[0])
+            else:
+                for sub in (m[0], m[2]):
+                    fully_shard(sub)
+                fully_shard(m)
+            if optname == "sgd":
+                opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
+            else:
+                opt = torch.optim.AdamW(m.parameters(), lr=1e-3, fused=optname == "adamw_fused")
+            tag = f"o_{kind}_{optname}"
+            h = gpupool.offloadable(opt, tag, offload_after_step=True) if offload else None
+            prefetches = []
+            if h is not None:
+                own = h.prefetch
+                h.prefetch = lambda: (prefetches.append(1), own())[1]
+            g = torch.Generator(device="cuda").manual_seed(1)
+            for step in range(4):
+                m(torch.randn(16 + 8 * step, 512, device="cuda", generator=g)).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+                if h is not None:
+                    gpupool.restore("nothing")  # (waits for the offload behind the step)
+                    state = sum(local(v).numel() * local(v).element_size() for st in opt.state.values()
+                                for v in st.values() if torch.is_tensor(v) and v.is_cuda)
+                    away = gpupool.stats()["tags"][tag]["offloaded"]
+                    assert state and away >= state, (kind, optname, step, away, state)
+            if h is not None:
+                assert len(prefetches) == 4, (kind, optname, prefetches)
+                h.restore()
+            out = [local(p.detach()).clone() for p in m.parameters()]
+            out += [local(v).clone() for p in m.parameters() for v in opt.state[p].values() if torch.is_tensor(v)]
+            if h is not None:
+                h.remove()
+            return out
+
+        for kind in ("ddp", "fsdp2"):
+            for optname in ("adamw", "adamw_fused", "sgd"):
+                a, b = run(kind, optname, False), run(kind, optname, True)
+                assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)), (kind, optname)
+        dist.destroy_process_group()
+        print("OK")
+    """)
+    assert "OK" in r.stdout

@@ -9,7 +9,7 @@ import random
 import subprocess
 import sys
 import threading
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 
@@ -194,6 +194,22 @@ class FakeTensor:
         return self.addr
 
 
+class FakeWrapper:
+    """A tensor subclass that wraps others (DTensor, a quantised tensor):
+    torch's __tensor_flatten__ names its inner tensors; it has no storage,
+    and its data_ptr() raises, as a wrapper's does."""
+
+    def __init__(self, **inner: Any) -> None:
+        self.__dict__.update(inner)
+        self.device = FakeDevice("cuda")
+
+    def __tensor_flatten__(self) -> Tuple[List[str], Any]:
+        return sorted(k for k in self.__dict__ if k != "device"), None
+
+    def data_ptr(self) -> int:
+        raise RuntimeError("Cannot access data pointer of Tensor that doesn't have storage")
+
+
 class FakeModule:
     def __init__(self, params: List[FakeTensor], buffers: List[FakeTensor]) -> None:
         self._p, self._b = params, buffers
@@ -243,6 +259,22 @@ def test_tagged_rehomes_existing_memory_exactly() -> None:
         p.free(a)
     s = p.stats()
     assert all(t["allocated"] == 0 and t["active_blocks"] == 0 for t in s["tags"].values())
+
+
+def test_tagged_reaches_the_tensors_a_subclass_wraps() -> None:
+    # FSDP2's parameters and an optimizer's state under it are DTensors: the
+    # memory is that of the tensors they wrap, at any depth.
+    p = pool()
+    a, b, c = (p.alloc(s) for s in (1 * MiB, 5000, 70000))
+    loose = p.alloc(4096)
+    nested = FakeWrapper(_local_tensor=FakeWrapper(qdata=FakeTensor(b), scale=FakeTensor(c)))
+    model = FakeModule([FakeWrapper(_local_tensor=FakeTensor(a)), nested], [])
+    gpupool.tagged(model, "shards", pool=p)
+    assert {p.lookup(x).tag for x in (a, b, c)} == {"shards"} and p.lookup(loose).tag != "shards"
+    gpupool.tagged([FakeTensor(loose), FakeWrapper(t=FakeTensor(a))], "state", pool=p)
+    assert p.lookup(loose).tag == p.lookup(a).tag == "state"
+    for x in (a, b, c, loose):
+        p.free(x)
 
 
 def test_tagged_device_tensors_need_gpupool_enabled() -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Set, Tupl
 from . import _C
 from ._context import Priority, priority_value, tag_id, tag_lifetime
 from ._offload import _pool, offload, prefetch, restore
-from ._tagged import tagged
+from ._tagged import plain_tensors, tagged
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._pool import PoolView
@@ -194,7 +194,7 @@ class OffloadHandle:
         if optimizer:
             tensors = _state_tensors(obj)
         else:
-            tensors = [*obj.parameters(), *obj.buffers()]
+            tensors = plain_tensors([*obj.parameters(), *obj.buffers()])
         key = [t.data_ptr() for t in tensors]
         fresh = key != self._key
         if not fresh and not self._regather:
@@ -237,7 +237,7 @@ class OffloadHandle:
                    if type(v) is torch.Tensor and v.is_cuda and v.numel()]
         storages = collections.Counter(st[k].untyped_storage().data_ptr() for st, k in entries)
         for g in opt.param_groups:
-            storages.update(q.untyped_storage().data_ptr() for q in g["params"])
+            storages.update(q.untyped_storage().data_ptr() for q in plain_tensors(g["params"]))
         stream = torch.cuda.current_stream()
         # The count of a tensor held by the state alone, as this interpreter
         # counts a local and a dict's value.
@@ -479,7 +479,7 @@ def _step_pre(opt: Any, args: Any, kwargs: Any) -> None:
         modules = [h for h in (r() for r in OffloadHandle._chain) if h is not None and h._key]
     if not modules:
         return
-    params = {q.data_ptr() for g in getattr(opt, "param_groups", ()) for q in g["params"]}
+    params = {q.data_ptr() for g in getattr(opt, "param_groups", ()) for q in plain_tensors(g["params"])}
     held: List[OffloadHandle] = []
     try:
         for h in modules:
@@ -844,8 +844,9 @@ def _is_optimizer(obj: Any) -> bool:
 
 
 def _state_tensors(opt: Any) -> List[Any]:
-    """An optimizer's state tensors, in the state's order."""
-    return [v for st in opt.state.values() for v in st.values() if hasattr(v, "data_ptr")]
+    """An optimizer's state tensors (the plain ones that hold their memory),
+    in the state's order."""
+    return plain_tensors(v for st in opt.state.values() for v in st.values() if hasattr(v, "data_ptr"))
 
 
 def _wrapped_optimizer(obj: Any) -> Any:

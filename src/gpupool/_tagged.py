@@ -3,7 +3,7 @@ moves the blocks behind a module's parameters and buffers, a tensor or
 tensors, to a tag (and priority), in the pool that holds them."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, TypeVar
+from typing import Any, Dict, Iterable, List, Optional, TypeVar
 
 from ._context import Priority, priority_value, tag_lifetime
 from ._pool import PoolView
@@ -14,13 +14,32 @@ __all__ = ["tagged"]
 T = TypeVar("T")
 
 
+def plain_tensors(tensors: Iterable[Any]) -> List[Any]:
+    """The tensors that hold the memory of `tensors`: each plain tensor as
+    it is, and for a tensor subclass that wraps others (FSDP2's and tensor
+    parallelism's DTensor, torchao's quantised and float8 tensors: torch's
+    ``__tensor_flatten__`` protocol) the tensors it wraps, at any depth.  A
+    wrapper holds no storage of its own: its address cannot be read."""
+    out: List[Any] = []
+    todo = list(tensors)[::-1]
+    while todo:
+        t = todo.pop()
+        flatten = getattr(type(t), "__tensor_flatten__", None)
+        if flatten is None:
+            out.append(t)
+            continue
+        names, _ = flatten(t)
+        todo.extend(getattr(t, n) for n in reversed(names))
+    return out
+
+
 def _tensors(obj: Any) -> List[Any]:
-    """The tensors of a module (parameters and buffers), a tensor, or an
-    iterable of tensors (None entries, such as missing .grad, skipped)."""
+    """The plain tensors of a module (parameters and buffers), a tensor, or
+    an iterable of tensors (None entries, such as missing .grad, skipped)."""
     if hasattr(obj, "parameters") and hasattr(obj, "buffers"):
-        return [*obj.parameters(), *obj.buffers()]
+        return plain_tensors([*obj.parameters(), *obj.buffers()])
     if hasattr(obj, "data_ptr"):
-        return [obj]
+        return plain_tensors([obj])
     try:
         items = list(obj)
     except TypeError:
@@ -29,7 +48,7 @@ def _tensors(obj: Any) -> List[Any]:
     for t in items:
         if t is not None and not hasattr(t, "data_ptr"):
             raise TypeError(f"gpupool.tagged(): every item must be a tensor, got {type(t).__name__}")
-    return [t for t in items if t is not None]
+    return plain_tensors(t for t in items if t is not None)
 
 
 def _address(t: Any) -> int:
