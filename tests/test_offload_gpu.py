@@ -863,3 +863,48 @@ def test_an_optimizer_offloaded_under_ddp_and_fsdp2(run_py) -> None:
         print("OK")
     """)
     assert "OK" in r.stdout
+
+
+def test_fsdp2_layers_offloaded_between_steps(run_py) -> None:
+    # Layers sharded by FSDP2 (fully_shard, one rank) and then made
+    # offloadable: FSDP2's own forward pre-hook, registered first, gathers
+    # the parameters from their shards, so the restore must run before it.
+    # Offloaded before every step, the layers train to the bits of layers
+    # never offloaded.
+    r = run_py("""
+        import os, socket, torch, gpupool
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+        gpupool.enable()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+        dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+
+        def run(offload):
+            torch.manual_seed(0)
+            with gpupool.tag("layers", lifetime="long"):
+                m = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(4)]).cuda()
+                for layer in m:
+                    fully_shard(layer)
+                fully_shard(m)
+            handles = [gpupool.offloadable(layer, f"layer{i}") for i, layer in enumerate(m)] if offload else []
+            opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+            g = torch.Generator(device="cuda").manual_seed(1)
+            outs = []
+            for step in range(3):
+                for h in handles:
+                    assert h.offload()["bytes"] >= 4096 * 4096 * 4, step
+                y = m(torch.randn(8 + 4 * step, 4096, device="cuda", generator=g))
+                outs.append(y.detach().clone())
+                y.square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+            return outs + [p.detach().to_local().clone() for p in m.parameters()]
+
+        a, b = run(False), run(True)
+        assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+        dist.destroy_process_group()
+        print("OK")
+    """)
+    assert "OK" in r.stdout

@@ -649,7 +649,9 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
     methods = {"_apply": held("_apply", True), "apply": held("apply", False), "to": unmoved("to", to_args),
                "cuda": unmoved("cuda", cuda_args), "cpu": unmoved("cpu", lambda: (torch.device("cpu"), None, None)),
                "__deepcopy__": deep_copy, "__getstate__": get_state}
-    h._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    # The restore runs before the module's other forward pre-hooks: they may
+    # read its tensors (FSDP2's gathers the parameters from their shards).
+    h._hooks += [module.register_forward_pre_hook(pre, prepend=True), module.register_forward_hook(post)]
     h._hooks += [_own_method(module, n, f) for n, f in methods.items() if n.startswith("__") or hasattr(module, n)]
     hooks = {id(f) for f in (pre, post, *_state_dict_hooks(h, module, keep, load_post, mine))}
 
