@@ -226,7 +226,8 @@ class OffloadHandle:
         no other entry nor any parameter, is copied (code that keeps the
         tensor elsewhere must go on seeing the state's updates); the old
         one is freed at once.  A copy the device has no room for leaves the
-        tensor where it lies.  `again`: addresses the tag took in place
+        tensor where it lies; so does a tensor subclass (a DTensor).
+        `again`: addresses the tag took in place
         before, to copy now.  Returns whether any moved, and the addresses
         that stayed because something else held them."""
         torch = sys.modules.get("torch")
