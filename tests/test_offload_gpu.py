@@ -795,14 +795,9 @@ def test_an_optimizer_offloaded_from_a_transformers_trainer_callback(run_py) -> 
     assert "OK" in r.stdout
 
 
-def test_an_optimizer_offloaded_under_ddp_and_fsdp2(run_py) -> None:
-    # Data-parallel training on one rank, as a job written for several runs
-    # it: under DDP the parameters are plain, under FSDP2 (fully_shard) they
-    # and the optimizer's state are DTensors, wrappers whose memory is that
-    # of the local tensors they hold.  Offloaded, every optimizer gives the
-    # bits of the run without offload, all of its state is away behind each
-    # step, and the prefetch starts in the backward pass.
-    r = run_py("""
+# The start of a script that trains on one rank of a process group, as a
+# job written for several would (DDP, FSDP2).
+ONE_RANK = """
         import os, socket, torch, gpupool
         import torch.distributed as dist
         from torch.distributed.fsdp import fully_shard
@@ -811,6 +806,17 @@ def test_an_optimizer_offloaded_under_ddp_and_fsdp2(run_py) -> None:
             s.bind(("127.0.0.1", 0))
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
         dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+"""
+
+
+def test_an_optimizer_offloaded_under_ddp_and_fsdp2(run_py) -> None:
+    # Data-parallel training on one rank, as a job written for several runs
+    # it: under DDP the parameters are plain, under FSDP2 (fully_shard) they
+    # and the optimizer's state are DTensors, wrappers whose memory is that
+    # of the local tensors they hold.  Offloaded, every optimizer gives the
+    # bits of the run without offload, all of its state is away behind each
+    # step, and the prefetch starts in the backward pass.
+    r = run_py(ONE_RANK + """
 
         def local(t):
             return t.to_local() if hasattr(t, "to_local") else t
@@ -871,15 +877,7 @@ def test_fsdp2_layers_offloaded_between_steps(run_py) -> None:
     # the parameters from their shards, so the restore must run before it.
     # Offloaded before every step, the layers train to the bits of layers
     # never offloaded.
-    r = run_py("""
-        import os, socket, torch, gpupool
-        import torch.distributed as dist
-        from torch.distributed.fsdp import fully_shard
-        gpupool.enable()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
-        dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    r = run_py(ONE_RANK + """
 
         def run(offload):
             torch.manual_seed(0)
