@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 import weakref
 from pathlib import Path
 from typing import Iterator, List
@@ -104,5 +106,66 @@ def run_py(tmp_path: Path):
         if check:
             assert r.returncode == 0, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
         return r
+
+    return run
+
+
+@pytest.fixture
+def run_ranks(tmp_path: Path):
+    """run_ranks(code, world, timeout=600) -> [CompletedProcess]: the code in
+    `world` fresh interpreters at once, each told its rank as torchrun tells
+    the ranks of a job (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT); asserts each exits 0.  A rank that fails stops the others
+    (they would wait for it in a collective).  Skips where the machine has
+    fewer GPUs than ranks."""
+
+    def run(code: str, world: int, timeout: int = 600) -> list:
+        import torch
+
+        if torch.cuda.device_count() < world:
+            pytest.skip(f"needs {world} GPUs, this machine has {torch.cuda.device_count()}")
+        script = tmp_path / "case.py"
+        script.write_text(textwrap.dedent(code))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs, logs = [], []
+        for rank in range(world):
+            env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            out, err = (open(tmp_path / f"rank{rank}.{n}", "w+") for n in ("out", "err"))
+            logs.append((out, err))
+            procs.append(subprocess.Popen([sys.executable, str(script)], stdout=out, stderr=err, text=True,
+                                          env=child_env(env), cwd=tmp_path))
+        deadline = time.monotonic() + timeout
+        late = False
+        try:
+            while any(p.poll() is None for p in procs):
+                if any(p.returncode not in (None, 0) for p in procs):
+                    break
+                if time.monotonic() > deadline:
+                    late = True
+                    break
+                time.sleep(0.1)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        done = []
+        for rank, (p, (out, err)) in enumerate(zip(procs, logs)):
+            out.seek(0)
+            err.seek(0)
+            done.append(subprocess.CompletedProcess(p.args, p.returncode, out.read(), err.read()))
+            out.close()
+            err.close()
+        # (the rank that failed first, not one killed after it)
+        bad = sorted((r.returncode == -9, rank) for rank, r in enumerate(done) if r.returncode != 0)
+        if bad:
+            rank = bad[0][1]
+            r = done[rank]
+            why = f"still running after {timeout} s" if late else f"exit {r.returncode}"
+            pytest.fail(f"rank {rank} of {world}: {why}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
+        return done
 
     return run

@@ -1425,3 +1425,47 @@ def test_a_host_that_refuses_to_pin_leaves_the_offloader_working(fn: str, ahead:
     gpupool.restore("refuse2_t", pool=p)
     assert same(b, 200 * MiB, 64) and same(a, 70 * MiB, 63)
     p.check()
+
+
+def test_the_gather_counts_a_dtensor_as_held_by_the_state_alone(run_py) -> None:
+    # A loaded state is copied into the tag only where the state alone
+    # holds it (code that keeps a tensor elsewhere must go on seeing the
+    # state's updates); a tensor that wraps others (FSDP2's DTensor) where
+    # nothing else holds the wrapper nor the tensors it wraps.  The counts
+    # a DTensor shows, as the state holds it, are those of the stand-in
+    # the gather compares with; a reference to its local tensor or to it
+    # shows.  (A CPU DTensor on a one-rank gloo group.)
+    pytest.importorskip("torch")
+    r = run_py("""
+        import os, socket, torch
+        import torch.distributed as dist
+        from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+        from gpupool._offloadable import _Wraps, _refcounts
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        mesh = init_device_mesh("cpu", (1,))
+        probe = {0: _Wraps()}
+        v = probe[0]
+        alone = _refcounts(v)
+        state = {"exp_avg": distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])}
+        state["exp_avg_sq"] = state["exp_avg"].clone()
+        for k in state:
+            v = state[k]
+            assert _refcounts(v) == alone, (k, _refcounts(v), alone)
+        local = v.to_local()
+        counts = _refcounts(v)
+        assert counts[0] == alone[0] and counts[1] > alone[1], (counts, alone)
+        del local
+        kept = v
+        counts = _refcounts(v)
+        assert counts[0] > alone[0] and counts[1] == alone[1], (counts, alone)
+        plain = {0: torch.zeros(3)}
+        v = plain[0]
+        assert _refcounts(v) == alone[:1]
+        dist.destroy_process_group()
+        print("OK")
+    """)
+    assert "OK" in r.stdout

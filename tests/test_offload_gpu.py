@@ -644,6 +644,18 @@ def test_offload_loads_its_kernels_without_jit(run_py) -> None:
     assert after == "False", r.stdout
 
 
+# A copy of an optimizer's state_dict whose tensors lie among 64 KiB buffers
+# that stay (appended to `keep`), as a checkpoint loaded mid-run lays them.
+INTERLEAVED = """
+        def interleaved(sd, keep):
+            out = {"param_groups": sd["param_groups"], "state": {}}
+            for i, st in sd["state"].items():
+                out["state"][i] = {k: v.clone() if v.is_cuda else v for k, v in st.items()}
+                keep.append(torch.empty(64 << 10, dtype=torch.uint8, device="cuda"))
+            return out
+"""
+
+
 def test_a_loaded_optimizer_state_is_copied_into_its_tag_unless_held_elsewhere(run_py) -> None:
     # A state loaded among memory that stays (each tensor made between
     # blocks kept alive) left only in part: an offload keeps the pieces that
@@ -652,7 +664,7 @@ def test_a_loaded_optimizer_state_is_copied_into_its_tag_unless_held_elsewhere(r
     # tensors then, so they go at the next step.  A tensor that the user's
     # code holds too (live momentum it reads, kept from the dict it loaded)
     # is never copied: it must go on seeing the state's updates.
-    r = run_py("""
+    r = run_py(INTERLEAVED + """
         import torch, gpupool
         gpupool.enable()
 
@@ -666,13 +678,6 @@ def test_a_loaded_optimizer_state_is_copied_into_its_tag_unless_held_elsewhere(r
             m(x).square().mean().backward()
             opt.step()
             opt.zero_grad()
-
-        def interleaved(sd, keep):
-            out = {"param_groups": sd["param_groups"], "state": {}}
-            for i, st in sd["state"].items():
-                out["state"][i] = {k: v.clone() if v.is_cuda else v for k, v in st.items()}
-                keep.append(torch.empty(64 << 10, dtype=torch.uint8, device="cuda"))
-            return out
 
         def away(opt, tag):
             gpupool.restore("nothing")  # (waits for the offload behind the step)
@@ -796,27 +801,31 @@ def test_an_optimizer_offloaded_from_a_transformers_trainer_callback(run_py) -> 
 
 
 # The start of a script that trains on one rank of a process group, as a
-# job written for several would (DDP, FSDP2).
-ONE_RANK = """
-        import os, socket, torch, gpupool
+# job that torchrun starts on each of its ranks would (DDP, FSDP2): gpupool
+# enabled first, then the rank's device chosen.
+RANK = """
+        import os, torch, gpupool
         import torch.distributed as dist
         from torch.distributed.fsdp import fully_shard
         gpupool.enable()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
-        dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
 """
 
 
-def test_an_optimizer_offloaded_under_ddp_and_fsdp2(run_py) -> None:
-    # Data-parallel training on one rank, as a job written for several runs
-    # it: under DDP the parameters are plain, under FSDP2 (fully_shard) they
-    # and the optimizer's state are DTensors, wrappers whose memory is that
-    # of the local tensors they hold.  Offloaded, every optimizer gives the
-    # bits of the run without offload, all of its state is away behind each
-    # step, and the prefetch starts in the backward pass.
-    r = run_py(ONE_RANK + """
+@pytest.mark.parametrize("world", [1, 2])
+def test_an_optimizer_offloaded_under_ddp_and_fsdp2(run_ranks, world: int) -> None:
+    # Data-parallel training on one rank and on two, each rank its own
+    # batches: under DDP the parameters are plain, under FSDP2
+    # (fully_shard) they and the optimizer's state are DTensors, wrappers
+    # whose memory is that of the local tensors they hold.  Offloaded,
+    # every optimizer gives the bits of the run without offload, all of its
+    # state is away behind each step, and the prefetch starts in the
+    # backward pass.  Midway the state goes back to a checkpoint loaded
+    # among memory that stays (as a resume puts it): copied into the tag,
+    # all of it leaves behind the next steps too.
+    rs = run_ranks(RANK + INTERLEAVED + """
 
         def local(t):
             return t.to_local() if hasattr(t, "to_local") else t
@@ -826,7 +835,7 @@ def test_an_optimizer_offloaded_under_ddp_and_fsdp2(run_py) -> None:
             m = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512),
                                     torch.nn.Linear(512, 512)).cuda()
             if kind == "ddp":
-                m = torch.nn.parallel.DistributedDataParallel(m, device_ids=[0])
+                m = torch.nn.parallel.DistributedDataParallel(m, device_ids=[torch.cuda.current_device()])
             else:
                 for sub in (m[0], m[2]):
                     fully_shard(sub)
@@ -841,8 +850,9 @@ def test_an_optimizer_offloaded_under_ddp_and_fsdp2(run_py) -> None:
             if h is not None:
                 own = h.prefetch
                 h.prefetch = lambda: (prefetches.append(1), own())[1]
-            g = torch.Generator(device="cuda").manual_seed(1)
-            for step in range(4):
+            g = torch.Generator(device="cuda").manual_seed(1 + rank)
+            keep = []
+            for step in range(5):
                 m(torch.randn(16 + 8 * step, 512, device="cuda", generator=g)).square().mean().backward()
                 opt.step()
                 opt.zero_grad()
@@ -852,8 +862,12 @@ def test_an_optimizer_offloaded_under_ddp_and_fsdp2(run_py) -> None:
                                 for v in st.values() if torch.is_tensor(v) and v.is_cuda)
                     away = gpupool.stats()["tags"][tag]["offloaded"]
                     assert state and away >= state, (kind, optname, step, away, state)
+                if step == 2:
+                    sd = interleaved(opt.state_dict(), keep)
+                    opt.load_state_dict(sd)
+                    del sd
             if h is not None:
-                assert len(prefetches) == 4, (kind, optname, prefetches)
+                assert len(prefetches) == 5, (kind, optname, prefetches)
                 h.restore()
             out = [local(p.detach()).clone() for p in m.parameters()]
             out += [local(v).clone() for p in m.parameters() for v in opt.state[p].values() if torch.is_tensor(v)]
@@ -867,17 +881,17 @@ def test_an_optimizer_offloaded_under_ddp_and_fsdp2(run_py) -> None:
                 assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)), (kind, optname)
         dist.destroy_process_group()
         print("OK")
-    """)
-    assert "OK" in r.stdout
+    """, world)
+    assert all("OK" in r.stdout for r in rs)
 
 
-def test_fsdp2_layers_offloaded_between_steps(run_py) -> None:
+def test_fsdp2_layers_offloaded_between_steps(run_ranks) -> None:
     # Layers sharded by FSDP2 (fully_shard, one rank) and then made
     # offloadable: FSDP2's own forward pre-hook, registered first, gathers
     # the parameters from their shards, so the restore must run before it.
     # Offloaded before every step, the layers train to the bits of layers
     # never offloaded.
-    r = run_py(ONE_RANK + """
+    rs = run_ranks(RANK + """
 
         def run(offload):
             torch.manual_seed(0)
@@ -888,7 +902,7 @@ def test_fsdp2_layers_offloaded_between_steps(run_py) -> None:
                 fully_shard(m)
             handles = [gpupool.offloadable(layer, f"layer{i}") for i, layer in enumerate(m)] if offload else []
             opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-            g = torch.Generator(device="cuda").manual_seed(1)
+            g = torch.Generator(device="cuda").manual_seed(1 + rank)
             outs = []
             for step in range(3):
                 for h in handles:
@@ -904,5 +918,5 @@ def test_fsdp2_layers_offloaded_between_steps(run_py) -> None:
         assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
         dist.destroy_process_group()
         print("OK")
-    """)
-    assert "OK" in r.stdout
+    """, 1)
+    assert "OK" in rs[0].stdout

@@ -225,52 +225,67 @@ class OffloadHandle:
         the state alone holds, that is its whole storage and shares it with
         no other entry nor any parameter, is copied (code that keeps the
         tensor elsewhere must go on seeing the state's updates); the old
-        one is freed at once.  A copy the device has no room for leaves the
-        tensor where it lies; so does a tensor subclass (a DTensor).
-        `again`: addresses the tag took in place
-        before, to copy now.  Returns whether any moved, and the addresses
-        that stayed because something else held them."""
+        one is freed at once.  A tensor that wraps others (FSDP2's DTensor)
+        is copied whole where each tensor it wraps could be, and it alone
+        holds them.  A copy the device has no room for leaves the tensor
+        where it lies.  `again`: addresses the tag took in place before, to
+        copy now.  Returns whether any moved, and the addresses that stayed
+        because something else held them."""
         torch = sys.modules.get("torch")
         if torch is None or torch.cuda.is_current_stream_capturing():
             return False, set()
         # (entries, not tensors: each old tensor goes as soon as it is copied)
         entries = [(st, k) for st in opt.state.values() for k, v in st.items()
-                   if type(v) is torch.Tensor and v.is_cuda and v.numel()]
-        storages = collections.Counter(st[k].untyped_storage().data_ptr() for st, k in entries)
+                   if (type(v) is torch.Tensor or hasattr(type(v), "__tensor_flatten__"))
+                   and v.is_cuda and v.numel()]
+        storages = collections.Counter(q.untyped_storage().data_ptr()
+                                       for q in plain_tensors(st[k] for st, k in entries))
         for g in opt.param_groups:
             storages.update(q.untyped_storage().data_ptr() for q in plain_tensors(g["params"]))
         stream = torch.cuda.current_stream()
-        # The count of a tensor held by the state alone, as this interpreter
-        # counts a local and a dict's value.
-        probe = {0: object()}
+        # The counts of a value held by the state alone, as this interpreter
+        # counts a dict's value, a local and a wrapper's tensors.
+        probe = {0: _Wraps()}
         v = probe[0]
-        alone = sys.getrefcount(v)
+        alone = _refcounts(v)
         moved = False
         held: Set[int] = set()
         for st, k in entries:
             v = st[k]
-            u = v.untyped_storage()
-            if (storages[u.data_ptr()] > 1 or u.data_ptr() != v.data_ptr()
-                    or u.nbytes() != v.numel() * v.element_size()):
+            counts = _refcounts(v)  # (before `parts` holds the tensors too)
+            parts = plain_tensors([v])
+            blocks = [self._movable(q, storages, again) for q in parts]
+            if not all(blocks):
                 continue
-            try:
-                block = self._pool.lookup(v.data_ptr())
-            except ValueError:
-                continue  # (not this pool's memory)
-            if (block.tag == self.tag and v.data_ptr() not in again) or block.state != "used":
-                continue
-            if sys.getrefcount(v) > alone:
-                held.add(v.data_ptr())
+            if counts[0] > alone[0] or any(n > alone[1] for n in counts[1:]):
+                held.update(q.data_ptr() for q in parts)
                 continue
             try:
                 with self._allocating():
                     st[k] = v.clone()
             except torch.OutOfMemoryError:
                 continue
-            if block.stream != stream.cuda_stream:
-                v.record_stream(stream)
+            for q, block in zip(parts, blocks):
+                if block.stream != stream.cuda_stream:
+                    q.record_stream(stream)
             moved = True
         return moved, held
+
+    def _movable(self, q: Any, storages: "collections.Counter[int]", again: Set[int]) -> Any:
+        """The pool's block behind plain tensor q where the gather may copy
+        q (its whole storage, shared with nothing it counted, this pool's
+        memory in use outside the tag or taken in place before), else None."""
+        u = q.untyped_storage()
+        if (not q.is_cuda or storages[u.data_ptr()] > 1 or u.data_ptr() != q.data_ptr()
+                or u.nbytes() != q.numel() * q.element_size()):
+            return None
+        try:
+            block = self._pool.lookup(q.data_ptr())
+        except ValueError:
+            return None  # (not this pool's memory)
+        if (block.tag == self.tag and q.data_ptr() not in again) or block.state != "used":
+            return None
+        return block
 
     @contextlib.contextmanager
     def _allocating(self) -> Iterator[None]:
@@ -850,6 +865,30 @@ def _state_tensors(opt: Any) -> List[Any]:
     """An optimizer's state tensors (the plain ones that hold their memory),
     in the state's order."""
     return plain_tensors(v for st in opt.state.values() for v in st.values() if hasattr(v, "data_ptr"))
+
+
+class _Wraps:
+    """A stand-in for a tensor that wraps one other (a DTensor), held as the
+    state holds its values: the reference counts it shows are those of a
+    state value that nothing else holds."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self) -> None:
+        self.inner = object()
+
+    def __tensor_flatten__(self) -> Tuple[List[str], None]:
+        return ["inner"], None
+
+
+def _refcounts(v: Any) -> List[int]:
+    """The reference counts of v and, where it wraps others, of each tensor
+    it wraps, as the caller holds v (in a local, the value in a dict)."""
+    n = sys.getrefcount(v)
+    parts = plain_tensors([v])
+    if len(parts) == 1 and parts[0] is v:
+        return [n]
+    return [n] + [sys.getrefcount(q) for q in parts]
 
 
 def _wrapped_optimizer(obj: Any) -> Any:
