@@ -1455,11 +1455,11 @@ def test_the_gather_counts_a_dtensor_as_held_by_the_state_alone(run_py) -> None:
         for k in state:
             v = state[k]
             assert _refcounts(v) == alone, (k, _refcounts(v), alone)
-        local = v.to_local()
+        local = v.to_local()  # (other code that holds its local tensor)
         counts = _refcounts(v)
         assert counts[0] == alone[0] and counts[1] > alone[1], (counts, alone)
         del local
-        kept = v
+        kept = v  # (other code that holds the DTensor itself)
         counts = _refcounts(v)
         assert counts[0] > alone[0] and counts[1] == alone[1], (counts, alone)
         plain = {0: torch.zeros(3)}
