@@ -1449,22 +1449,22 @@ def test_the_gather_counts_a_dtensor_as_held_by_the_state_alone(run_py) -> None:
         mesh = init_device_mesh("cpu", (1,))
         probe = {0: _Wraps()}
         v = probe[0]
-        alone = _refcounts(v)
+        alone = _refcounts(v)[0]
         state = {"exp_avg": distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])}
         state["exp_avg_sq"] = state["exp_avg"].clone()
         for k in state:
             v = state[k]
-            assert _refcounts(v) == alone, (k, _refcounts(v), alone)
+            assert _refcounts(v)[0] == alone, (k, _refcounts(v)[0], alone)
         local = v.to_local()  # (other code that holds its local tensor)
-        counts = _refcounts(v)
+        counts = _refcounts(v)[0]
         assert counts[0] == alone[0] and counts[1] > alone[1], (counts, alone)
         del local
         kept = v  # (other code that holds the DTensor itself)
-        counts = _refcounts(v)
+        counts = _refcounts(v)[0]
         assert counts[0] > alone[0] and counts[1] == alone[1], (counts, alone)
         plain = {0: torch.zeros(3)}
         v = plain[0]
-        assert _refcounts(v) == alone[:1]
+        assert _refcounts(v)[0] == alone[:1]
         dist.destroy_process_group()
         print("OK")
     """)

@@ -247,13 +247,12 @@ class OffloadHandle:
         # counts a dict's value, a local and a wrapper's tensors.
         probe = {0: _Wraps()}
         v = probe[0]
-        alone = _refcounts(v)
+        alone, _ = _refcounts(v)
         moved = False
         held: Set[int] = set()
         for st, k in entries:
             v = st[k]
-            counts = _refcounts(v)  # (before `parts` holds the tensors too)
-            parts = plain_tensors([v])
+            counts, parts = _refcounts(v)
             blocks = [self._movable(q, storages, again) for q in parts]
             if not all(blocks):
                 continue
@@ -276,7 +275,7 @@ class OffloadHandle:
         q (its whole storage, shared with nothing it counted, this pool's
         memory in use outside the tag or taken in place before), else None."""
         u = q.untyped_storage()
-        if (not q.is_cuda or storages[u.data_ptr()] > 1 or u.data_ptr() != q.data_ptr()
+        if (storages[u.data_ptr()] > 1 or u.data_ptr() != q.data_ptr()
                 or u.nbytes() != q.numel() * q.element_size()):
             return None
         try:
@@ -881,14 +880,15 @@ class _Wraps:
         return ["inner"], None
 
 
-def _refcounts(v: Any) -> List[int]:
+def _refcounts(v: Any) -> Tuple[List[int], List[Any]]:
     """The reference counts of v and, where it wraps others, of each tensor
-    it wraps, as the caller holds v (in a local, the value in a dict)."""
+    it wraps, as the caller holds v (in a local, the value in a dict),
+    taken before anything else holds them; and v's plain tensors."""
     n = sys.getrefcount(v)
     parts = plain_tensors([v])
     if len(parts) == 1 and parts[0] is v:
-        return [n]
-    return [n] + [sys.getrefcount(q) for q in parts]
+        return [n], parts
+    return [n] + [sys.getrefcount(q) for q in parts], parts
 
 
 def _wrapped_optimizer(obj: Any) -> Any:
