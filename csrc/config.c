@@ -100,6 +100,14 @@ static const struct {
  * in TiB. */
 #define GP_FRAC_DIGITS 15
 
+/* The fraction that whole + num/den percent stands for: the one
+ * computation behind every fraction the parser gives, which the printer
+ * below inverts. */
+static double gp_percent_fraction(uint64_t whole, uint64_t num, uint64_t den)
+{
+    return ((double)whole + (double)num / (double)den) / 100;
+}
+
 static int gp_size_scan(const char *s, int allow_fraction, gp_size_spec *out, char *why,
                         size_t n)
 {
@@ -131,7 +139,7 @@ static int gp_size_scan(const char *s, int allow_fraction, gp_size_spec *out, ch
         if (!allow_fraction) return snprintf(why, n, "a percentage is not accepted here"), -1;
         if (!(value > 0 && value <= 100))
             return snprintf(why, n, "a percentage must be above 0%% and at most 100%%"), -1;
-        *out = (gp_size_spec){.fraction = value / 100};
+        *out = (gp_size_spec){.fraction = gp_percent_fraction(whole, num, den)};
         return 0;
     }
     if (!*unit && point) {
@@ -139,7 +147,9 @@ static int gp_size_scan(const char *s, int allow_fraction, gp_size_spec *out, ch
             return snprintf(why, n, "a fraction is not accepted here (give a unit)"), -1;
         if (!(value > 0 && value <= 1))
             return snprintf(why, n, "a fraction must be above 0 and at most 1 (give a unit for bytes)"), -1;
-        *out = (gp_size_spec){.fraction = value};
+        /* Read as the percentage it is, two places along (whole <= 1, num <
+         * 10^15), so that every fraction is one a percentage prints back to. */
+        *out = (gp_size_spec){.fraction = gp_percent_fraction(whole * 100 + num * 100 / den, num * 100 % den, den)};
         return 0;
     }
     unsigned base = 1, power = 0;
@@ -202,18 +212,52 @@ static int gp_size_print(uint64_t b, char *buf, size_t len)
     return snprintf(buf, len, "%llu%s", (unsigned long long)best, unit);
 }
 
-/* A fraction (> 0) as a percentage in plain decimals ("80%", "0.0000001%"):
- * what the parser reads back to the same fraction.  %g would write
- * "1e-07%", which no size parser accepts, and round to 6 digits.  13
- * decimals of a percentage are the 15 of a fraction that the parser keeps. */
+/* Whether `text` parses to exactly `fraction`. */
+static int gp_reads_as(const char *text, double fraction)
+{
+    gp_size_spec s;
+    char why[96];
+    return gp_size_scan(text, 1, &s, why, sizeof why) == 0 && !s.bytes && s.fraction == fraction;
+}
+
+/* Units of the last of GP_FRAC_DIGITS decimals of a percentage that the
+ * printer steps away from fraction * 100: the parser's fraction is within a
+ * rounding or two of its decimal, and fraction * 100 within a rounding or two
+ * of that; near 100%, 64 units are 4 roundings. */
+#define GP_PERCENT_STEPS 64
+#define GP_PERCENT_UNIT 1000000000000000ull /* 10^GP_FRAC_DIGITS */
+
+/* A fraction (> 0, at most 1) as the shortest percentage in plain decimals
+ * ("80%", "0.0000001%") that the parser reads back to the same double: what
+ * the parser gave prints back to itself.  %g would write "1e-07%", which no
+ * size parser accepts, and round to 6 digits. */
 static int gp_percent_print(double fraction, char *buf, size_t len)
 {
-    char num[64];
-    snprintf(num, sizeof num, "%.13f", fraction * 100);
-    size_t k = strlen(num);
-    while (k > 1 && num[k - 1] == '0') k--;
-    if (num[k - 1] == '.') k--;
-    return snprintf(buf, len, "%.*s%%", (int)k, num);
+    char num[64], near[64];
+    double pct = fraction * 100;
+    for (int d = 0; d <= GP_FRAC_DIGITS; d++) {
+        snprintf(num, sizeof num, "%.*f%%", d, pct);
+        if (gp_reads_as(num, fraction)) return snprintf(buf, len, "%s", num);
+    }
+    /* num holds GP_FRAC_DIGITS decimals: step them as one integer of units
+     * of the last place (at most 100 * 10^15). */
+    uint64_t u = 0;
+    memcpy(near, num, sizeof near);
+    for (const char *c = num; *c != '%'; c++)
+        if (gp_digit(*c)) u = u * 10 + (uint64_t)(*c - '0');
+    for (uint64_t k = 1; k <= GP_PERCENT_STEPS; k++) {
+        for (int side = 0; side < 2; side++) {
+            uint64_t v = side ? u + k : u - k;
+            if (!side && k > u) continue;
+            int w = snprintf(num, sizeof num, "%llu.%015llu", (unsigned long long)(v / GP_PERCENT_UNIT),
+                             (unsigned long long)(v % GP_PERCENT_UNIT));
+            while (num[w - 1] == '0') w--;
+            if (num[w - 1] == '.') w--;
+            snprintf(num + w, sizeof num - (size_t)w, "%%");
+            if (gp_reads_as(num, fraction)) return snprintf(buf, len, "%s", num);
+        }
+    }
+    return snprintf(buf, len, "%s", near); /* a fraction no text gives */
 }
 
 static int gp_spec_print(gp_size_spec s, char *buf, size_t len)

@@ -12,6 +12,7 @@
 #include "codec.h"
 #include "error.h"
 #include "check.h"
+#include "rng.h"
 
 #define KiB (1ull << 10)
 #define MiB (1ull << 20)
@@ -659,6 +660,44 @@ static void test_get(void)
     CHECK(cfg_eq(&a, &b));
 }
 
+/* A fraction prints as a percentage that sets exactly the same double: the
+ * printer once wrote 13 decimals, and 3.599999999999996554% printed as 3.6%,
+ * which is another fraction.  Percentages and fractions of many digits,
+ * nines and zeros most, as each option with a fraction takes them. */
+static void test_fractions_print_exactly(void)
+{
+    static const char *const keys[] = {"limit", "reserve", "host_limit", "cache_slack", "tenant_share"};
+    rng_state = 0x9e3779b97f4a7c15ull;
+    size_t wrong = 0;
+    for (int i = 0; i < 40000; i++) {
+        char text[64], printed[64];
+        int percent = rnd() % 2, w = percent ? snprintf(text, sizeof text, "%d.", (int)(rnd() % 101))
+                                             : snprintf(text, sizeof text, "0.");
+        for (int k = 0, nd = 1 + (int)(rnd() % 21); k < nd; k++) {
+            unsigned r = (unsigned)(rnd() % 20);
+            text[w++] = (char)('0' + (r < 5 ? 9 : r < 10 ? 0 : r % 10));
+        }
+        snprintf(text + w, sizeof text - (size_t)w, "%s", percent ? "%" : "");
+        const char *key = keys[rnd() % 5];
+        gp_config a, b;
+        gp_config_default(&a);
+        gp_config_default(&b);
+        if (gp_config_set(&a, key, text) != GP_OK) continue; /* (0, or above 100%) */
+        CHECK(gp_config_get(&a, key, printed, sizeof printed) == GP_OK && gp_config_set(&b, key, printed) == GP_OK);
+        int same = a.limit.fraction == b.limit.fraction && a.reserve.fraction == b.reserve.fraction &&
+                   a.host_limit.fraction == b.host_limit.fraction && a.cache_slack == b.cache_slack &&
+                   a.tenant_share == b.tenant_share;
+        if (!same && wrong++ < 5) fprintf(stderr, "%s=%s prints as %s, another fraction\n", key, text, printed);
+    }
+    CHECK(wrong == 0);
+    /* The shortest such text. */
+    gp_config c;
+    gp_config_default(&c);
+    CHECK(gp_config_set(&c, "limit", "0.041") == GP_OK && get_is(&c, "limit", "4.1%"));
+    CHECK(gp_config_set(&c, "limit", "3.599999999999996554%") == GP_OK && get_is(&c, "limit", "3.599999999999996%"));
+    CHECK(gp_config_set(&c, "limit", "0.0000001%") == GP_OK && get_is(&c, "limit", "0.0000001%"));
+}
+
 static void test_env(void)
 {
     gp_config c, before;
@@ -775,6 +814,7 @@ int main(void)
     test_options();
     test_names();
     test_get();
+    test_fractions_print_exactly();
     test_env();
     remove_nvcomp();
     return check_done();

@@ -123,13 +123,10 @@ static int ref_priority(const char *s)
 
 /* ----------------------------------------------------------- the checks */
 
-/* Fractions printed as percentages come back through *100 and /100: equal
- * to the last bits of a double, not more (6 digits is far more). */
-static int same_fraction(double a, double b) { return a == b || fabs(a - b) <= 1e-15 * fabs(b); }
-
 /* Two configurations are the same when every option prints the same (the
- * option table names every field) and the fractions, which print rounded,
- * agree to the last bits. */
+ * option table names every field) and the fractions are the same doubles: a
+ * fraction prints as a percentage that reads back to it exactly, and two
+ * fractions can print alike. */
 static int config_equal(const gp_config *a, const gp_config *b)
 {
     for (size_t k = 0; k < n_options; k++) {
@@ -138,10 +135,10 @@ static int config_equal(const gp_config *a, const gp_config *b)
             gp_config_get(b, options[k].key, tb, sizeof tb) != GP_OK || strcmp(ta, tb) != 0)
             return 0;
     }
-    return same_fraction(a->reserve.fraction, b->reserve.fraction) &&
-           same_fraction(a->limit.fraction, b->limit.fraction) &&
-           same_fraction(a->host_limit.fraction, b->host_limit.fraction) &&
-           same_fraction(a->cache_slack, b->cache_slack);
+    return a->reserve.fraction == b->reserve.fraction && a->limit.fraction == b->limit.fraction &&
+           a->host_limit.fraction == b->host_limit.fraction && a->host_reserve.fraction == b->host_reserve.fraction &&
+           a->device_limit.fraction == b->device_limit.fraction && a->cache_slack == b->cache_slack &&
+           a->tenant_share == b->tenant_share;
 }
 
 static void same_config(const gp_config *a, const gp_config *b, const char *what)

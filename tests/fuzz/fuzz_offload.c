@@ -104,6 +104,7 @@ typedef struct model {
     unsigned win_mask; /* the tags of the window's prefetch or background offload */
     int win_bg;    /* the window's is a background offload (which takes new blocks of its tags too) */
     int win_keep0; /* an offload in the window dropped contents */
+    unsigned win_named; /* the tags the window's own offloads named: their records hold every one */
     int bg_report; /* a background offload ran since the last restore: its failure may come with that one */
     /* Tags of records the model forgot although they may still be there
      * (a record's tags are a superset where the model cannot tell): a
@@ -288,8 +289,9 @@ static void observe(const char *after, unsigned restored_mask, const gp_offload_
  * known only if nothing in the window dropped them. */
 static void window_close(int keep)
 {
-    /* (a background offload's record holds all its tags) */
-    unsigned also = M.win_bg ? M.win_mask : 0;
+    /* (a background offload's record holds all its tags, an offload's
+     * record the tags it named, with blocks or not) */
+    unsigned also = (M.win_bg ? M.win_mask : 0) | M.win_named;
     int rec = -1;
     for (int i = 0; i < M.n; i++) {
         mblk *b = &M.b[i];
@@ -299,7 +301,7 @@ static void window_close(int keep)
         b->rec = rec;
     }
     M.window = M.win_bg = M.win_keep0 = 0;
-    M.win_mask = 0;
+    M.win_mask = M.win_named = 0;
 }
 
 /* -------------------------------------------------------------- operations */
@@ -403,6 +405,7 @@ static void op_offload(reader *r)
            (unsigned long long)changed, (unsigned long long)res.lost);
     if (M.window) {
         M.win_keep0 |= !opts.keep;
+        M.win_named |= mask;
         EXPECT(st == GP_OK || st == GP_ERR_LIMIT || (faulty() && says("injected")), "offload in a window gave %s: %s",
                gp_status_str(st), gp_last_error());
         return; /* (the window's close sees what moved) */
