@@ -797,6 +797,13 @@ gp_status gp_backend_cuda_create(int device, gp_backend **out);
  * ("GPU-xxxxxxxx-xxxx-..."): what names a device across processes whatever
  * their CUDA_VISIBLE_DEVICES (the tenant registry's key). */
 gp_status gp_backend_cuda_uuid(int device, char *buf, size_t len);
+/* Queue on `stream` (a CUstream) a copy of `size` bytes from `src` on CUDA
+ * device `src_device` to `dst` on `dst_device`, whether or not either
+ * device may access the other's memory: the driver goes through the host
+ * where there is no peer-to-peer path (cuMemcpyPeerAsync).  The two
+ * devices' primary contexts are retained on first use and kept. */
+gp_status gp_backend_cuda_copy_peer(void *dst, int dst_device, const void *src, int src_device, uint64_t size,
+                                    void *stream);
 
 /* GPUPOOL_LOG=all: a backend that forwards to `inner` (which it then owns,
  * also when this fails) and prints each map, unmap and device

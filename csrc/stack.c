@@ -238,6 +238,12 @@ gp_pool *gp_stack_pool(const gp_stack *s) { return s->pool; }
 
 gp_arbiter *gp_stack_arbiter(const gp_stack *s) { return s->arb; }
 
+gp_status gp_stack_grant_peer(gp_stack *s, int peer)
+{
+    gp_backend *be = gp_pool_backend(s->pool);
+    return be->grant_peer(be, peer);
+}
+
 gp_offloader *gp_stack_offloader(gp_stack *s, int create)
 {
     gp_offloader *o = atomic_load_explicit(&s->off, memory_order_acquire);

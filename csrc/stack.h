@@ -65,6 +65,13 @@ gp_offloader *gp_stack_offloader(gp_stack *s, int create);
 typedef uint32_t (*gp_context_fn)(void);
 void gp_stack_set_context_source(gp_context_fn fn);
 
+/* Let CUDA device `peer` of the process read and write this stack's device
+ * memory: every mapping of its backend, now and later (backend.h's
+ * grant_peer), the offloader's restores and the tenant's swaps included,
+ * which map through the same backend.  For copies and kernels between
+ * devices (PyTorch's enablePeerAccess). */
+gp_status gp_stack_grant_peer(gp_stack *s, int peer);
+
 /* Allocate: gp_alloc, under the tenant when the stack has one
  * (gp_arbiter_alloc: answers asks first -- a swap of the whole tenant
  * among them -- and waits for the group's memory).  A tenant's allocation

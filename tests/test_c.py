@@ -77,6 +77,7 @@ ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0", "UBSAN_OPTIONS": 
     ("test_codec.c", []),  # built without libzstd: the host codecs are raw only
     ("test_arbiter.c", []),
     ("test_backend.c", ["host", "log", "tenant"]),  # backend.h's contract, on each backend
+    ("test_range_set.c", []),
     ("test_model.c", [os.environ.get("GP_TEST_MODEL_OPS", "2000000")]),
     ("test_stress.c", ["100000"]),
     ("test_faults.c", []),

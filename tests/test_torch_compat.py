@@ -686,6 +686,107 @@ def test_cache_info_is_answered_through_the_vtable(run_py) -> None:
     assert "ok" in run_py(CACHE_INFO_THROUGH_VTABLE).stdout
 
 
+PEER_ACCESS_THROUGH_VTABLE = """
+import ctypes, os, torch
+from gpupool import _C, _torch_patch
+lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+cuda = ctypes.CDLL(os.path.join(lib, "libtorch_cuda.so"))
+c10c = ctypes.CDLL(os.path.join(lib, "libc10_cuda.so"))
+P = "_ZN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocator"
+theirs = {n: ctypes.cast(getattr(cuda, P + sym), ctypes.c_void_p).value
+          for n, sym in (("peer", "16enablePeerAccessEaa"), ("copy", "11memcpyAsyncEPviPKvimP11CUstream_stb"))}
+_C.use_host_backend(64 << 20)  # two "devices" over host memory: no CUDA call is made
+alloc = torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, "gpupool_malloc", "gpupool_free")
+torch.cuda.memory.change_current_allocator(alloc)
+cur = ctypes.c_void_p.in_dll(c10c, "_ZN3c104cuda20CUDACachingAllocator9allocatorE").value
+vt = ctypes.c_void_p.from_address(cur).value
+def entries():
+    return [ctypes.c_void_p.from_address(vt + 8 * i).value for i in range(200)]
+before = entries()
+slots = {n: before.index(a) for n, a in theirs.items()}
+assert _torch_patch.install_safety() is None and _C.set_peer_access(True) is None  # idempotent
+after = entries()
+assert [i for i in range(200) if after[i] != before[i]] == sorted(slots.values()), "exactly the two entries"
+enable = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_byte, ctypes.c_byte)(after[slots["peer"]])
+copy = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                        ctypes.c_size_t, ctypes.c_void_p, ctypes.c_bool)(after[slots["copy"]])
+# Device 1 asks for device 0's memory before device 0 has a pool: kept, and
+# granted when the pool is made; device 0 asks for device 1's with a pool there.
+enable(cur, 1, 0)
+assert _C.device_peers(0) == [1] and _C.devices() == []
+p0, p1 = _C.device_pool(0, True), _C.device_pool(1, True)
+assert _C.device_peers(0) == [1] and _C.device_peers(1) == []
+enable(cur, 0, 1)
+enable(cur, 0, 1)
+assert _C.device_peers(1) == [0] and _C.device_peers(0) == [1]
+# A copy between devices without a peer-to-peer path: not PyTorch's
+# cudaMemcpyAsync (which cannot reach cuMemMap'd memory of another device).
+a, b = p0.alloc(8192), p1.alloc(8192)
+data = bytes(range(256)) * 32
+ctypes.memmove(a, data, 8192)
+assert copy(cur, b, 1, a, 0, 8192, None, False) == 0
+assert ctypes.string_at(b, 8192) == data
+p0.free(a)
+p1.free(b)
+_C.set_peer_access(False)
+assert entries() == before, "PyTorch's entries are back"
+print("ok", sorted(slots.values()))
+"""
+
+
+def test_peer_access_is_answered_through_the_vtable(run_py) -> None:
+    # nn.DataParallel and tensor.to("cuda:1") failed with "invalid argument":
+    # PyTorch's pluggable allocator enables the contexts' peer access, which
+    # does not reach memory mapped with cuMemMap.  Needs PyTorch's CUDA build,
+    # not a GPU (device pools over the host backend).
+    torch = pytest.importorskip("torch")
+    if torch.version.cuda is None:
+        pytest.skip("a CPU-only build of torch has no CUDAPluggableAllocator")
+    assert "ok" in run_py(PEER_ACCESS_THROUGH_VTABLE).stdout
+
+
+@gpu
+def test_copies_and_data_parallel_across_two_gpus_of_one_process(run_py) -> None:
+    # One process driving two GPUs (nn.DataParallel, which transformers'
+    # Trainer uses when it sees several; tensor.to("cuda:1")) failed with
+    # "CUDA error: invalid argument": the second device could not reach
+    # memory gpupool maps for the first.  Every byte checked against the CPU.
+    torch = pytest.importorskip("torch")
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, this machine has {torch.cuda.device_count()}")
+    r = run_py("""
+    import torch, gpupool
+    gpupool.enable()
+    from gpupool import _C
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    x = torch.randn(1000, 300, device="cuda:0")
+    ref = x.cpu()
+    assert torch.equal(x.to("cuda:1").cpu(), ref)             # contiguous: the allocator's copy
+    assert torch.equal(x.t().to("cuda:1").cpu(), ref.t())     # strided: a copy kernel across devices
+    back = torch.empty(300, 1000, device="cuda:0")
+    back.copy_(x.t().contiguous().to("cuda:1"))               # device 1 -> device 0
+    assert torch.equal(back.cpu(), ref.t())
+    big = torch.randn(64 << 20, device="cuda:1")              # new mappings after the grant
+    assert torch.equal(big.to("cuda:0").cpu(), big.cpu())
+    p2p = torch.cuda.can_device_access_peer(0, 1)
+    assert not p2p or (_C.device_peers(1) == [0] and _C.device_peers(0) == [1]), (_C.device_peers(0), _C.device_peers(1))
+    model = torch.nn.Sequential(torch.nn.Linear(300, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    cpu_model = torch.nn.Sequential(torch.nn.Linear(300, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    cpu_model.load_state_dict(model.state_dict())
+    dp = torch.nn.DataParallel(model.cuda(), device_ids=[0, 1])
+    for step in range(3):
+        inp = torch.randn(64, 300)
+        dp(inp.cuda()).square().sum().backward()
+        cpu_model(inp).square().sum().backward()
+    for a, b in zip(model.parameters(), cpu_model.parameters()):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-4, atol=1e-4)
+    torch.cuda.synchronize()
+    print("ok", p2p)
+    """)
+    assert "ok" in r.stdout, r.stdout
+
+
 # PyTorch's bindings turn c10::OutOfMemoryError into torch.OutOfMemoryError
 # and any other c10::Error into RuntimeError (torch/csrc/Exceptions.h,
 # CATCH_CORE_ERRORS, in this order).  This C++ caller catches as they do.

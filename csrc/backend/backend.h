@@ -47,6 +47,14 @@ enum { GP_COPY_D2H = 0, GP_COPY_H2D = 1, GP_COPY_D2D = 2, GP_COPY_BY_KERNEL = 4 
     /* Release exactly one earlier map(): same addr, size and handle. */                              \
     X(gp_status, unmap, UNMAP, (gp_backend *be, uintptr_t addr, uint64_t size, uint64_t handle),      \
       (be, addr, size, handle))                                                                      \
+    /* Let device `peer` of the process read and write this device's memory:                         \
+     * every mapping live now and every later one, until unmapped.  For                              \
+     * copies and kernels of one process that span devices (PyTorch asks                             \
+     * before the first: enablePeerAccess).  Idempotent.  GP_ERR_INVALID for                         \
+     * this device itself, a device that does not exist or one with no                               \
+     * peer-to-peer path to this one; on a failure the peer has no access to                         \
+     * later mappings (a call again retries). */                                                     \
+    X(gp_status, grant_peer, GRANT_PEER, (gp_backend *be, int peer), (be, peer))                      \
     /* Make `waiter` wait (on the device, not the host) for all work queued                          \
      * on `signaler` so far. */                                                                        \
     X(gp_status, stream_wait, STREAM_WAIT, (gp_backend *be, gp_stream waiter, gp_stream signaler),    \

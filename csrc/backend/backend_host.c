@@ -36,6 +36,7 @@
 typedef struct host_range {
     uintptr_t addr;
     uint64_t size, handle;
+    uint64_t peers; /* mappings: the devices granted access (bit per ordinal) */
 } host_range;
 
 typedef struct host_ranges {
@@ -69,6 +70,7 @@ typedef struct host_backend {
     gp_stream capturing[HOST_MAX_CAPTURING];
     unsigned n_capturing;
     uint64_t register_ns; /* gp_host_set_register_time */
+    uint64_t peers;       /* grant_peer: devices with access to every mapping */
 } host_backend;
 
 #define HOST(be) ((host_backend *)(be))
@@ -128,7 +130,7 @@ static gp_status host_ranges_add(host_ranges *l, uintptr_t addr, uint64_t size, 
         l->v = v;
         l->cap = nc;
     }
-    l->v[l->n++] = (host_range){addr, size, handle};
+    l->v[l->n++] = (host_range){addr, size, handle, 0};
     return GP_OK;
 }
 
@@ -142,16 +144,22 @@ static size_t host_ranges_find(const host_ranges *l, uintptr_t addr)
 
 static void host_ranges_del(host_ranges *l, size_t i) { l->v[i] = l->v[--l->n]; }
 
-/* Bytes of [a, a+n) covered by the ranges (they never overlap). */
-static uint64_t host_ranges_cover(const host_ranges *l, uintptr_t a, uint64_t n)
+/* Bytes of [a, a+n) covered by the ranges (they never overlap) whose peers
+ * include every bit of `peers` (0: by any). */
+static uint64_t host_ranges_cover_for(const host_ranges *l, uintptr_t a, uint64_t n, uint64_t peers)
 {
     uint64_t in = 0;
     for (size_t i = 0; i < l->n; i++) {
         uintptr_t lo = l->v[i].addr > a ? l->v[i].addr : a;
         uintptr_t hi = l->v[i].addr + l->v[i].size < a + n ? l->v[i].addr + l->v[i].size : a + n;
-        if (hi > lo) in += hi - lo;
+        if (hi > lo && (l->v[i].peers & peers) == peers) in += hi - lo;
     }
     return in;
+}
+
+static uint64_t host_ranges_cover(const host_ranges *l, uintptr_t a, uint64_t n)
+{
+    return host_ranges_cover_for(l, a, n, 0);
 }
 
 /* --------------------------------------------------------- fault injection */
@@ -282,11 +290,43 @@ static gp_status host_map(gp_backend *be, uintptr_t addr, uint64_t size, uint64_
     }
     if (st == GP_OK) {
         if (h->n_capturing) h->c.n_map_capturing++;
+        h->maps.v[h->maps.n - 1].peers = h->peers;
         *handle = ++h->next_handle;
         h->c.mapped += size;
     }
     pthread_mutex_unlock(&h->lock);
     return st;
+}
+
+/* Device ordinals: 64 as the bits of a mapping's peers. */
+#define HOST_MAX_DEVICES 64
+
+static gp_status host_grant_peer(gp_backend *be, int peer)
+{
+    host_backend *h = HOST(be);
+    pthread_mutex_lock(&h->lock);
+    gp_status st = host_fault_locked(h, GP_HOST_GRANT_PEER);
+    if (st != GP_OK) {
+        /* injected: no mapping changes */
+    } else if (peer < 0 || peer >= HOST_MAX_DEVICES || peer == be->device) {
+        st = gp_error_set(GP_ERR_INVALID, "host grant_peer: device %d is not another device (0..%d, this one is %d)",
+                          peer, HOST_MAX_DEVICES - 1, be->device);
+    } else {
+        h->peers |= 1ull << peer;
+        for (size_t i = 0; i < h->maps.n; i++) h->maps.v[i].peers |= 1ull << peer;
+    }
+    pthread_mutex_unlock(&h->lock);
+    return st;
+}
+
+int gp_host_peer_access(gp_backend *be, uintptr_t addr, uint64_t size, int peer)
+{
+    host_backend *h = HOST(be);
+    if (peer < 0 || peer >= HOST_MAX_DEVICES || !size) return 0;
+    pthread_mutex_lock(&h->lock);
+    uint64_t in = host_ranges_cover_for(&h->maps, addr, size, 1ull << peer);
+    pthread_mutex_unlock(&h->lock);
+    return in == size;
 }
 
 static void host_protect_none(uintptr_t addr, uint64_t size)

@@ -82,5 +82,9 @@ void gp_host_stream_complete(gp_backend *be, gp_stream stream);
  * captures, stream_wait() involving it fails, as on CUDA, and map() calls are
  * counted in n_map_capturing. */
 void gp_host_set_capturing(gp_backend *be, gp_stream stream, int on);
+/* Whether device `peer` may read and write all of [addr, addr+size): every
+ * byte mapped, by mappings that grant_peer reached (made after the grant or
+ * live at it).  0 for an empty range. */
+int gp_host_peer_access(gp_backend *be, uintptr_t addr, uint64_t size, int peer);
 
 #endif /* GP_BACKEND_HOST_H */

@@ -26,6 +26,9 @@ static int g_configured;
 static uint64_t g_host_capacity; /* non-zero: device pools over the host backend (tests) */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic(gp_stack *) g_stacks[GP_MAX_DEVICES];
+/* Per device, the devices granted access to its memory (a bit each, under
+ * g_lock): a stack made later grants them when it is made. */
+static uint64_t g_peers[GP_MAX_DEVICES];
 static atomic_ullong g_free_errors;
 static char g_create_error[1024];
 
@@ -95,6 +98,7 @@ gp_stack *gp_registry_stack(int device)
         gp_backend *be;
         gp_status st = g_host_capacity ? gp_backend_host_create(g_host_capacity, &be)
                                        : gp_backend_cuda_create(device, &be);
+        if (st == GP_OK) be->device = device; /* (the host backend's stands in for it) */
         /* The device's name in the tenant registry: the same GPU in every
          * process, whatever its CUDA_VISIBLE_DEVICES. */
         char id[64] = "host";
@@ -106,6 +110,14 @@ gp_stack *gp_registry_stack(int device)
             snprintf(g_create_error, sizeof g_create_error, "%s", gp_last_error());
             p = NULL;
         } else {
+            /* Peers asked for before there was a stack: the caller that
+             * asked has returned, so a failure can only be told here. */
+            for (int peer = 0; peer < GP_MAX_DEVICES; peer++)
+                if ((g_peers[device] >> peer & 1) && gp_stack_grant_peer(p, peer) != GP_OK) {
+                    g_peers[device] &= ~(1ull << peer);
+                    fprintf(stderr, "gpupool: device %d cannot access device %d's memory, copies between them "
+                            "will fail: %s\n", peer, device, gp_last_error());
+                }
             atomic_store_explicit(&g_stacks[device], p, memory_order_release);
             if (g_cfg.log == GP_LOG_ALL) {
                 gp_stats s;
@@ -118,6 +130,36 @@ gp_stack *gp_registry_stack(int device)
     }
     pthread_mutex_unlock(&g_lock);
     return p;
+}
+
+gp_status gp_registry_grant_peer(int device, int peer)
+{
+    if (device < 0 || device >= GP_MAX_DEVICES || peer < 0 || peer >= GP_MAX_DEVICES || peer == device)
+        return gp_error_set(GP_ERR_INVALID, "gpupool: access of device %d to device %d's memory: two different "
+                            "devices 0..%d are needed", peer, device, GP_MAX_DEVICES - 1);
+    gp_registry_lock();
+    gp_stack *p = atomic_load(&g_stacks[device]);
+    gp_status st = p ? gp_stack_grant_peer(p, peer) : GP_OK;
+    if (st == GP_OK) g_peers[device] |= 1ull << peer;
+    pthread_mutex_unlock(&g_lock);
+    return st;
+}
+
+uint64_t gp_registry_peers(int device)
+{
+    if (device < 0 || device >= GP_MAX_DEVICES) return 0;
+    gp_registry_lock();
+    uint64_t peers = g_peers[device];
+    pthread_mutex_unlock(&g_lock);
+    return peers;
+}
+
+int gp_registry_on_host(void)
+{
+    gp_registry_lock();
+    int host = g_host_capacity != 0;
+    pthread_mutex_unlock(&g_lock);
+    return host;
 }
 
 /* Whether a device stack exists (g_lock held). */

@@ -250,31 +250,6 @@ static PyObject *m_use_host_backend(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* CUDAPluggableAllocator::cacheInfo, for cuDNN's benchmark mode (see
- * torch_abi.h).  PyTorch's allocator answers the larger of its largest
- * cached block and what it is given -- the driver's free memory when given
- * 0.  The pool's headroom is that, within its limit.  It only reads: a
- * device without a pool gets no pool (in reserve mode, making one would map
- * most of the device), and the answer PyTorch's would give with nothing
- * cached. */
-static void gp_cache_info(void *self, signed char device, size_t *largest)
-{
-    (void)self;
-    gp_stack *p = gp_registry_get(device);
-    uint64_t h = p ? gp_pool_headroom(gp_stack_pool(p)) : *largest ? 0 : gp_registry_device_free(device);
-    if (h > *largest) *largest = (size_t)h;
-}
-
-static PyObject *m_set_cache_info(PyObject *self, PyObject *arg)
-{
-    (void)self;
-    int on = PyObject_IsTrue(arg);
-    if (on < 0) return NULL;
-    const char *why = gp_torch_set_cache_info(on ? gp_cache_info : NULL);
-    if (!why) Py_RETURN_NONE;
-    return PyUnicode_FromString(why);
-}
-
 static PyObject *m_stack_frames(PyObject *self, PyObject *arg)
 {
     (void)self;
@@ -313,9 +288,6 @@ static PyMethodDef module_methods[] = {
     {"use_host_backend", m_use_host_backend, METH_O,
      "use_host_backend(capacity): for tests without a GPU, device pools made from now on run over "
      "the host backend with capacity bytes each (0: CUDA again); before the first device pool"},
-    {"set_cache_info", m_set_cache_info, METH_O,
-     "set_cache_info(on): answer CUDAPluggableAllocator::cacheInfo (cuDNN benchmark) from gpupool, "
-     "or (False) give PyTorch's own back; None when done, else why not"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -357,7 +329,7 @@ PyMODINIT_FUNC PyInit__C(void)
         PyModule_AddIntConstant(m, "PRIO_MAX", GP_PRIO_MAX) < 0 ||
         PyModule_AddIntConstant(m, "HISTORY_DEFAULT", GP_HISTORY_DEFAULT) < 0 ||
         gp_stats_fields_add(m) < 0 || gp_priority_names_add(m) < 0 || gp_pycodec_register(m) < 0 ||
-        gp_pyarbiter_register(m) < 0) {
+        gp_pyarbiter_register(m) < 0 || gp_pytorch_methods_register(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -7,6 +7,8 @@
  *   pypool.c     the Python type Pool over any stack, and errors as Python
  *                exceptions
  *   pyoffload.c  offload's methods of Pool
+ *   pytorch_methods.c  the methods of PyTorch's pluggable allocator that
+ *                gpupool answers (cacheInfo, peer access between devices)
  *   module.c     the module's functions and its init
  * Only these see Python; they reach the allocator through its stacks
  * (stack.h) and gpupool.h.
@@ -42,6 +44,15 @@ gp_stack *gp_registry_stack(int device);
 /* The free memory of `device` as its driver sees it, without making a
  * pool (0 when it cannot be asked).  A slow path. */
 uint64_t gp_registry_device_free(int device);
+/* Let `peer` read and write device `device`'s memory: its stack's
+ * mappings now and later (gp_stack_grant_peer), or, before it has one,
+ * from when it is made.  GP_ERR_INVALID for a device out of range or the
+ * same device. */
+gp_status gp_registry_grant_peer(int device, int peer);
+/* The devices granted access to device `device`'s memory, a bit each. */
+uint64_t gp_registry_peers(int device);
+/* Whether device pools run over the host backend (gp_registry_use_host). */
+int gp_registry_on_host(void);
 /* Why the last pool creation failed ("" if none did). */
 const char *gp_registry_error(void);
 /* Frees PyTorch made that gpupool rejected. */
@@ -127,5 +138,11 @@ int gp_pycodec_register(PyObject *m);
 /* Add tenant_yield, tenant_read, tenant_registries, tenant_unlink and the
  * TENANT_SLOTS / RECLAIM_* constants to module m; -1 with an exception. */
 int gp_pyarbiter_register(PyObject *m);
+
+/* ------------------------- pytorch_methods.c: PyTorch's allocator methods */
+
+/* Add set_cache_info, set_peer_access and device_peers to module m; -1
+ * with an exception. */
+int gp_pytorch_methods_register(PyObject *m);
 
 #endif /* GP_MODULE_H */

@@ -1,6 +1,7 @@
 /*
  * torch_abi.c -- PyTorch's C++ ABI, reached from C: torch.OutOfMemoryError
- * and RuntimeError from gpupool_malloc, and cacheInfo() for cuDNN.
+ * and RuntimeError from gpupool_malloc, and the allocator methods PyTorch's
+ * pluggable allocator gets wrong for gpupool (cacheInfo, peer access).
  *
  * PyTorch's CUDAPluggableAllocator does not check what the malloc hook
  * returns (measured with torch 2.11): a NULL becomes a tensor whose data
@@ -124,17 +125,16 @@ void gp_torch_throw(int oom, const char *msg)
 }
 
 /*
- * cacheInfo.  cuDNN's benchmark mode sizes its workspace by asking the
- * allocator for its largest block (c10::cuda::CUDACachingAllocator::
- * cacheInfo); CUDAPluggableAllocator throws instead (PyTorch issue #98481),
- * so torch.backends.cudnn.benchmark = True breaks every convolution.  The
- * method is virtual and Python cannot reach it, so we rewrite its entry in
- * the class's vtable -- the exported symbol _ZTV... -- after finding the
- * slot by value: the entry equal to the address of PyTorch's own cacheInfo.
- * No vtable layout is assumed; if the entry is not among the first
- * GP_VT_SCAN, nothing is written.  The vtable lies in relocated read-only
- * memory (RELRO): its page is made writable for the one store, then given
- * back the protection it had.
+ * Methods of CUDAPluggableAllocator answered by gpupool (torch_abi.h says
+ * which and why: cacheInfo throws, enablePeerAccess and memcpyAsync do not
+ * reach memory mapped with cuMemMap).  The methods are virtual and Python
+ * cannot reach them, so we rewrite their entries in the class's vtable --
+ * the exported symbol _ZTV... -- after finding each slot by value: the
+ * entry equal to the address of PyTorch's own method.  No vtable layout is
+ * assumed; if the entry is not among the first GP_VT_SCAN, nothing is
+ * written.  The vtable lies in relocated read-only memory (RELRO): its page
+ * is made writable for the one store, then given back the protection it
+ * had.
  */
 #define GP_VT_SCAN 256
 
@@ -160,24 +160,38 @@ static int gp_page_prot(uintptr_t addr)
     return prot;
 }
 
-const char *gp_torch_set_cache_info(gp_cache_info_fn fn)
+#define GP_PLUGGABLE "_ZN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocator"
+
+/* Each method's symbol, in gp_torch_method's order. */
+static const char *const gp_method_names[GP_TORCH_METHODS] = {
+    GP_PLUGGABLE "9cacheInfoEaPm",
+    GP_PLUGGABLE "16enablePeerAccessEaa",
+    GP_PLUGGABLE "11memcpyAsyncEPviPKvimP11CUstream_stb",
+};
+
+void *gp_torch_own(gp_torch_method m)
+{
+    return (unsigned)m < GP_TORCH_METHODS ? gp_cxx_sym(gp_method_names[m]) : NULL;
+}
+
+const char *gp_torch_override(gp_torch_method m, void *fn)
 {
     static const char vt_name[] = "_ZTVN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocatorE";
-    static const char ci_name[] = "_ZN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocator9cacheInfoEaPm";
-    static void *ours; /* the function in the entry now, if one of ours */
+    static void *ours[GP_TORCH_METHODS]; /* the function in each entry now, if one of ours */
+    if ((unsigned)m >= GP_TORCH_METHODS) return "no such method";
     void **vt = gp_cxx_sym(vt_name);
-    void *theirs = gp_cxx_sym(ci_name);
+    void *theirs = gp_torch_own(m);
     if (!vt) return vt_name;
-    if (!theirs) return ci_name;
-    void *want = fn ? (void *)fn : theirs;
+    if (!theirs) return gp_method_names[m];
+    void *want = fn ? fn : theirs;
     const char *why = NULL;
     pthread_mutex_lock(&gp_vt_lock);
     /* Entries 0 and 1 are the offset to top and the type_info. */
     void **slot = NULL;
     for (int i = 2; i < GP_VT_SCAN && !slot; i++)
-        if (vt[i] == theirs || (ours && vt[i] == ours)) slot = &vt[i];
+        if (vt[i] == theirs || (ours[m] && vt[i] == ours[m])) slot = &vt[i];
     if (!slot) {
-        why = "CUDAPluggableAllocator::cacheInfo is not in its class's vtable";
+        why = "the method is not in CUDAPluggableAllocator's vtable";
     } else if (*slot != want) {
         uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
         uintptr_t lo = (uintptr_t)slot & ~(page - 1);
@@ -189,7 +203,7 @@ const char *gp_torch_set_cache_info(gp_cache_info_fn fn)
         } else {
             __atomic_store_n(slot, want, __ATOMIC_RELEASE);
             if (!(prot & PROT_WRITE)) mprotect((void *)lo, page, prot);
-            ours = fn ? (void *)fn : NULL;
+            ours[m] = fn;
         }
     }
     pthread_mutex_unlock(&gp_vt_lock);

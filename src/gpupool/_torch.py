@@ -69,7 +69,11 @@ def enable(**options: Any) -> None:
             warnings.warn(f"gpupool: a failed allocation cannot raise torch.OutOfMemoryError or "
                           f"RuntimeError under this PyTorch (C++ symbol {why} not found); PyTorch "
                           f"would get a tensor without memory", RuntimeWarning, stacklevel=2)
-        _torch_patch.install_safety()
+        why = _torch_patch.install_safety()
+        if why:
+            warnings.warn(f"gpupool: copies between the GPUs of this process (nn.DataParallel, tensor.to() "
+                          f"of another GPU) will fail under this PyTorch (peer access not routed to gpupool: "
+                          f"{why})", RuntimeWarning, stacklevel=2)
         if _C.config()["torch_patch"] == "1":
             why = _torch_patch.install_api()
             if why:

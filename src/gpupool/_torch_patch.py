@@ -14,7 +14,7 @@ entry points to gpupool:
   ``empty_cache`` trims, ``set_per_process_memory_fraction`` sets gpupool's
   limit, the snapshot functions give gpupool's snapshot in PyTorch's
   format, and the allocator's C++ ``cacheInfo`` (cuDNN's benchmark mode)
-  answers from gpupool (csrc/torch_abi.c).  Each is set in both ``torch.cuda`` and ``torch.cuda.memory``, since
+  answers from gpupool (csrc/python/pytorch_methods.c).  Each is set in both ``torch.cuda`` and ``torch.cuda.memory``, since
   code calls both.  The allocator calls of torch.compile's CUDA graph trees
   raise an error that names what works under gpupool instead of torch's.
 * Correctness hooks (``install_safety``; always on while gpupool is enabled,
@@ -23,7 +23,10 @@ entry points to gpupool:
   ``torch.cuda.CUDAGraph.capture_begin / capture_end / reset`` give each graph
   pool private gpupool memory (see gpupool.h, gp_pool_capture_*).  Calls that
   C++ makes internally (c10d's ``recordStream``, graphs begun without this
-  Python class) bypass them.
+  Python class) bypass them.  The allocator's C++ ``enablePeerAccess`` and
+  ``memcpyAsync`` also answer from gpupool (csrc/python/pytorch_methods.c):
+  PyTorch's do not reach memory mapped with cuMemMap, so copies between the
+  GPUs of one process (nn.DataParallel, ``tensor.to("cuda:1")``) failed.
 """
 from __future__ import annotations
 
@@ -392,13 +395,19 @@ def _graph_hooks(cls: Any) -> Dict[str, Callable[..., Any]]:
     return {"capture_begin": capture_begin, "capture_end": capture_end, "reset": reset}
 
 
-def install_safety() -> None:
-    """Hook Tensor.record_stream and CUDA graph capture (idempotent)."""
+def install_safety() -> Optional[str]:
+    """Hook Tensor.record_stream and CUDA graph capture, and route the
+    pluggable allocator's peer access and copies between GPUs to gpupool
+    (PyTorch's own do not reach the memory gpupool maps: nn.DataParallel and
+    tensor.to() of another GPU of the process would fail).  Idempotent.
+    Returns why peer access could not be routed (None when it was)."""
     torch = _torch()
     with _lock:
+        why = _C.set_peer_access(True)
         if (torch.Tensor, "record_stream") in _saved:
-            return
+            return why
         _set(torch.Tensor, "record_stream", _record_stream_hook(torch.Tensor.record_stream))
         cls = torch.cuda.graphs.CUDAGraph
         for name, fn in _graph_hooks(cls).items():
             _set(cls, name, fn)
+        return why

@@ -432,6 +432,73 @@ static void test_in_context(const variant *v)
     CHECK(be->in_context(be, in_ctx, &c) == GP_ERR_LIMIT && c.calls == 2);
 }
 
+/* grant_peer: never this device or one that is not there; another one
+ * reaches every mapping, those made before the grant and those after.  On
+ * the host backend, which has any device 0..63, access is observed; on
+ * CUDA with a second device, that device's copy reads what the grant let it
+ * (a copy engine of device 1 on device 0's memory); with one device, there
+ * is no peer to grant. */
+static void test_grant_peer(const variant *v)
+{
+    gp_backend *be = v->be;
+    CHECK(be->grant_peer(be, be->device) == GP_ERR_INVALID && strstr(gp_last_error(), "another device"));
+    CHECK(be->grant_peer(be, -1) == GP_ERR_INVALID);
+    CHECK(be->grant_peer(be, 4096) == GP_ERR_INVALID);
+    int peer = be->device == 1 ? 0 : 1;
+    dev_range before, after;
+    if (!dev_get(be, 3 * be->granularity, &before)) return;
+    gp_status st = be->grant_peer(be, peer);
+    if (v->host) {
+        CHECK(ok(st, "grant_peer"));
+        CHECK(gp_host_peer_access(v->host, before.base, before.size, peer));
+        CHECK(!gp_host_peer_access(v->host, before.base, before.size, peer + 1));
+    }
+    if (dev_get(be, be->granularity, &after)) {
+        if (v->host) CHECK(gp_host_peer_access(v->host, after.base, after.size, peer));
+#ifdef GP_TEST_CUDA
+        gp_backend *other = NULL;
+        if (!v->host && st == GP_OK && ok(gp_backend_cuda_create(peer, &other), "the peer's backend")) {
+            unsigned char src[4096], back[4096];
+            fill(src, sizeof src, 7);
+            gp_stream s = NULL, so = NULL;
+            void *pin = NULL;
+            dev_range mine;
+            if (ok(be->stream_create(be, &s), "stream") && ok(other->stream_create(other, &so), "peer stream") &&
+                ok(be->host_alloc(be, sizeof src, &pin), "host_alloc") && dev_get(other, 4096, &mine)) {
+                memcpy(pin, src, sizeof src);
+                CHECK(ok(be->copy(be, (void *)after.base, pin, sizeof src, GP_COPY_H2D, s), "H2D") && drain(be, s));
+                /* Device `peer`'s stream copies from this device's memory. */
+                CHECK(ok(other->copy(other, (void *)mine.base, (void *)after.base, sizeof src, GP_COPY_D2D, so),
+                         "the peer's copy") && drain(other, so));
+                memset(pin, 0, sizeof src);
+                CHECK(ok(other->copy(other, pin, (void *)mine.base, sizeof src, GP_COPY_D2H, so), "D2H") &&
+                      drain(other, so));
+                memcpy(back, pin, sizeof back);
+                CHECK(memcmp(back, src, sizeof src) == 0);
+                dev_put(other, &mine);
+            }
+            if (pin) be->host_free(be, pin, sizeof src);
+            if (so) other->stream_destroy(other, so);
+            if (s) be->stream_destroy(be, s);
+            other->destroy(other);
+        } else if (!v->host) {
+            CHECK(st == GP_ERR_INVALID); /* one device: no peer */
+        }
+#endif
+        dev_put(be, &after);
+    }
+    /* Idempotent; a failure is reported and a call again retries. */
+    if (v->host) {
+        CHECK(ok(be->grant_peer(be, peer), "grant_peer again"));
+        gp_host_fail(v->host, GP_HOST_GRANT_PEER, 1, GP_ERR_BACKEND, GP_HOST_FAIL_ONCE);
+        CHECK(be->grant_peer(be, peer + 2) == GP_ERR_BACKEND);
+        CHECK(!gp_host_peer_access(v->host, before.base, before.size, peer + 2));
+        CHECK(ok(be->grant_peer(be, peer + 2), "grant_peer after a failure"));
+        CHECK(gp_host_peer_access(v->host, before.base, before.size, peer + 2));
+    }
+    dev_put(be, &before);
+}
+
 /* ------------------------------------------------------------- variants */
 
 static char g_group[64];
@@ -591,6 +658,7 @@ static void run(const char *name)
     test_checksum(&v);
     test_gather(&v);
     test_in_context(&v);
+    test_grant_peer(&v);
     if (v.host) {
         /* Every operation reached the host backend, through the adaptor if
          * any, and nothing is left. */

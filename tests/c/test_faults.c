@@ -148,6 +148,7 @@ static void test_nth_call_once_and_from(void)
     CHECK(be->checksum(be, buf, 8, 0, buf, made) == GP_ERR_BACKEND);
     CHECK(be->gather(be, buf, NULL, NULL, 0, 16, 64, made) == GP_ERR_BACKEND);
     CHECK(be->in_context(be, never_called, NULL) == GP_ERR_BACKEND);
+    CHECK(be->grant_peer(be, 1) == GP_ERR_BACKEND);
     gp_host_counters_get(be, &c);
     for (int fn = 0; fn < GP_HOST_FN_COUNT; fn++) {
         if (fn == GP_HOST_MAP || fn == GP_HOST_UNMAP) continue;

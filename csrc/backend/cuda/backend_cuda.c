@@ -22,6 +22,7 @@
  */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,7 @@
 #include "backend.h"
 #include "host_pages.h"
 #include "kernels.h"
+#include "range_set.h"
 
 #if !defined(CUDA_VERSION) || CUDA_VERSION < 11000
 #error "backend_cuda.c needs cuda.h from CUDA 11.0 or newer (virtual memory management, cuDevicePrimaryCtxRelease_v2)"
@@ -91,6 +93,8 @@ typedef CUresult (CUDAAPI *cu_pfn_module_unload)(CUmodule);
 typedef CUresult (CUDAAPI *cu_pfn_launch_kernel)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
                                                  unsigned int, unsigned int, unsigned int, CUstream, void **, void **);
 typedef CUresult (CUDAAPI *cu_pfn_device_get_uuid)(CUuuid *, CUdevice);
+typedef CUresult (CUDAAPI *cu_pfn_device_can_access_peer)(int *, CUdevice, CUdevice);
+typedef CUresult (CUDAAPI *cu_pfn_memcpy_peer_async)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream);
 
 /* field, ABI symbol.  The symbol is spelled out (not left to cuda.h's
  * #define cuX cuX_v2) so that what dlsym looks up is visible here. */
@@ -138,7 +142,9 @@ typedef CUresult (CUDAAPI *cu_pfn_device_get_uuid)(CUuuid *, CUdevice);
     X(module_get_function, cuModuleGetFunction)        \
     X(module_unload, cuModuleUnload)                   \
     X(launch_kernel, cuLaunchKernel)                   \
-    X(device_get_uuid, cuDeviceGetUuid)
+    X(device_get_uuid, cuDeviceGetUuid)                \
+    X(device_can_access_peer, cuDeviceCanAccessPeer)   \
+    X(memcpy_peer_async, cuMemcpyPeerAsync)
 
 /* A typo in a typedef or a symbol name that cuda.h does not declare fails
  * the build here rather than corrupting the stack at run time.  _Generic does
@@ -219,6 +225,12 @@ static const char *cu_err_string(CUresult r)
     return "no description";
 }
 
+static const char *cu_visible_devices(void)
+{
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    return v ? v : "(unset)";
+}
+
 /* Only "the device is full" may be retried by the pool after a trim. */
 static gp_status cu_status(CUresult r)
 {
@@ -242,7 +254,15 @@ typedef struct cu_backend {
     CUdevice dev;
     CUcontext ctx; /* the retained primary context */
     CUmemAllocationProp prop;
-    CUmemAccessDesc access;
+    /* Who may read and write the mappings: this device, then each peer
+     * granted (grant_peer); every map sets them all.  maps holds the live
+     * mappings, for a grant to reach those made before it.  map_lock
+     * guards both, so that a map and a grant that run at once leave the
+     * new mapping with the peer's access either way. */
+    pthread_mutex_t map_lock;
+    CUmemAccessDesc *access; /* room for every device */
+    int n_access;
+    gp_range_set maps;
     pthread_mutex_t ev_lock;
     CUevent ev_free[CU_EVENT_CACHE];
     int n_ev_free;
@@ -349,15 +369,20 @@ static gp_status cu_map(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t 
                        (unsigned long long)size);
     }
     /* A new mapping starts with no access at all: without this, the first
-     * kernel touching it faults. */
-    r = cu_api.mem_set_access((CUdeviceptr)addr, size, &cb->access, 1);
-    if (r != CUDA_SUCCESS) {
+     * kernel touching it faults.  The peers granted so far get it too. */
+    pthread_mutex_lock(&cb->map_lock);
+    int n_access = cb->n_access;
+    r = cu_api.mem_set_access((CUdeviceptr)addr, size, cb->access, (size_t)n_access);
+    gp_status st = r == CUDA_SUCCESS ? gp_range_set_add(&cb->maps, addr, size) : GP_OK;
+    pthread_mutex_unlock(&cb->map_lock);
+    if (r != CUDA_SUCCESS || st != GP_OK) {
         cu_api.mem_unmap((CUdeviceptr)addr, size);
         cu_api.mem_release(h);
         cu_api.thread_exchange_capture_mode(&mode);
         cu_leave(pushed);
-        return CU_FAIL(r, be->device, "cuMemSetAccess(addr=%#llx, size=%llu, read-write)",
-                       (unsigned long long)addr, (unsigned long long)size);
+        if (st != GP_OK) return st; /* (no room to remember the mapping) */
+        return CU_FAIL(r, be->device, "cuMemSetAccess(addr=%#llx, size=%llu, read-write for %d device(s))",
+                       (unsigned long long)addr, (unsigned long long)size, n_access);
     }
     cu_api.thread_exchange_capture_mode(&mode);
     cu_leave(pushed);
@@ -370,7 +395,11 @@ static gp_status cu_unmap(gp_backend *be, uintptr_t addr, uint64_t size, uint64_
     cu_backend *cb = CU(be);
     int pushed;
     CU_ENTER_OR_FAIL(cb, pushed, "unmap");
+    /* Under the lock: a grant never reaches a range being unmapped. */
+    pthread_mutex_lock(&cb->map_lock);
     CUresult r = cu_api.mem_unmap((CUdeviceptr)addr, size);
+    if (r == CUDA_SUCCESS) gp_range_set_remove(&cb->maps, addr);
+    pthread_mutex_unlock(&cb->map_lock);
     if (r != CUDA_SUCCESS) {
         /* Keep the handle: the range is still mapped, and releasing it now
          * would leave the pool no way to retry. */
@@ -384,6 +413,56 @@ static gp_status cu_unmap(gp_backend *be, uintptr_t addr, uint64_t size, uint64_
         return CU_FAIL(r, be->device, "cuMemRelease(handle=%#llx) after unmapping %#llx+%llu",
                        (unsigned long long)handle, (unsigned long long)addr, (unsigned long long)size);
     return GP_OK;
+}
+
+/* A peer device's access to one live mapping (gp_range_set_each). */
+typedef struct cu_grant {
+    cu_backend *cb;
+    const CUmemAccessDesc *desc;
+    CUresult r;
+} cu_grant;
+
+static gp_status cu_grant_range(const gp_range *m, void *arg)
+{
+    cu_grant *g = arg;
+    g->r = cu_api.mem_set_access((CUdeviceptr)m->addr, m->size, g->desc, 1);
+    if (g->r == CUDA_SUCCESS) return GP_OK;
+    return CU_FAIL(g->r, g->cb->be.device, "cuMemSetAccess(addr=%#llx, size=%llu, read-write for device %d)",
+                   (unsigned long long)m->addr, (unsigned long long)m->size, g->desc->location.id);
+}
+
+static gp_status cu_grant_peer(gp_backend *be, int peer)
+{
+    cu_backend *cb = CU(be);
+    int count = 0, can = 0;
+    CUdevice pdev;
+    CUresult r = cu_api.device_get_count(&count);
+    if (r != CUDA_SUCCESS) return CU_FAIL(r, be->device, "%s", "cuDeviceGetCount()");
+    if (peer < 0 || peer >= count || peer == be->device)
+        return gp_error_set(GP_ERR_INVALID, "cuda device %d: device %d is not another device of the process "
+                            "(0..%d; CUDA_VISIBLE_DEVICES=%s)", be->device, peer, count - 1, cu_visible_devices());
+    r = cu_api.device_get(&pdev, peer);
+    if (r == CUDA_SUCCESS) r = cu_api.device_can_access_peer(&can, pdev, cb->dev);
+    if (r != CUDA_SUCCESS) return CU_FAIL(r, be->device, "cuDeviceCanAccessPeer(device %d)", peer);
+    if (!can)
+        return gp_error_set(GP_ERR_INVALID, "cuda device %d: device %d cannot access its memory (no peer-to-peer "
+                            "path between them)", be->device, peer);
+    CUmemAccessDesc desc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = peer},
+                            .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    int pushed;
+    CU_ENTER_OR_FAIL(cb, pushed, "grant_peer");
+    gp_status st = GP_OK;
+    pthread_mutex_lock(&cb->map_lock);
+    int have = 0;
+    for (int i = 0; i < cb->n_access; i++) have |= cb->access[i].location.id == peer;
+    if (!have) {
+        cu_grant g = {cb, &desc, CUDA_SUCCESS};
+        st = gp_range_set_each(&cb->maps, cu_grant_range, &g);
+        if (st == GP_OK) cb->access[cb->n_access++] = desc;
+    }
+    pthread_mutex_unlock(&cb->map_lock);
+    cu_leave(pushed);
+    return st;
 }
 
 /* Ordering across a stream that is capturing a CUDA graph would either pull
@@ -788,16 +867,13 @@ static void cu_destroy(gp_backend *be)
     cb->n_ev_free = 0;
     cu_api.primary_ctx_release(cb->dev);
     pthread_mutex_destroy(&cb->ev_lock);
+    pthread_mutex_destroy(&cb->map_lock);
+    gp_range_set_clear(&cb->maps);
+    free(cb->access);
     free(cb);
 }
 
 /* ------------------------------------------------------------------ create */
-
-static const char *cu_visible_devices(void)
-{
-    const char *v = getenv("CUDA_VISIBLE_DEVICES");
-    return v ? v : "(unset)";
-}
 
 gp_status gp_backend_cuda_create(int device, gp_backend **out)
 {
@@ -837,17 +913,32 @@ gp_status gp_backend_cuda_create(int device, gp_backend **out)
     if (r != CUDA_SUCCESS) return CU_FAIL(r, device, "%s", "cuDeviceTotalMem()");
 
     cu_backend *cb = calloc(1, sizeof *cb);
-    if (!cb) return gp_error_set(GP_ERR_NOMEM, "cuda device %d: out of host memory for the backend", device);
+    CUmemAccessDesc *access = calloc((size_t)count, sizeof *access);
+    if (!cb || !access) {
+        free(cb);
+        free(access);
+        return gp_error_set(GP_ERR_NOMEM, "cuda device %d: out of host memory for the backend", device);
+    }
     if (pthread_mutex_init(&cb->ev_lock, NULL) != 0) {
         free(cb);
+        free(access);
         return gp_error_set(GP_ERR_NOMEM, "cuda device %d: pthread_mutex_init failed", device);
     }
+    if (pthread_mutex_init(&cb->map_lock, NULL) != 0) {
+        pthread_mutex_destroy(&cb->ev_lock);
+        free(cb);
+        free(access);
+        return gp_error_set(GP_ERR_NOMEM, "cuda device %d: pthread_mutex_init failed", device);
+    }
+    cb->access = access;
     cb->dev = dev;
     pthread_once_t once = PTHREAD_ONCE_INIT;
     cb->k_once = once;
     r = cu_api.primary_ctx_retain(&cb->ctx, dev);
     if (r != CUDA_SUCCESS) {
         pthread_mutex_destroy(&cb->ev_lock);
+        pthread_mutex_destroy(&cb->map_lock);
+        free(cb->access);
         free(cb);
         return CU_FAIL(r, device, "%s", "cuDevicePrimaryCtxRetain()");
     }
@@ -856,8 +947,9 @@ gp_status gp_backend_cuda_create(int device, gp_backend **out)
     cb->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     cb->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     cb->prop.location.id = device;
-    cb->access.location = cb->prop.location;
-    cb->access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    cb->access[0].location = cb->prop.location;
+    cb->access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    cb->n_access = 1;
 
     gp_backend *be = &cb->be;
     be->name = "cuda";
@@ -903,5 +995,40 @@ gp_status gp_backend_cuda_uuid(int device, char *buf, size_t len)
     const unsigned char *b = (const unsigned char *)u.bytes;
     snprintf(buf, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
              b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    return GP_OK;
+}
+
+/* Primary contexts for copies between devices, retained on first use and
+ * kept: PyTorch keeps them for the life of the process too. */
+#define CU_PEER_MAX 64
+static _Atomic(CUcontext) cu_peer_ctx[CU_PEER_MAX];
+
+static CUresult cu_peer_context(int device, CUcontext *out)
+{
+    if (device < 0 || device >= CU_PEER_MAX) return CUDA_ERROR_INVALID_DEVICE;
+    *out = atomic_load(&cu_peer_ctx[device]);
+    if (*out) return CUDA_SUCCESS;
+    CUdevice dev;
+    CUresult r = cu_api.device_get(&dev, device);
+    if (r == CUDA_SUCCESS) r = cu_api.primary_ctx_retain(out, dev);
+    if (r != CUDA_SUCCESS) return r;
+    CUcontext none = NULL;
+    if (!atomic_compare_exchange_strong(&cu_peer_ctx[device], &none, *out)) cu_api.primary_ctx_release(dev);
+    return CUDA_SUCCESS;
+}
+
+gp_status gp_backend_cuda_copy_peer(void *dst, int dst_device, const void *src, int src_device, uint64_t size,
+                                    void *stream)
+{
+    pthread_once(&cu_load_once, cu_load);
+    if (cu_load_status != GP_OK) return gp_error_set(cu_load_status, "%s", cu_load_msg);
+    CUcontext dctx = NULL, sctx = NULL;
+    CUresult r = cu_peer_context(dst_device, &dctx);
+    if (r == CUDA_SUCCESS) r = cu_peer_context(src_device, &sctx);
+    if (r == CUDA_SUCCESS)
+        r = cu_api.memcpy_peer_async((CUdeviceptr)dst, dctx, (CUdeviceptr)src, sctx, size, (CUstream)stream);
+    if (r != CUDA_SUCCESS)
+        return CU_FAIL(r, src_device, "cuMemcpyPeerAsync(%llu bytes from %p to %p on device %d)",
+                       (unsigned long long)size, src, dst, dst_device);
     return GP_OK;
 }
