@@ -620,25 +620,36 @@ def test_graph_trees_allocator_calls_say_what_works_under_gpupool() -> None:
     assert {n: getattr(torch._C, n) for n in names} == theirs
 
 
-CACHE_INFO_THROUGH_VTABLE = """
+# What both vtable scripts start with: PyTorch's CUDA libraries, its own
+# method `sym` of CUDAPluggableAllocator, gpupool plugged in as PyTorch's
+# allocator (the object C++ calls, and its class's vtable), and the vtable's
+# entries.
+VTABLE_PRELUDE = """
 import ctypes, os, torch
 from gpupool import _C, _torch_patch
 lib = os.path.join(os.path.dirname(torch.__file__), "lib")
 cuda = ctypes.CDLL(os.path.join(lib, "libtorch_cuda.so"))
 c10c = ctypes.CDLL(os.path.join(lib, "libc10_cuda.so"))
-theirs = ctypes.cast(cuda._ZN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocator9cacheInfoEaPm,
-                     ctypes.c_void_p).value
+def method(sym):
+    name = "_ZN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocator" + sym
+    return ctypes.cast(getattr(cuda, name), ctypes.c_void_p).value
+def plug():
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, "gpupool_malloc", "gpupool_free")
+    torch.cuda.memory.change_current_allocator(alloc)
+    cur = ctypes.c_void_p.in_dll(c10c, "_ZN3c104cuda20CUDACachingAllocator9allocatorE").value
+    return cur, ctypes.c_void_p.from_address(cur).value
+def entries():
+    return [ctypes.c_void_p.from_address(vt + 8 * i).value for i in range(200)]
+"""
+
+
+CACHE_INFO_THROUGH_VTABLE = VTABLE_PRELUDE + """
+theirs = method("9cacheInfoEaPm")
 on_gpu = torch.cuda.is_available()
 if not on_gpu:
     _C.use_host_backend(256 << 20)  # device pools over host memory: there is no GPU
 _C.configure({"mode": "reserve", "reserve": "50%"})
-alloc = torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, "gpupool_malloc", "gpupool_free")
-torch.cuda.memory.change_current_allocator(alloc)
-# The allocator PyTorch calls, and its class's vtable, as C++ sees them.
-cur = ctypes.c_void_p.in_dll(c10c, "_ZN3c104cuda20CUDACachingAllocator9allocatorE").value
-vt = ctypes.c_void_p.from_address(cur).value
-def entries():
-    return [ctypes.c_void_p.from_address(vt + 8 * i).value for i in range(200)]
+cur, vt = plug()
 before = entries()
 slot = before.index(theirs)
 maps = open("/proc/self/maps").read()
@@ -686,22 +697,10 @@ def test_cache_info_is_answered_through_the_vtable(run_py) -> None:
     assert "ok" in run_py(CACHE_INFO_THROUGH_VTABLE).stdout
 
 
-PEER_ACCESS_THROUGH_VTABLE = """
-import ctypes, os, torch
-from gpupool import _C, _torch_patch
-lib = os.path.join(os.path.dirname(torch.__file__), "lib")
-cuda = ctypes.CDLL(os.path.join(lib, "libtorch_cuda.so"))
-c10c = ctypes.CDLL(os.path.join(lib, "libc10_cuda.so"))
-P = "_ZN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocator"
-theirs = {n: ctypes.cast(getattr(cuda, P + sym), ctypes.c_void_p).value
-          for n, sym in (("peer", "16enablePeerAccessEaa"), ("copy", "11memcpyAsyncEPviPKvimP11CUstream_stb"))}
+PEER_ACCESS_THROUGH_VTABLE = VTABLE_PRELUDE + """
+theirs = {"peer": method("16enablePeerAccessEaa"), "copy": method("11memcpyAsyncEPviPKvimP11CUstream_stb")}
 _C.use_host_backend(64 << 20)  # two "devices" over host memory: no CUDA call is made
-alloc = torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, "gpupool_malloc", "gpupool_free")
-torch.cuda.memory.change_current_allocator(alloc)
-cur = ctypes.c_void_p.in_dll(c10c, "_ZN3c104cuda20CUDACachingAllocator9allocatorE").value
-vt = ctypes.c_void_p.from_address(cur).value
-def entries():
-    return [ctypes.c_void_p.from_address(vt + 8 * i).value for i in range(200)]
+cur, vt = plug()
 before = entries()
 slots = {n: before.index(a) for n, a in theirs.items()}
 assert _torch_patch.install_safety() is None and _C.set_peer_access(True) is None  # idempotent
