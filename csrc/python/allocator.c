@@ -98,7 +98,7 @@ gp_stack *gp_registry_stack(int device)
         gp_backend *be;
         gp_status st = g_host_capacity ? gp_backend_host_create(g_host_capacity, &be)
                                        : gp_backend_cuda_create(device, &be);
-        if (st == GP_OK) be->device = device; /* (the host backend's stands in for it) */
+        if (st == GP_OK) be->device = device; /* (the host backend stands in for this device) */
         /* The device's name in the tenant registry: the same GPU in every
          * process, whatever its CUDA_VISIBLE_DEVICES. */
         char id[64] = "host";

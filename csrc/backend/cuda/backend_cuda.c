@@ -419,15 +419,14 @@ static gp_status cu_unmap(gp_backend *be, uintptr_t addr, uint64_t size, uint64_
 typedef struct cu_grant {
     cu_backend *cb;
     const CUmemAccessDesc *desc;
-    CUresult r;
 } cu_grant;
 
 static gp_status cu_grant_range(const gp_range *m, void *arg)
 {
     cu_grant *g = arg;
-    g->r = cu_api.mem_set_access((CUdeviceptr)m->addr, m->size, g->desc, 1);
-    if (g->r == CUDA_SUCCESS) return GP_OK;
-    return CU_FAIL(g->r, g->cb->be.device, "cuMemSetAccess(addr=%#llx, size=%llu, read-write for device %d)",
+    CUresult r = cu_api.mem_set_access((CUdeviceptr)m->addr, m->size, g->desc, 1);
+    if (r == CUDA_SUCCESS) return GP_OK;
+    return CU_FAIL(r, g->cb->be.device, "cuMemSetAccess(addr=%#llx, size=%llu, read-write for device %d)",
                    (unsigned long long)m->addr, (unsigned long long)m->size, g->desc->location.id);
 }
 
@@ -456,7 +455,7 @@ static gp_status cu_grant_peer(gp_backend *be, int peer)
     int have = 0;
     for (int i = 0; i < cb->n_access; i++) have |= cb->access[i].location.id == peer;
     if (!have) {
-        cu_grant g = {cb, &desc, CUDA_SUCCESS};
+        cu_grant g = {cb, &desc};
         st = gp_range_set_each(&cb->maps, cu_grant_range, &g);
         if (st == GP_OK) cb->access[cb->n_access++] = desc;
     }
