@@ -5,6 +5,7 @@
     python -m benchmarks --only lora,churn --modes native,gpupool --reps 5 --json results.json
     python -m benchmarks --only soak,graph --modes gpupool --reps 1   # gpupool only, not in the default run
     python -m benchmarks --only finetune --modes native,expandable,async,gpupool   # not in the default run
+    python -m benchmarks --only peer             # two GPUs of one process: the first copy between them, copy rates
 
 Each run is a process of its own (a process picks its allocator once),
 forked from a zygote per mode that has imported torch and transformers

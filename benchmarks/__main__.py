@@ -347,6 +347,21 @@ def soak_lines(runs: List[Dict[str, Any]]) -> List[str]:
     return out
 
 
+def peer_lines(runs: List[Dict[str, Any]], modes: Sequence[str]) -> List[str]:
+    """The peer workload's other figures per mode: copy rates, and the cost of a tensor
+    mapped before and after the first copy between the devices (medians)."""
+    out = []
+    for m in modes:
+        per = [r["result"] for r in runs if r["workload"] == "peer" and r["mode"] == m and "error" not in r["result"]]
+        if per:
+            med = {k: statistics.median(x[k] for x in per) for k in
+                   ("copy_0_to_1_gbps", "copy_1_to_0_gbps", "fill_us_per_tensor", "refill_us_per_tensor")}
+            out.append(f"peer {m}: {med['copy_0_to_1_gbps']:.0f} GB/s 0->1, {med['copy_1_to_0_gbps']:.0f} GB/s 1->0; "
+                       f"{med['fill_us_per_tensor']:.1f} us per tensor before the first copy, "
+                       f"{med['refill_us_per_tensor']:.1f} after ({per[-1]['tensors']} tensors)")
+    return out
+
+
 def soak_goals(runs: List[Dict[str, Any]]) -> List[str]:
     """Bytes identical every cycle; every figure flat after cycle 2."""
     out: List[str] = []
@@ -513,6 +528,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print("\n".join(soak_lines(runs)) + "\n")
         if name == "offload_cold":
             print(cold_table(runs, args.modes) + "\n")
+        if name == "peer":
+            print("\n".join(peer_lines(runs, args.modes)) + "\n")
     for c in cases.values():
         print(c["table"] + "\n")
     verdicts = (goals(summaries) + offload_goals(runs) + cold_goals(runs) + soak_goals(runs) + graph_goals(runs)

@@ -13,14 +13,13 @@ Python's and PyTorch's dispatch, as any real allocation does; no kernel runs.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .modes import MODES, install, peak_memory
+from .modes import MODES, install, peak_memory, report
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -86,14 +85,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     install(args.mode)
     result = churn(args)
-    print(f"{args.mode}: {result['us_per_pair']:.2f} us per alloc+free pair over {args.pairs} pairs, "
-          f"peak allocated {result['peak_allocated'] / 2**20:.1f} MiB, "
-          f"peak reserved {result['peak_reserved'] / 2**20:.1f} MiB")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    return 0
-
+    return report(result, f"{args.mode}: {result['us_per_pair']:.2f} us per alloc+free pair over {args.pairs} pairs, "
+                  f"peak allocated {result['peak_allocated'] / 2**20:.1f} MiB, "
+                  f"peak reserved {result['peak_reserved'] / 2**20:.1f} MiB", args.json)
 
 if __name__ == "__main__":
     sys.exit(main())

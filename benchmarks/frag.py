@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import random
@@ -35,7 +34,7 @@ import sys
 import time
 from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple
 
-from .modes import GPUPOOL_MODES, MODES, install, peak_memory
+from .modes import GPUPOOL_MODES, MODES, install, peak_memory, report
 
 SEQ_LENS = (128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 HEAD_DIM = 64
@@ -168,16 +167,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os.environ["GPUPOOL_PLACEMENT"] = args.placement  # read by gpupool.enable()
     install(args.mode)
     result = frag(args)
-    print(f"{args.mode}: peak allocated {result['peak_allocated'] / 2**30:.2f} GiB, "
-          f"peak reserved {result['peak_reserved'] / 2**30:.2f} GiB "
-          f"(x{result['reserved_over_allocated']:.3f}), {result['ms_per_iter']:.1f} ms per iteration, "
-          f"{result['shapes']} shapes, optimizer {args.optimizer}"
-          + (f", placement {result['placement']}" if result["placement"] else ""))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    return 0
-
+    return report(result, f"{args.mode}: peak allocated {result['peak_allocated'] / 2**30:.2f} GiB, "
+                  f"peak reserved {result['peak_reserved'] / 2**30:.2f} GiB "
+                  f"(x{result['reserved_over_allocated']:.3f}), {result['ms_per_iter']:.1f} ms per iteration, "
+                  f"{result['shapes']} shapes, optimizer {args.optimizer}"
+                  + (f", placement {result['placement']}" if result["placement"] else ""), args.json)
 
 if __name__ == "__main__":
     sys.exit(main())

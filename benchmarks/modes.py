@@ -13,8 +13,9 @@ A mode is chosen once per process, before torch is imported:
 The example scripts take the same names with ``--allocator``."""
 from __future__ import annotations
 
+import json
 import os
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 PYTORCH_MODES: Tuple[str, ...] = ("native", "expandable", "async")
 GPUPOOL_MODES: Tuple[str, ...] = ("gpupool", "gpupool-reserve")
@@ -61,3 +62,13 @@ def peak_memory(mode: str, device: Optional[int] = None) -> Tuple[int, int]:
     import torch
 
     return int(torch.cuda.max_memory_allocated(device)), int(torch.cuda.max_memory_reserved(device))
+
+
+def report(result: Mapping[str, Any], line: str, json_path: Optional[str]) -> int:
+    """A worker's end: its one-line summary printed, its figures written to
+    `json_path` when given; returns the exit status 0."""
+    print(line)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0

@@ -121,6 +121,12 @@ WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
              (str(EXAMPLES / "graph_sleep.py"),),
              (str(EXAMPLES / "graph_sleep.py"), "--layers", "2", "--cycles", "2"),
              "--allocator", ("torch",), modes=("gpupool",), in_default=False),
+    Workload("peer", "two GPUs of one process: the first copy from device 1 to device 0 while device 0 holds "
+             "40 GiB in 2 MiB tensors (gpupool grants device 1 every mapping then)",
+             "first_copy_s", "ms first copy", 1e-3, False,
+             ("-m", "benchmarks.peer", "--gib", "40"),
+             ("-m", "benchmarks.peer", "--gib", "1", "--copy-mib", "64", "--copies", "2"),
+             "--mode", ("torch",), in_default=False),
 ]}
 
 # Names `--only` takes for several workloads at once.

@@ -3,9 +3,11 @@ run each body in a fresh process (conftest.run_py); the others check the
 pure-Python parts and the C hooks on host pools, without CUDA."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -784,6 +786,28 @@ def test_copies_and_data_parallel_across_two_gpus_of_one_process(run_py) -> None
     print("ok", p2p)
     """)
     assert "ok" in r.stdout, r.stdout
+
+
+@gpu
+def test_peer_benchmark_runs_in_gpupool_and_native(tmp_path) -> None:
+    # The figures of the grant (every mapping of a device at once) and of
+    # copies between devices come from this workload; each copy is checked in it.
+    torch = pytest.importorskip("torch")
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, this machine has {torch.cuda.device_count()}")
+    from conftest import ROOT, child_env
+
+    out = tmp_path / "peer.json"
+    r = subprocess.run([sys.executable, "-m", "benchmarks", "--only", "peer", "--modes", "native,gpupool", "--reps",
+                        "1", "--quick", "--json", str(out)], capture_output=True, text=True, env=child_env(),
+                       cwd=ROOT, timeout=600)
+    assert r.returncode == 0 and "FAILED" not in r.stdout, (r.stdout, r.stderr)
+    runs = {x["mode"]: x["result"] for x in json.loads(out.read_text())["runs"]}
+    for mode in ("native", "gpupool"):
+        res = runs[mode]
+        assert res["tensors"] == 512 and res["first_copy_s"] > 0, res
+        assert res["copy_0_to_1_gbps"] > 1 and res["copy_1_to_0_gbps"] > 1, res
+        assert f"peer {mode}: " in r.stdout, r.stdout
 
 
 # PyTorch's bindings turn c10::OutOfMemoryError into torch.OutOfMemoryError
