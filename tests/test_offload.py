@@ -818,6 +818,80 @@ def test_a_conversion_holds_an_offloadable_module_and_its_result_joins_the_tag(r
     assert "OK" in r.stdout
 
 
+def test_a_module_outside_that_shares_its_memory_holds_the_offloadable_one(run_py) -> None:
+    # A tied embedding holds the very weight of lm_head: with only lm_head
+    # offloadable, the embedding's forward read offloaded memory (a segfault
+    # here, the CUDA context lost on a GPU).  Modules outside that hold one
+    # of its tensors or a view of one, and submodules another module holds
+    # as a child too, now hold it resident through their forward and their
+    # part of the backward pass; idle after, as the module itself is.
+    pytest.importorskip("torch")
+    r = run_py(_FRESH + textwrap.dedent("""
+        def rows_over(tag, rows, value):
+            m = torch.nn.Linear(1024, rows, bias=False)
+            w = floats(rows * 1024, tag, "low").view(rows, 1024).copy_(value)
+            m.weight = torch.nn.Parameter(w, requires_grad=False)
+            return m
+
+        ref = torch.randn(4096, 1024)
+        head = rows_over("tie_made_t", 4096, ref)  # 16 MiB
+        emb = torch.nn.Embedding(4096, 1024)
+        emb.weight = head.weight  # tied: the same Parameter
+        view = torch.nn.Linear(1024, 512, bias=False)
+        view.weight = torch.nn.Parameter(head.weight.detach()[512:1024], requires_grad=False)
+        h = gpupool.offloadable(head, "tie_t", pool=p)
+        w = head.weight.data_ptr()
+
+        def room():  # what fits only with the module offloaded
+            hog = p.alloc(50 << 20, tag="tie_hog_t", priority="normal")
+            assert p.lookup(w).state == "offloaded"
+            p.free(hog)
+
+        h.offload()
+        idx = torch.tensor([0, 7, 4095])
+        assert torch.equal(emb(idx), ref[idx]) and p.lookup(w).state == "used"
+        room()  # (idle after the forward: no hold left behind)
+
+        def pressed(mod, args):  # runs inside the forward's hold
+            try:
+                p.alloc(50 << 20, tag="tie_hog_t", priority="normal")
+                raise AssertionError("offloaded under pressure while a sharer's forward ran")
+            except MemoryError:
+                pass
+        probe = view.register_forward_pre_hook(pressed)
+        x = torch.ones(3, 1024, requires_grad=True)
+        y = view(x)
+        probe.remove()
+        assert torch.allclose(y, (x @ ref[512:1024].t()).detach(), atol=1e-4)
+        h.offload()  # between the forward and the backward pass, which reads the weight
+        y.sum().backward()
+        assert torch.allclose(x.grad, ref[512:1024].sum(0).expand(3, 1024), atol=1e-4), x.grad
+        assert p.lookup(w).state == "used", p.lookup(w).state
+        room()
+        try:
+            view(torch.ones(3, 7))  # a forward that raised
+            raise AssertionError("the shapes should not match")
+        except RuntimeError:
+            pass
+        room()
+
+        # A submodule another module holds too (an encoder-decoder's shared embedding).
+        shared = rows_over("tie_shared_made_t", 1024, ref[:1024])
+        enc = torch.nn.Sequential(shared, torch.nn.ReLU())
+        dec = torch.nn.Sequential(torch.nn.Identity(), shared)
+        h2 = gpupool.offloadable(enc, "tie_enc_t", pool=p)
+        h2.offload()
+        s = shared.weight.data_ptr()
+        assert torch.allclose(dec(torch.ones(2, 1024)), ref[:1024].sum(1).expand(2, 1024), atol=1e-4) and p.lookup(s).state == "used"
+        h.remove()
+        h2.remove()
+        assert not emb._forward_pre_hooks and not view._forward_hooks and not shared._forward_pre_hooks
+        assert not head._forward_pre_hooks and not enc._forward_pre_hooks
+        print("OK")
+    """))
+    assert "OK" in r.stdout
+
+
 def test_module_apply_holds_an_offloadable_module_and_keeps_what_fn_keeps_apart(run_py) -> None:
     # Module.apply(fn) (a weight initialisation, a re-scaling) runs user
     # code over every submodule where no hook saw it: on an offloaded

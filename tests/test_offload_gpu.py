@@ -393,6 +393,61 @@ def test_idle_module_offloaded_under_pressure_and_restored_by_its_hook(run_py) -
     assert "OK" in r.stdout
 
 
+def test_a_tied_embedding_holds_an_offloadable_lm_head(run_py) -> None:
+    # Qwen2's lm_head and its input embedding are one Parameter
+    # (tie_word_embeddings).  With lm_head alone offloadable, the
+    # embedding's forward, the first thing a step runs, read the offloaded
+    # weight (the CUDA context lost).  It trains and generates as the model
+    # without offload does, lm_head away before every step.
+    r = run_py("""
+        import copy, torch, gpupool
+        gpupool.enable()
+        try:
+            from transformers import Qwen2Config, Qwen2ForCausalLM
+        except ImportError as e:
+            print("SKIP", e)
+            raise SystemExit(0)
+        torch.manual_seed(0)
+        cfg = Qwen2Config(vocab_size=32768, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                          num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True,
+                          attn_implementation="eager")
+        model = Qwen2ForCausalLM(cfg)
+        # The weight (64 MiB) first, in mapping units of its own: a module
+        # offloads none of a unit it shares with other tensors (kept).
+        model.lm_head.cuda()
+        model.cuda()
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+        ref = copy.deepcopy(model)
+        h = gpupool.offloadable(model.lm_head, "tied_head")
+        opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, ref))
+        g = torch.Generator().manual_seed(1)
+        for step in range(4):
+            ids = torch.randint(0, 32768, (2, 48 + 16 * step), generator=g)
+            ids[0, :32] = torch.arange(0, 32768, 1024)  # (a row in every 2 MiB of the weight)
+            ids = ids.cuda()
+            r = h.offload()
+            assert gpupool.stats()["tags"]["tied_head"]["offloaded"] == 32768 * 512 * 4, r
+            losses = []
+            for m, o in ((model, opt), (ref, ref_opt)):
+                loss = m(input_ids=ids, labels=ids).loss
+                loss.backward()
+                o.step()
+                o.zero_grad()
+                losses.append(loss.item())
+            torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-5)
+        for a, b in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        h.offload()
+        with torch.no_grad():
+            out = model.generate(ids[:, :8], max_new_tokens=8, do_sample=False)
+            want = ref.generate(ids[:, :8], max_new_tokens=8, do_sample=False)
+        assert torch.equal(out, want)
+        torch.cuda.synchronize()
+        print("OK")
+    """)
+    assert "OK" in r.stdout or "SKIP" in r.stdout, r.stdout
+
+
 def test_offloadable_modules_trained_on_a_joint_loss_under_a_limit(run_py) -> None:
     """Two offloadable models, each with its own foreach AdamW, one loss:
     after the backward pass both are idle, and under a limit each step's
