@@ -875,6 +875,19 @@ def test_a_module_outside_that_shares_its_memory_holds_the_offloadable_one(run_p
             pass
         room()
 
+        def failing():
+            raise RuntimeError("restore failed")
+        h.restore = failing  # (a pre-hook that raised took no hold: the forward hook releases none)
+        try:
+            view(x)
+            raise AssertionError("the restore should have failed")
+        except RuntimeError as e:
+            assert "restore failed" in str(e)
+        del h.restore
+        with torch.no_grad():
+            view(x)
+        room()
+
         # A submodule another module holds too (an encoder-decoder's shared embedding).
         shared = rows_over("tie_shared_made_t", 1024, ref[:1024])
         enc = torch.nn.Sequential(shared, torch.nn.ReLU())

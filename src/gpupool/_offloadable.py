@@ -726,14 +726,17 @@ def _sharer_hooks(h: OffloadHandle, sharer: Any) -> None:
     import torch
 
     ref = weakref.ref(sharer)
+    taken = threading.local()  # (per thread: the holds its forwards took; a pre-hook that raised took none)
 
     def pre(mod: Any, args: Any) -> None:
         if mod is ref():
             h._hold_resident()
+            taken.n = getattr(taken, "n", 0) + 1
 
     def post(mod: Any, args: Any, out: Any) -> None:
-        if mod is not ref():
+        if mod is not ref() or not getattr(taken, "n", 0):
             return
+        taken.n -= 1
         h._release()
         graph = [t for t in _flat(out) if getattr(t, "grad_fn", None) is not None]
         if not (torch.is_grad_enabled() and graph):
