@@ -89,5 +89,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"peak allocated {result['peak_allocated'] / 2**20:.1f} MiB, "
                   f"peak reserved {result['peak_reserved'] / 2**20:.1f} MiB", args.json)
 
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -173,5 +173,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"{result['shapes']} shapes, optimizer {args.optimizer}"
                   + (f", placement {result['placement']}" if result["placement"] else ""), args.json)
 
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -106,5 +106,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"{r['copy_1_to_0_gbps']:.0f} GB/s 1->0; {r['fill_us_per_tensor']:.1f} us per tensor before, "
                   f"{r['refill_us_per_tensor']:.1f} after", args.json)
 
+
 if __name__ == "__main__":
     sys.exit(main())
