@@ -121,6 +121,12 @@ WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
              (str(EXAMPLES / "graph_sleep.py"),),
              (str(EXAMPLES / "graph_sleep.py"), "--layers", "2", "--cycles", "2"),
              "--allocator", ("torch",), modes=("gpupool",), in_default=False),
+    Workload("replay", "a CUDA graph's replay on the host: a small step replayed beside 4,000 live tensors "
+             "(gpupool: the model offloadable, held resident through each replay)",
+             "us_per_replay", "us/replay", 1.0, False,
+             ("-m", "benchmarks.replay"),
+             ("-m", "benchmarks.replay", "--tensors", "200", "--replays", "100", "--rounds", "2"),
+             "--mode", ("torch",), in_default=False),
     Workload("peer", "two GPUs of one process: the first copy from device 1 to device 0 while device 0 holds "
              "40 GiB in 2 MiB tensors (gpupool grants device 1 every mapping then)",
              "first_copy_s", "ms first copy", 1e-3, False,

@@ -377,6 +377,15 @@ gp_status gp_pool_capture_prepare(gp_pool *pool, gp_stream stream);
 gp_status gp_pool_capture_begin(gp_pool *pool, uint64_t key, gp_stream stream);
 gp_status gp_pool_capture_end(gp_pool *pool, gp_stream stream);
 gp_status gp_pool_capture_release(gp_pool *pool, uint64_t key);
+/* The tags that allocated into graph pool `key`, in tags[0..*n) (at most
+ * cap; *n counts them all), when any of the pool's blocks (live, or its
+ * scratch) is offloaded, else those of them holding offloaded memory: what
+ * a replay needs restored first, since the graph's kernels read and write
+ * its memory at the addresses the capture handed out.  The pool's blocks
+ * are walked only once an offload took some of the graph's (until a call
+ * finds none away), else it costs a look at its tags.  GP_ERR_INVALID for
+ * a key no graph pool has. */
+gp_status gp_pool_capture_away(gp_pool *pool, uint64_t key, gp_tag *tags, size_t cap, size_t *n);
 
 /* Unmap free chunks until at least `bytes` were released (UINT64_MAX: all),
  * whatever priority cached them, lowest first.  Synchronises the device

@@ -1434,6 +1434,38 @@ def test_graph_pool_with_only_freed_memory_offloads() -> None:
     p._pool.capture_release(11)
 
 
+def test_what_a_replay_restores_first() -> None:
+    # A replay reads and writes its graph's memory at the capture's
+    # addresses: the graph pool's tags are what it restores first once an
+    # offload took any of that memory, its scratch alone included (a tag
+    # whose every block was freed inside the capture), and only then.
+    p = pool()
+    p._pool.capture_prepare(1)
+    p._pool.capture_begin(15, 1)
+    out = p.alloc(3 * MiB, stream=1, tag="replay_out_t")
+    scratch = p.alloc(4 * MiB, stream=1, tag="replay_scratch_t")
+    p.free(scratch)
+    p._pool.capture_end(1)
+    fill(out, 3 * MiB, 5)
+    other = p.alloc(2 * MiB, tag="replay_other_t")
+    gpupool.offload("replay_other_t", pool=p)  # not the graph's
+    assert p._pool.capture_away(15) == []
+    for tag in ("replay_scratch_t", "replay_out_t"):
+        gpupool.offload(tag, codec="raw", pool=p)
+        away = p._pool.capture_away(15)
+        assert sorted(away) == ["replay_out_t", "replay_scratch_t"], (tag, away)
+        gpupool.restore(away, pool=p)
+        assert p._pool.capture_away(15) == [] and same(out, 3 * MiB, 5)
+        assert [b.state for b in p.blocks() if b.addr == scratch] == ["free"]
+    assert p.lookup(other).state == "offloaded"
+    p.check()
+    with pytest.raises(ValueError, match="graph pool 16 is not live"):
+        p._pool.capture_away(16)
+    p._pool.capture_release(15)
+    with pytest.raises(ValueError, match="not live"):
+        p._pool.capture_away(15)
+
+
 def settled(p: gpupool.HostPool, timeout: float = 30.0) -> dict:
     """The offloader's figures once background pinning has finished."""
     end = time.monotonic() + timeout

@@ -67,6 +67,9 @@ typedef struct gp_gpool {
     gp_stream capturing[GP_GPOOL_STREAMS]; /* streams capturing into it now */
     unsigned n_capturing;
     int live;
+    /* An offload took some of its blocks (live or free) since a replay's
+     * question (gp_pool_capture_away) last found none away. */
+    int away;
     /* The tags its captures allocated under: an offload of any of them
      * takes the pool's free blocks too (pool_offload.c), since every replay
      * needs them mapped at their addresses. */

@@ -360,7 +360,11 @@ gp_status gp_pool_offload_begin_upto(gp_pool *p, const gp_tag *tags, size_t n_ta
             gp_block *y = b;
             if (y->state == GP_BLOCK_FREE && y->addr < r->addr) y = gp_cut_free(p, a, y, r->addr);
             for (; y && y->addr < end; y = y->next) {
-                if (p->slot_kind[y->sidx] == GP_SLOT_GPOOL) pl->graphs = 1;
+                if (p->slot_kind[y->sidx] == GP_SLOT_GPOOL) {
+                    pl->graphs = 1;
+                    for (unsigned i = 0; i < GP_MAX_GPOOLS; i++)
+                        if (p->gpools[i].live && p->gpools[i].slot == y->sidx) p->gpools[i].away = 1;
+                }
                 if (y->state == GP_BLOCK_FREE) {
                     if (y->addr + y->size > end) gp_cut_free(p, a, y, end);
                     gp_bins_remove(gp_bins_of(a, y), y);

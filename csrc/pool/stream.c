@@ -511,6 +511,37 @@ gp_status gp_pool_capture_release(gp_pool *p, uint64_t key)
     return st;
 }
 
+gp_status gp_pool_capture_away(gp_pool *p, uint64_t key, gp_tag *tags, size_t cap, size_t *n)
+{
+    *n = 0;
+    gp_status st = gp_pool_usable(p);
+    if (st != GP_OK) return st;
+    pthread_mutex_lock(&p->lock);
+    gp_gpool *g = gp_gpool_find(p, key);
+    if (!g)
+        st = gp_error_set(GP_ERR_INVALID, "gpupool: graph pool %llu is not live", (unsigned long long)key);
+    /* Its blocks, live or its scratch (free): an offload of its tags takes
+     * both, and its tags may hold no live byte (outputs copied out).  Walked
+     * only after an offload took some (a replay's cost is this call). */
+    int away = 0;
+    if (g && g->away) {
+        for (unsigned k = 0; !away && k < p->n_arenas; k++)
+            for (const gp_block *b = p->arenas[k].first; b && !away; b = b->next)
+                away = b->sidx == g->slot && (b->state == GP_BLOCK_OFFLOADED || b->state == GP_BLOCK_FREE_OFFLOADED);
+        g->away = away;
+    }
+    for (unsigned w = 0; g && w < GP_MAX_TAGS / 64; w++)
+        for (uint64_t bits = g->tags[w]; bits; bits &= bits - 1) {
+            unsigned t = w * 64 + (unsigned)__builtin_ctzll(bits);
+            if (away || p->tags[t].offloaded) {
+                if (*n < cap) tags[*n] = (gp_tag)t;
+                ++*n;
+            }
+        }
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
 /* Record e on stream s unless one of events[0..*n) is on s already. */
 static gp_status gp_fence_add(gp_pool *p, gp_stream s, gp_stream *on, uint64_t *events, size_t cap, size_t *n)
 {

@@ -519,6 +519,23 @@ static PyObject *pool_capture_release(PoolObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *pool_capture_away(PoolObject *self, PyObject *arg)
+{
+    uint64_t key;
+    if (gp_u64_arg(arg, "graph pool key", 0, GP_U64_MAX, &key) < 0) return NULL;
+    gp_tag tags[GP_MAX_TAGS];
+    size_t n;
+    gp_status st = gp_pool_capture_away(self->pool, key, tags, GP_MAX_TAGS, &n);
+    if (st != GP_OK) return gp_raise(st);
+    PyObject *out = PyList_New(0);
+    for (size_t i = 0; out && i < n; i++) {
+        PyObject *name = PyUnicode_FromString(gp_tag_name(tags[i]));
+        if (!name || PyList_Append(out, name) < 0) Py_CLEAR(out);
+        Py_XDECREF(name);
+    }
+    return out;
+}
+
 static PyObject *pool_set_history(PoolObject *self, PyObject *args)
 {
     long long max_entries;
@@ -635,6 +652,8 @@ static PyMethodDef pool_methods[] = {
     {"capture_end", (PyCFunction)pool_capture_end, METH_O, "capture_end(stream): the capture ended"},
     {"capture_release", (PyCFunction)pool_capture_release, METH_O,
      "capture_release(key): a graph holding graph pool key was released"},
+    {"capture_away", (PyCFunction)pool_capture_away, METH_O,
+     "capture_away(key) -> [tag names]: graph pool key's tags holding offloaded memory"},
     {"set_history", (PyCFunction)pool_set_history, METH_VARARGS,
      "set_history(max_entries, stacks=True): record the newest max_entries events (0: off)"},
     {"history_info", (PyCFunction)pool_history_info, METH_NOARGS,

@@ -18,6 +18,7 @@ from . import _C
 from ._context import Priority, priority_value, tag_id, tag_lifetime
 from ._offload import _pool, offload, prefetch, restore
 from ._tagged import plain_tensors, tagged
+from ._torch_patch import capturing, note_use
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._pool import PoolView
@@ -128,12 +129,15 @@ class OffloadHandle:
 
     # -- what the hooks do ---------------------------------------------------
     def _use(self, busy: bool) -> None:
+        if busy:
+            note_use(self)
         with self._use_lock:
             self._busy = busy
             self._pool._pool.offload_use(self._tid, busy or self._holds > 0)
 
     def _hold(self) -> None:
         """Busy until as many :meth:`_release` calls, whatever the hooks say."""
+        note_use(self)
         with self._use_lock:
             self._holds += 1
             self._pool._pool.offload_use(self._tid, True)
@@ -148,10 +152,21 @@ class OffloadHandle:
         """Held (see :meth:`_hold`), then restored; not held if the restore fails."""
         self._hold()
         try:
-            self.restore()
+            self._resident()
         except BaseException:
             self._release()
             raise
+
+    def _resident(self) -> None:
+        """Restored (waits for a prefetch).  Inside a CUDA graph capture a
+        restore, which copies and waits, would invalidate the capture (its
+        error names no cause): offloaded memory raises a RuntimeError
+        that says what to do instead."""
+        if capturing() and self._pool.stats()["tags"].get(self.tag, {}).get("offloaded", 0):
+            raise RuntimeError(f"gpupool: {self.tag!r} is offloaded while a CUDA graph is being captured, and a "
+                               "capture cannot restore it (a restore copies and waits): restore it "
+                               "(handle.restore()) before the capture")
+        self.restore()
 
     def _hold_while(self, obj: Any) -> Optional[weakref.finalize]:
         """Held until `obj` is collected (released now where it cannot be
@@ -169,9 +184,11 @@ class OffloadHandle:
         """Before the object is used: busy (never offloaded under pressure),
         and resident (waits for a prefetch, restores if offloaded)."""
         self._use(True)
-        self.restore()
+        self._resident()
 
     def _prefetch_next(self) -> None:
+        if capturing():
+            return  # (a capture's own hook restores; a prefetch beside it has nothing to win)
         with OffloadHandle._chain_lock:
             chain = [r() for r in OffloadHandle._chain]
         if self in chain:

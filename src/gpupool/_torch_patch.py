@@ -36,6 +36,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _C, _history
+from ._offload import restore
 from ._pool import PoolView
 
 __all__ = ["torch_memory_stats", "install_api", "uninstall_api", "install_safety", "api_installed"]
@@ -349,9 +350,31 @@ def _release(device: int, key: int) -> None:
         p.capture_release(key)
 
 
+# The users of each capture open now (any thread's: autograd's threads run
+# the backward hooks of a capture's backward pass).  A user is an object
+# with _hold_resident() and _release() (an OffloadHandle whose hooks ran
+# inside the capture): the graph holds it resident through each replay,
+# which runs none of its hooks.
+_open_captures: "List[weakref.WeakSet[Any]]" = []
+_users_lock = threading.Lock()
+
+
+def capturing() -> bool:
+    """Whether a CUDA graph capture through torch.cuda.CUDAGraph is open."""
+    return bool(_open_captures)
+
+
+def note_use(user: Any) -> None:
+    """`user` was used by the captures open now, if any."""
+    if _open_captures:  # (a hook's cost outside captures: one test)
+        with _users_lock:
+            for users in _open_captures:
+                users.add(user)
+
+
 def _graph_hooks(cls: Any) -> Dict[str, Callable[..., Any]]:
     torch = _torch()
-    orig_begin, orig_end, orig_reset = cls.capture_begin, cls.capture_end, cls.reset
+    orig_begin, orig_end, orig_reset, orig_replay = cls.capture_begin, cls.capture_end, cls.reset, cls.replay
 
     def capture_begin(self: Any, *args: Any, **kwargs: Any) -> None:
         d = torch.cuda.current_device()
@@ -372,6 +395,10 @@ def _graph_hooks(cls: Any) -> Dict[str, Callable[..., Any]]:
         self._gpupool_capture = (d, stream, key)
         # The graph holds its pool until reset() or until it is collected.
         self._gpupool_release = weakref.finalize(self, _release, d, key)
+        self._gpupool_key = (d, p, key)
+        self._gpupool_users = weakref.WeakSet()
+        with _users_lock:
+            _open_captures.append(self._gpupool_users)
 
     def capture_end(self: Any, *args: Any, **kwargs: Any) -> None:
         cap = getattr(self, "_gpupool_capture", None)
@@ -383,16 +410,41 @@ def _graph_hooks(cls: Any) -> Dict[str, Callable[..., Any]]:
         finally:
             if cap is not None:
                 self._gpupool_capture = None
+                with _users_lock:
+                    _open_captures[:] = [u for u in _open_captures if u is not self._gpupool_users]
                 _C.device_pool(cap[0], True).capture_end(cap[1])
 
     def reset(self: Any, *args: Any, **kwargs: Any) -> None:
         orig_reset(self, *args, **kwargs)
+        self._gpupool_key = None
+        self._gpupool_users = weakref.WeakSet()
         fin = getattr(self, "_gpupool_release", None)
         if fin is not None:
             self._gpupool_release = None
             fin()
 
-    return {"capture_begin": capture_begin, "capture_end": capture_end, "reset": reset}
+    def replay(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # The graph's own memory back where an offload of its tags took it,
+        # and each user resident (restored if it was offloaded) and held
+        # while the replay is queued; an offload after it waits for its
+        # kernels, as for any use of the memory.  A restore that raised
+        # releases what was held and the graph does not run.
+        where = getattr(self, "_gpupool_key", None)
+        if where is not None:
+            away = where[1].capture_away(where[2])
+            if away:
+                restore(away, device=where[0])
+        held: List[Any] = []
+        try:
+            for user in list(getattr(self, "_gpupool_users", ())):
+                user._hold_resident()
+                held.append(user)
+            return orig_replay(self, *args, **kwargs)
+        finally:
+            for user in held:
+                user._release()
+
+    return {"capture_begin": capture_begin, "capture_end": capture_end, "reset": reset, "replay": replay}
 
 
 def install_safety() -> Optional[str]:
