@@ -404,7 +404,11 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       its forward and its part of the backward pass: such modules are
       looked for when this is called (one walk of the interpreter's
       objects, about 65 ms with a Qwen2 0.5B model loaded), so a tie made
-      later is not seen.  Code torch.compile compiled
+      later is not seen.  A CUDA graph captured through
+      ``torch.cuda.graph`` over the module (its hooks ran inside the
+      capture) restores it before each replay and holds it while the replay
+      is queued; a capture while it is offloaded raises RuntimeError
+      (restore it first).  Code torch.compile compiled
       before is dropped (a warning says so): it would not run the hooks.
     * an optimizer: before ``step()``, its state is restored and marked
       busy; after it, the state (made by the first step) joins the tag, is
