@@ -161,8 +161,11 @@ class OffloadHandle:
         """Restored (waits for a prefetch).  Inside a CUDA graph capture a
         restore, which copies and waits, would invalidate the capture (its
         error names no cause): offloaded memory raises a RuntimeError
-        that says what to do instead."""
-        if capturing() and self._pool.stats()["tags"].get(self.tag, {}).get("offloaded", 0):
+        that says what to do instead.  (Another thread's capture, in a
+        mode that lets this one work, is not this one's.)"""
+        torch = sys.modules.get("torch")
+        if (capturing() and torch is not None and torch.cuda.is_current_stream_capturing()
+                and self._pool.stats()["tags"].get(self.tag, {}).get("offloaded", 0)):
             raise RuntimeError(f"gpupool: {self.tag!r} is offloaded while a CUDA graph is being captured, and a "
                                "capture cannot restore it (a restore copies and waits): restore it "
                                "(handle.restore()) before the capture")
