@@ -940,38 +940,48 @@ def test_an_optimizer_offloaded_under_ddp_and_fsdp2(run_ranks, world: int) -> No
     assert all("OK" in r.stdout for r in rs)
 
 
-def test_fsdp2_layers_offloaded_between_steps(run_ranks) -> None:
-    # Layers sharded by FSDP2 (fully_shard, one rank) and then made
-    # offloadable: FSDP2's own forward pre-hook, registered first, gathers
-    # the parameters from their shards, so the restore must run before it.
+@pytest.mark.parametrize("world", [1, 2])
+def test_fsdp2_layers_offloaded_between_steps(run_ranks, world: int) -> None:
+    # Layers sharded by FSDP2 (fully_shard) and then made offloadable:
+    # FSDP2's own forward pre-hook, registered first, gathers the
+    # parameters from their shards, so the restore must run before it.
     # Offloaded before every step, the layers train to the bits of layers
-    # never offloaded.
+    # never offloaded.  Then with explicit prefetches, which gather a
+    # layer's shards in the forward (and backward) of the one before it,
+    # before any hook of its own runs: on two ranks the gather read the
+    # offloaded shards of the next layer (the CUDA context lost).
     rs = run_ranks(RANK + """
+        W = 4096 * world  # (shards of 64 MiB or more: mapping units of their own, but for the edges)
 
-        def run(offload):
+        def run(offload, prefetch):
             torch.manual_seed(0)
             with gpupool.tag("layers", lifetime="long"):
-                m = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(4)]).cuda()
+                m = torch.nn.Sequential(*[torch.nn.Linear(W, W) for _ in range(4)]).cuda()
                 for layer in m:
                     fully_shard(layer)
                 fully_shard(m)
-            handles = [gpupool.offloadable(layer, f"layer{i}") for i, layer in enumerate(m)] if offload else []
+            if prefetch:
+                for i in range(3):
+                    m[i].set_modules_to_forward_prefetch([m[i + 1]])
+                    m[i + 1].set_modules_to_backward_prefetch([m[i]])
+            handles = [gpupool.offloadable(layer, f"layer{i}_{prefetch}") for i, layer in enumerate(m)] if offload else []
             opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
             g = torch.Generator(device="cuda").manual_seed(1 + rank)
             outs = []
             for step in range(3):
                 for h in handles:
-                    assert h.offload()["bytes"] >= 4096 * 4096 * 4, step
-                y = m(torch.randn(8 + 4 * step, 4096, device="cuda", generator=g))
+                    assert h.offload()["bytes"] >= W * W * 4 // world, step
+                y = m(torch.randn(8 + 4 * step, W, device="cuda", generator=g))
                 outs.append(y.detach().clone())
                 y.square().mean().backward()
                 opt.step()
                 opt.zero_grad()
             return outs + [p.detach().to_local().clone() for p in m.parameters()]
 
-        a, b = run(False), run(True)
-        assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+        for prefetch in (False, True):
+            a, b = run(False, prefetch), run(True, prefetch)
+            assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)), prefetch
         dist.destroy_process_group()
         print("OK")
-    """, 1)
-    assert "OK" in rs[0].stdout
+    """, world)
+    assert all("OK" in r.stdout for r in rs)

@@ -702,6 +702,33 @@ def _module_hooks(h: OffloadHandle, module: Any, prefetch_next: bool) -> None:
     h._hooks += [_own_method(module, n, f) for n, f in methods.items() if n.startswith("__") or hasattr(module, n)]
     hooks = {id(f) for f in (pre, post, *_state_dict_hooks(h, module, keep, load_post, mine))}
 
+    # FSDP2 gathers a module's parameters from their shards ahead of its
+    # forward (an explicit prefetch: set_modules_to_forward_prefetch) and
+    # of its backward (the implicit prefetch), before any hook of the module
+    # runs: each parameter group's unshard restores the module and holds
+    # it while the gather is queued (an offload after it waits for the
+    # gather's streams, which allocate).  A group another handle took first
+    # keeps that handle's.
+    def gathered(self: Any, *args: Any, **kwargs: Any) -> Any:
+        h._hold_resident()
+        try:
+            return type(self).unshard(self, *args, **kwargs)
+        finally:
+            h._release()
+
+    h._hooks += [_own_method(g, "unshard", gathered) for g in _fsdp_groups(module) if "unshard" not in vars(g)]
+
+
+def _fsdp_groups(module: Any) -> List[Any]:
+    """The FSDP2 parameter groups of `module` and its submodules."""
+    groups = []
+    for m in module.modules():
+        state = getattr(m, "_get_fsdp_state", None)
+        group = getattr(state(), "_fsdp_param_group", None) if callable(state) else None
+        if group is not None and hasattr(type(group), "unshard"):
+            groups.append(group)
+    return groups
+
 
 # A module outside the offloadable one may use its memory: a tied embedding
 # holds the very weight of `lm_head`, and a submodule may also be reachable
