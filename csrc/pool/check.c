@@ -324,6 +324,13 @@ static size_t gp_check_locked(gp_pool *p, char *msg, size_t n)
         capturing += g->n_capturing;
         VIOLATION_IF(&c, g->slot >= p->n_streams || p->slot_kind[g->slot] != GP_SLOT_GPOOL,
                      "graph pool %" PRIu64 " has slot %u, which is not a graph pool's", g->key, g->slot);
+        /* A replay's question trusts the flag: no block of its away without it. */
+        for (unsigned k = 0; !g->away && k < p->n_arenas; k++)
+            for (const gp_block *b = p->arenas[k].first; b; b = b->next)
+                VIOLATION_IF(&c, b->sidx == g->slot &&
+                             (b->state == GP_BLOCK_OFFLOADED || b->state == GP_BLOCK_FREE_OFFLOADED),
+                             "graph pool %" PRIu64 "'s block 0x%" PRIxPTR " is offloaded, its away flag unset",
+                             g->key, b->addr);
     }
     VIOLATION_IF(&c, capturing != p->n_capturing, "%u streams capture into graph pools, n_capturing %u",
                  capturing, p->n_capturing);
