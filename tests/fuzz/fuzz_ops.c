@@ -187,6 +187,18 @@ static void check_figures(const char *after)
         EXPECT(ts.allocated_peak == M.tag_peak[t], "after %s: tag %s's peak is %llu, the model's %llu", after,
                tag_names[t], (unsigned long long)ts.allocated_peak, (unsigned long long)M.tag_peak[t]);
     }
+    /* A replay's question: live graph pools answer, nothing of theirs is
+     * offloaded here; keys given back are refused. */
+    for (int k = 0; k < NKEYS; k++) {
+        if (M.gpool_live[k] == GP_MAYBE) continue;
+        gp_tag away[NTAGS];
+        size_t n_away;
+        gp_status st = gp_pool_capture_away(M.p, (uint64_t)k + 1, away, NTAGS, &n_away);
+        EXPECT(st == (M.gpool_live[k] ? GP_OK : GP_ERR_INVALID) && n_away == 0,
+               "after %s: capture_away of graph pool %d (live %d) gave %s with %zu tags", after, k,
+               M.gpool_live[k], gp_status_str(st), n_away);
+        gp_error_clear();
+    }
     static const int prios[] = {0, 1, 2, 3, 255};
     for (size_t k = 0; k < sizeof prios / sizeof prios[0]; k++) {
         uint64_t a, pk;
