@@ -280,6 +280,33 @@ void gp_pool_atfork_install(void);
 void *gp_alloc(gp_pool *pool, size_t size, gp_stream stream, gp_tag tag,
                int priority, gp_status *status);
 
+/* Allocate `n` blocks (1..GP_APART_MAX sizes, each as gp_alloc takes it) in
+ * memory mapped for them alone: one run of whole chunks newly mapped, the
+ * blocks one after the other in it, the last one to the run's end (it may
+ * hold up to a chunk more than asked: the arena whose chunk wastes least is
+ * chosen).  No other block shares their chunks while they live, so an
+ * offload of their tag releases all of them whatever else is allocated
+ * around.  Never takes a cached block, nor asks the pressure callback;
+ * under the limit and the device's free memory it may release idle cache
+ * as gp_alloc does.  All or nothing: out[0..n) receives the addresses, or
+ * nothing is allocated and the status says why (GP_ERR_OOM, GP_ERR_LIMIT,
+ * GP_ERR_INVALID for bad sizes, tag or priority, or while a CUDA graph is
+ * captured).  Each block is freed with gp_free. */
+#define GP_APART_MAX (1 << 20)
+gp_status gp_pool_alloc_apart(gp_pool *pool, const uint64_t *sizes, size_t n, gp_stream stream, gp_tag tag,
+                              int priority, void **out);
+
+/* The live blocks of `tag`, of streams (not of CUDA graph pools), that
+ * share a chunk with anything else: another tag's block, free or offloaded
+ * memory.  An offload of the tag alone keeps such a block on the device
+ * when what shares its chunk stays; moved apart (gp_pool_alloc_apart)
+ * it goes.  Their addresses, in address order, go to addrs[0..cap); *n is
+ * how many there are (more than cap: call again with room).  *graphs is the
+ * number of live CUDA graph pools: a graph captured before reads blocks at
+ * the addresses it saw, so a caller moves nothing while one lives. */
+gp_status gp_pool_tag_mixed(gp_pool *pool, gp_tag tag, uintptr_t *addrs, size_t cap, size_t *n,
+                            unsigned *graphs);
+
 /* Free a block.  A pointer the pool never returned (GP_ERR_FOREIGN) or one
  * already freed (GP_ERR_DOUBLE_FREE) is reported and changes nothing. */
 gp_status gp_free(gp_pool *pool, void *ptr);

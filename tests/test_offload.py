@@ -1588,3 +1588,41 @@ def test_the_gather_counts_a_dtensor_as_held_by_the_state_alone(run_py) -> None:
         print("OK")
     """)
     assert "OK" in r.stdout
+
+
+def test_blocks_moved_apart_leave_with_their_tag_alone() -> None:
+    # The bindings offloadable() copies a module apart with: which blocks of
+    # a tag share a mapping unit with other memory, blocks in units of their
+    # own, and the hand-out's end, which frees the blocks no allocation took.
+    p = pool()
+    tid = tag_id("apart_t")
+    a = p.alloc(300 * 1024, tag="apart_t")
+    b = p.alloc(300 * 1024, tag="apart_other")
+    assert p._pool.tag_mixed(tid) == ([a], 0)
+    ptrs = p._pool.apart_begin([300 * 1024, 200 * 1024], tid, priority_value("low"), 0)
+    assert len(ptrs) == 2 and ptrs[1] == ptrs[0] + 300 * 1024
+    blocks = {x.addr: x for x in p.blocks()}
+    assert blocks[ptrs[0]].tag == "apart_t" and blocks[ptrs[0]].priority == priority_value("low")
+    with pytest.raises(RuntimeError, match="apart_end first"):
+        p._pool.apart_begin([512], tid, 0, 0)
+    fill(ptrs[0], 300 * 1024, 5)
+    p.free(a)
+    assert p._pool.tag_mixed(tid) == ([], 0)
+    info = gpupool.offload("apart_t", codec="raw", pool=p)
+    assert info["kept"] == 0 and info["released"] == 512 * 1024, info  # (the 256 KiB units of the small arena)
+    gpupool.restore("apart_t", pool=p)
+    assert same(ptrs[0], 300 * 1024, 5)
+    # No allocation of the pool's device took them (a HostPool has none):
+    # the end frees both.
+    assert p._pool.apart_end() == 0
+    assert p.stats()["tags"].get("apart_t", {}).get("allocated", 0) == 0
+    with pytest.raises(RuntimeError, match="hands out no blocks"):
+        p._pool.apart_end()
+    with pytest.raises(ValueError, match="1..1048576 sizes"):
+        p._pool.apart_begin([], tid, 0, 0)
+    with pytest.raises(MemoryError, match="apart"):
+        p._pool.apart_begin([1 << 50], tid, 0, 0)
+    with pytest.raises(ValueError, match="never interned"):
+        p._pool.tag_mixed(60000)
+    p.free(b)
+    p.check()  # (raises when the pool is inconsistent)

@@ -412,9 +412,8 @@ def test_a_tied_embedding_holds_an_offloadable_lm_head(run_py) -> None:
                           num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True,
                           attn_implementation="eager")
         model = Qwen2ForCausalLM(cfg)
-        # The weight (64 MiB) first, in mapping units of its own: a module
-        # offloads none of a unit it shares with other tensors (kept).
-        model.lm_head.cuda()
+        # Moved at once: the weight (64 MiB) shares mapping units with the
+        # other parameters, and offloadable() copies it into units of its own.
         model.cuda()
         assert model.lm_head.weight is model.model.embed_tokens.weight
         ref = copy.deepcopy(model)
@@ -442,6 +441,97 @@ def test_a_tied_embedding_holds_an_offloadable_lm_head(run_py) -> None:
             out = model.generate(ids[:, :8], max_new_tokens=8, do_sample=False)
             want = ref.generate(ids[:, :8], max_new_tokens=8, do_sample=False)
         assert torch.equal(out, want)
+        torch.cuda.synchronize()
+        print("OK")
+    """)
+    assert "OK" in r.stdout or "SKIP" in r.stdout, r.stdout
+
+
+def test_layers_of_a_model_moved_at_once_offload_one_by_one(run_py) -> None:
+    # A model moved to the GPU at once lays its layers side by side: each
+    # decoder layer (6.6 MiB) shares its mapping units with its neighbours.
+    # Made offloadable one by one, a layer's offload moved nothing before
+    # (all of it `kept`); offloadable() now copies such tensors into units
+    # of their own.  Each layer alone leaves whole, and the outputs,
+    # generation and training steps (the layers converted to fp32, whose
+    # new tensors are copied apart at the next offload) equal the model's
+    # without offload.  A tensor with a view elsewhere stays (`kept`), and
+    # nothing moves while a CUDA graph lives.
+    r = run_py("""
+        import copy, torch, gpupool
+        gpupool.enable()
+        try:
+            from transformers import Qwen2Config, Qwen2ForCausalLM
+        except ImportError as e:
+            print("SKIP", e)
+            raise SystemExit(0)
+        torch.manual_seed(0)
+        cfg = Qwen2Config(vocab_size=8192, hidden_size=512, intermediate_size=1664, num_hidden_layers=8,
+                          num_attention_heads=8, num_key_value_heads=2, attn_implementation="eager")
+        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).cuda()
+        ref = copy.deepcopy(model)
+        layers = model.model.layers
+        per = sum(p.numel() * p.element_size() for p in layers[0].parameters())
+        handles = [gpupool.offloadable(l, f"layer{i}") for i, l in enumerate(layers)]
+        pool = gpupool.device_pool()
+        for i, h in enumerate(handles):
+            assert pool._pool.tag_mixed(h._tid) == ([], 0), i
+            r = h.offload()
+            assert r["kept"] == 0 and r["released"] >= per and r["bytes"] + r["kept"] >= per, (i, r, per)
+            h.restore()
+        ids = torch.randint(0, 8192, (2, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+        with torch.no_grad():
+            want = ref(ids).logits
+            for h in handles:
+                h.offload()
+            assert torch.equal(model(ids).logits, want)
+            for h in handles:
+                h.offload()
+            assert torch.equal(model(ids).logits, want)
+            out = model.generate(ids[:, :8], max_new_tokens=8, do_sample=False)
+            assert torch.equal(out, ref.generate(ids[:, :8], max_new_tokens=8, do_sample=False))
+        for m in (model, ref):
+            m.float()
+            m.train()
+        opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, ref))
+        for step in range(2):
+            for h in handles:
+                assert h.offload()["kept"] == 0
+            losses = []
+            for m, o in ((model, opt), (ref, ref_opt)):
+                loss = m(input_ids=ids, labels=ids).loss
+                loss.backward()
+                o.step()
+                o.zero_grad()
+                losses.append(loss.item())
+            torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-5)
+        for a, b in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        # A weight with a view elsewhere stays where it lies; so does
+        # everything while a CUDA graph lives.
+        lin = torch.nn.Linear(512, 512, device="cuda")
+        other = torch.empty(2**20, device="cuda")
+        view = lin.weight.T
+        g = torch.cuda.CUDAGraph()
+        h = gpupool.offloadable(lin, "viewed")
+        assert h.offload()["kept"] >= 512 * 512 * 4
+        h.restore()
+        assert view.data_ptr() == lin.weight.data_ptr()
+        lin2 = torch.nn.Linear(512, 512, device="cuda")
+        other2 = torch.empty(2**20, device="cuda")
+        x = torch.randn(4, 512, device="cuda")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            lin2(x)
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            y = lin2(x)
+        ptr = lin2.weight.data_ptr()
+        gpupool.offloadable(lin2, "graphed")
+        assert lin2.weight.data_ptr() == ptr
+        g.replay()
+        torch.testing.assert_close(y, lin2(x))
         torch.cuda.synchronize()
         print("OK")
     """)

@@ -620,7 +620,7 @@ static int gp_device_fits(gp_pool *p, uint64_t need, int prio, uint64_t *short_b
 }
 
 static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, int prio, gp_status *st,
-                            int may_trim);
+                            int may_trim, uintptr_t *fresh);
 
 /* The free block of slot sidx that a growth for `size` bytes extends
  * rather than starting a new run: one followed by unmapped space that
@@ -682,11 +682,14 @@ uint64_t gp_trim_slack(gp_pool *p, const gp_arena *only, uint64_t need, uint64_t
  * NULL with the error set. */
 gp_block *gp_grow(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, int prio, gp_status *st)
 {
-    return gp_grow_in(p, a, sidx, size, prio, st, 1);
+    return gp_grow_in(p, a, sidx, size, prio, st, 1, NULL);
 }
 
+/* `fresh` non-NULL: the growth extends no free block, and *fresh is where
+ * its new mapping starts (the block returned may have merged with free
+ * neighbours around it). */
 static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t size, int prio, gp_status *st,
-                            int may_trim)
+                            int may_trim, uintptr_t *fresh)
 {
     if (p->reserve_mode) {
         *st = gp_error_set(GP_ERR_OOM, "the reserved pool is exhausted (reserve mode never maps more)");
@@ -695,7 +698,7 @@ static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t siz
     uint64_t full = gp_round_up(size, a->chunk);
     /* What this growth maps, decided before anything is given back: where
      * it extends a free block, the trims keep that block whole. */
-    gp_block *pv = gp_extended(p, a, sidx, size);
+    gp_block *pv = fresh ? NULL : gp_extended(p, a, sidx, size);
     uint64_t need = pv ? gp_round_up(size - pv->size, a->chunk) : full;
     uint64_t limit = p->st.limit;
     p->growing_from = pv ? pv->addr : 0;
@@ -704,7 +707,7 @@ static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t siz
     p->growing_from = 0;
     /* The trims may have merged the block away or opened a gap beside
      * another: found again, and the limit asked again. */
-    pv = gp_extended(p, a, sidx, size);
+    pv = fresh ? NULL : gp_extended(p, a, sidx, size);
     need = pv ? gp_round_up(size - pv->size, a->chunk) : full;
     if (limit && p->st.reserved + need > limit) {
         *st = gp_error_set(GP_ERR_LIMIT,
@@ -727,7 +730,7 @@ static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t siz
     if (!gp_device_fits(p, need, prio, &short_by, &could)) {
         /* (The trim may merge u away: grow afresh after it.) */
         if (may_trim && short_by <= could && gp_trim_in(p, NULL, short_by, prio))
-            return gp_grow_in(p, a, sidx, size, prio, st, 0);
+            return gp_grow_in(p, a, sidx, size, prio, st, 0, fresh);
         *st = gp_error_set(GP_ERR_OOM,
                            "the device lacks %" PRIu64 " of the %" PRIu64 " bytes needed, and the cache this "
                            "request may release (priority <= %d) holds %" PRIu64 " bytes",
@@ -740,6 +743,7 @@ static gp_block *gp_grow_in(gp_pool *p, gp_arena *a, unsigned sidx, uint64_t siz
         if (kept) gp_mapped_head(p, a, u, kept, sidx, prio);
         return NULL;
     }
+    if (fresh) *fresh = u->addr;
     gp_block *b = gp_mapped_head(p, a, u, need, sidx, prio);
     gp_bins_remove(a->bins[sidx], b);
     p->owed.bytes -= p->owed.bytes < need ? p->owed.bytes : need;
@@ -856,6 +860,44 @@ static void gp_lock_counted(gp_pool *p)
     p->st.ns_lock_wait += gp_now_ns() - t0;
 }
 
+/* Used block b, of `size` requested bytes, goes to the caller: the pointer
+ * table and the figures of the pool, its tag and its priority. */
+static void gp_block_out(gp_pool *p, gp_block *b, uint64_t size, gp_stream stream, gp_tag tag, int priority)
+{
+    gp_tag_stats *ts = &p->tags[tag];
+    b->requested = size;
+    p->st.allocated_total += b->size;
+    p->st.requested_total += size;
+    b->tag = tag;
+    b->prio = (uint8_t)priority;
+    if (p->hcount >= p->hmask + 1 && gp_hash_grow(p) != GP_OK) {
+        /* Keep going with longer chains: the table is only slower. */
+        gp_error_clear();
+    }
+    gp_hash_insert(p, b);
+    gp_allocated_grows(p, b->size);
+    gp_peak(&p->st.requested, &p->st.requested_peak, size);
+    gp_peak(&p->st.active_blocks, &p->st.active_blocks_peak, 1);
+    p->st.n_alloc++;
+    gp_peak(&ts->allocated, &ts->allocated_peak, b->size);
+    ts->requested += size;
+    ts->active_blocks++;
+    ts->n_alloc++;
+    gp_peak(&p->prio_alloc[priority], &p->prio_peak[priority], b->size);
+    GP_TRACE(p, GP_EV_ALLOC, b->addr, b->size, stream, tag, priority);
+}
+
+/* The request's tag and priority, checked; the priority resolved. */
+static gp_status gp_alloc_args(const gp_pool *p, gp_tag tag, int *priority)
+{
+    if (*priority == GP_PRIO_DEFAULT) *priority = p->cfg.priority;
+    if (tag < gp_tag_count() && *priority >= 0 && *priority <= GP_PRIO_MAX) return GP_OK;
+    return gp_error_set(GP_ERR_INVALID,
+                        "gpupool: cannot allocate with tag id %u and priority %d: the tag must be "
+                        "interned (gp_tag_intern; %u are) and the priority 0..%d",
+                        (unsigned)tag, *priority, gp_tag_count(), GP_PRIO_MAX);
+}
+
 void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priority, gp_status *status)
 {
     gp_status st = GP_OK, dummy;
@@ -865,14 +907,7 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
         *status = gp_error_set(GP_ERR_INVALID, "gpupool: cannot allocate 0 bytes: sizes from 1 byte are accepted");
         return NULL;
     }
-    if (priority == GP_PRIO_DEFAULT) priority = p->cfg.priority;
-    if (tag >= gp_tag_count() || priority < 0 || priority > GP_PRIO_MAX) {
-        *status = gp_error_set(GP_ERR_INVALID,
-                               "gpupool: cannot allocate with tag id %u and priority %d: the tag must be "
-                               "interned (gp_tag_intern; %u are) and the priority 0..%d",
-                               (unsigned)tag, priority, gp_tag_count(), GP_PRIO_MAX);
-        return NULL;
-    }
+    if ((*status = gp_alloc_args(p, tag, &priority)) != GP_OK) return NULL;
     if ((*status = gp_pool_usable(p)) != GP_OK) return NULL;
     gp_lock_counted(p);
     /* More than any device holds: out of memory, as PyTorch's allocator
@@ -951,26 +986,7 @@ void *gp_alloc(gp_pool *p, size_t size, gp_stream stream, gp_tag tag, int priori
             if (p->gpools[i].live && p->gpools[i].slot == (unsigned)gslot)
                 p->gpools[i].tags[tag / 64] |= 1ull << (tag % 64);
     }
-    b->requested = size;
-    p->st.allocated_total += b->size;
-    p->st.requested_total += size;
-    b->tag = tag;
-    b->prio = (uint8_t)priority;
-    if (p->hcount >= p->hmask + 1 && gp_hash_grow(p) != GP_OK) {
-        /* Keep going with longer chains: the table is only slower. */
-        gp_error_clear();
-    }
-    gp_hash_insert(p, b);
-    gp_allocated_grows(p, b->size);
-    gp_peak(&p->st.requested, &p->st.requested_peak, size);
-    gp_peak(&p->st.active_blocks, &p->st.active_blocks_peak, 1);
-    p->st.n_alloc++;
-    gp_peak(&ts->allocated, &ts->allocated_peak, b->size);
-    ts->requested += size;
-    ts->active_blocks++;
-    ts->n_alloc++;
-    gp_peak(&p->prio_alloc[priority], &p->prio_peak[priority], b->size);
-    GP_TRACE(p, GP_EV_ALLOC, b->addr, b->size, stream, tag, priority);
+    gp_block_out(p, b, size, stream, tag, priority);
     gp_debug_tick(p);
     if (t_slow) p->st.ns_slow += gp_now_ns() - t_slow;
     pthread_mutex_unlock(&p->lock);
@@ -1002,6 +1018,81 @@ fail:
     pthread_mutex_unlock(&p->lock);
     *status = st;
     return NULL;
+}
+
+gp_status gp_pool_alloc_apart(gp_pool *p, const uint64_t *sizes, size_t n, gp_stream stream, gp_tag tag,
+                               int priority, void **out)
+{
+    gp_status st = gp_alloc_args(p, tag, &priority);
+    if (st != GP_OK) return st;
+    if (n == 0 || n > GP_APART_MAX)
+        return gp_error_set(GP_ERR_INVALID, "gpupool: an allocation apart takes 1..%d sizes, got %zu",
+                            GP_APART_MAX, n);
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (sizes[i] == 0 || sizes[i] > GP_MAX_SIZE)
+            return gp_error_set(sizes[i] ? GP_ERR_OOM : GP_ERR_INVALID,
+                                "gpupool: cannot allocate %" PRIu64 " bytes apart (size %zu of the group): "
+                                "sizes from 1 byte to 256 TiB are accepted", sizes[i], i);
+        total += gp_block_size(p, sizes[i]);
+    }
+    if (total > GP_MAX_SIZE)
+        return gp_error_set(GP_ERR_OOM, "gpupool: cannot allocate %" PRIu64 " bytes apart: more than any device "
+                            "holds", total);
+    if ((st = gp_pool_usable(p)) != GP_OK) return st;
+    gp_lock_counted(p);
+    /* The arena that wastes least of the last chunk: the large one's chunks
+     * map faster, where the group leaves little of one unused. */
+    gp_arena *a = &p->arenas[p->n_arenas - 1];
+    if (p->n_arenas > 1 && gp_round_up(total, a->chunk) - total > total / 8) a = &p->arenas[0];
+    uint64_t need = gp_round_up(total, a->chunk);
+    unsigned life = p->placement ? (unsigned)gp_tag_lifetime(tag) : GP_LIFE_SHORT, sidx;
+    gp_tag_stats *ts = &p->tags[tag];
+    uintptr_t at = 0;
+    gp_block *b = NULL;
+    if (p->n_capturing)
+        st = gp_error_set(GP_ERR_INVALID, "gpupool: no allocation apart while a CUDA graph is being captured on "
+                          "device %d (it maps memory)", p->be->device);
+    else if ((st = gp_slot_of(p, stream, life, &sidx)) != GP_OK)
+        ;
+    else if (ts->limit && ts->allocated + need > ts->limit)
+        st = gp_error_set(GP_ERR_LIMIT, "tag '%s' is limited to %" PRIu64 " bytes and holds %" PRIu64
+                          "; %" PRIu64 " more were asked for apart", gp_tag_name(tag), ts->limit, ts->allocated,
+                          need);
+    else if (!(b = gp_grow_in(p, a, sidx, need, priority, &st, 1, &at)))
+        ;
+    else if ((st = gp_reserve_headers(p, (int)n + 2)) != GP_OK) {
+        gp_insert_free(p, a, b);
+        b = NULL;
+    }
+    if (!b) {
+        pthread_mutex_unlock(&p->lock);
+        return st;
+    }
+    /* The new mapping alone: what it merged with goes back (marked used
+     * first, or they would merge again). */
+    b->state = GP_BLOCK_USED;
+    if (b->addr < at) {
+        gp_block *head = b;
+        b = gp_split(p, head, at - head->addr);
+        head->state = GP_BLOCK_FREE;
+        gp_insert_free(p, a, head);
+    }
+    if (b->size > need) {
+        gp_block *tail = gp_split(p, b, need);
+        tail->state = GP_BLOCK_FREE;
+        gp_insert_free(p, a, tail);
+    }
+    /* One block per size, the last to the end of the last chunk. */
+    for (size_t i = 0; i < n; i++) {
+        gp_block *next = i + 1 < n ? gp_split(p, b, gp_block_size(p, sizes[i])) : NULL;
+        gp_block_out(p, b, sizes[i], stream, tag, priority);
+        out[i] = (void *)b->addr;
+        b = next;
+    }
+    gp_debug_tick(p);
+    pthread_mutex_unlock(&p->lock);
+    return GP_OK;
 }
 
 gp_arena *gp_arena_of(gp_pool *p, uintptr_t a)

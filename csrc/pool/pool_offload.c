@@ -283,6 +283,50 @@ static void gp_want_gpools(gp_want *w, const gp_pool *p)
     }
 }
 
+/* Whether b is a live block of `tag` on a stream (what a move apart takes). */
+static int gp_mine(const gp_pool *p, const gp_block *b, gp_tag tag)
+{
+    return b->state == GP_BLOCK_USED && b->tag == tag && p->slot_kind[b->sidx] == GP_SLOT_STREAM;
+}
+
+gp_status gp_pool_tag_mixed(gp_pool *p, gp_tag tag, uintptr_t *addrs, size_t cap, size_t *n, unsigned *graphs)
+{
+    *n = 0;
+    *graphs = 0;
+    gp_status st = gp_pool_usable(p);
+    if (st != GP_OK) return st;
+    if (tag >= gp_tag_count())
+        return gp_error_set(GP_ERR_INVALID, "gpupool: tag id %u was never interned", (unsigned)tag);
+    pthread_mutex_lock(&p->lock);
+    for (unsigned i = 0; i < GP_MAX_GPOOLS; i++) *graphs += p->gpools[i].live;
+    for (unsigned k = 0; k < p->n_arenas && st == GP_OK; k++) {
+        gp_arena *a = &p->arenas[k];
+        /* Pass 1 marks the chunks holding anything but the tag's blocks,
+         * pass 2 names the blocks in such a chunk: O(blocks + chunks). */
+        uint64_t n_chunks = a->size / a->chunk;
+        uint8_t *other = calloc((size_t)(n_chunks + 7) / 8, 1);
+        if (!other) {
+            st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a map of %" PRIu64 " chunks",
+                              n_chunks);
+            break;
+        }
+        for (const gp_block *b = a->first; b; b = b->next) {
+            if (b->state == GP_BLOCK_FREE_UNMAPPED || gp_mine(p, b, tag)) continue;
+            for (uint64_t c = gp_chunk_index(a, b->addr); c <= gp_chunk_index(a, b->addr + b->size - 1); c++)
+                other[c / 8] |= (uint8_t)(1u << (c % 8));
+        }
+        for (const gp_block *b = a->first; b; b = b->next) {
+            uint64_t c0 = gp_chunk_index(a, b->addr), c1 = gp_chunk_index(a, b->addr + b->size - 1);
+            if (!gp_mine(p, b, tag) || !((other[c0 / 8] >> (c0 % 8) | other[c1 / 8] >> (c1 % 8)) & 1)) continue;
+            if (*n < cap) addrs[*n] = b->addr;
+            ++*n;
+        }
+        free(other);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
 gp_status gp_pool_offload_begin(gp_pool *p, const gp_tag *tags, size_t n_tags, gp_offload_plan **out)
 {
     return gp_pool_offload_begin_upto(p, tags, n_tags, 0, out);

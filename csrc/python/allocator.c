@@ -43,6 +43,26 @@ static _Thread_local int t_tag = -1;
 static _Thread_local int t_prio = GP_PRIO_DEFAULT;
 static atomic_int g_inherited = GP_TAG_UNTAGGED * GP_CTX_PRIO + GP_PRIO_DEFAULT + 1;
 
+/* Blocks allocated apart, handed to this thread's next allocations on a
+ * device (gp_set_handout). */
+static _Thread_local struct {
+    void *const *ptrs;
+    const uint64_t *sizes;
+    size_t n, next;
+    int device;
+} t_hand;
+
+size_t gp_set_handout(int device, void *const *ptrs, const uint64_t *sizes, size_t n)
+{
+    size_t taken = t_hand.next;
+    t_hand.ptrs = ptrs;
+    t_hand.sizes = sizes;
+    t_hand.n = n;
+    t_hand.next = 0;
+    t_hand.device = device;
+    return taken;
+}
+
 void gp_context(gp_tag *tag, int *prio, int *own)
 {
     *own = t_tag >= 0;
@@ -254,6 +274,9 @@ __attribute__((visibility("default"))) void *gpupool_malloc(ssize_t size, int de
             return NULL;
         }
     }
+    if (__builtin_expect(t_hand.next < t_hand.n, 0) && device == t_hand.device &&
+        (uint64_t)size == t_hand.sizes[t_hand.next])
+        return t_hand.ptrs[t_hand.next++];
     gp_tag tag;
     int prio;
     int own;

@@ -70,6 +70,13 @@ void gp_context_set(int tag, int prio, int *old_tag, int *old_prio);
  * *old_tag, *old_prio. */
 void gp_context_set_inherited(int tag, int prio, int *old_tag, int *old_prio);
 
+/* This thread's next allocations on `device` of sizes[i] bytes, in order,
+ * get ptrs[i] (blocks allocated apart: gp_pool_alloc_apart) until all n
+ * are taken; a request of another size or device is allocated as usual.
+ * The arrays stay the caller's until it hands out none (n 0).  Returns
+ * how many of the previous hand-out were taken. */
+size_t gp_set_handout(int device, void *const *ptrs, const uint64_t *sizes, size_t n);
+
 /* ------------------------------------------------- pypool.c: the Pool type */
 
 typedef struct gp_pool_object {
@@ -106,6 +113,9 @@ PyObject *gp_py_offload_register(gp_pool_object *self, PyObject *args);
 PyObject *gp_py_offload_use(gp_pool_object *self, PyObject *args);
 PyObject *gp_py_offload_stats(gp_pool_object *self, PyObject *args);
 PyObject *gp_py_offload_corrupt(gp_pool_object *self, PyObject *arg);
+PyObject *gp_py_tag_mixed(gp_pool_object *self, PyObject *arg);
+PyObject *gp_py_apart_begin(gp_pool_object *self, PyObject *args);
+PyObject *gp_py_apart_end(gp_pool_object *self, PyObject *noargs);
 
 /* Entries of the Pool type's method table. */
 #define GP_OFFLOAD_METHODS                                                                           \
@@ -122,6 +132,14 @@ PyObject *gp_py_offload_corrupt(gp_pool_object *self, PyObject *arg);
      "offload_use(tag_id, busy): in use (never offloaded under pressure) or idle"},                 \
     {"offload_stats", (PyCFunction)gp_py_offload_stats, METH_VARARGS,                                \
      "offload_stats(create=False) -> dict or None (no offloader yet)"},                             \
+    {"tag_mixed", (PyCFunction)gp_py_tag_mixed, METH_O,                                              \
+     "tag_mixed(tag_id) -> ([addresses], graphs): the tag's live blocks sharing a chunk with anything " \
+     "else, and how many CUDA graph pools live"},                                                   \
+    {"apart_begin", (PyCFunction)gp_py_apart_begin, METH_VARARGS,                                    \
+     "apart_begin(sizes, tag_id, priority, stream) -> [addresses]: blocks in chunks of their own, "  \
+     "handed in order to this thread's next allocations of those sizes on the pool's device"},      \
+    {"apart_end", (PyCFunction)gp_py_apart_end, METH_NOARGS,                                         \
+     "apart_end() -> int: the hand-out ends; the blocks not taken are freed; returns how many were taken"}, \
     {"_offload_corrupt_for_test", (PyCFunction)gp_py_offload_corrupt, METH_O,                        \
      "flip one stored byte of tag_id's offloaded copy (tests: a restore must catch it)"},             \
     {"_host_fail_for_test", (PyCFunction)gp_py_host_fail, METH_VARARGS,                               \

@@ -209,6 +209,115 @@ PyObject *gp_py_offload_corrupt(gp_pool_object *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+PyObject *gp_py_tag_mixed(gp_pool_object *self, PyObject *arg)
+{
+    long tag = PyLong_AsLong(arg);
+    if (tag == -1 && PyErr_Occurred()) return NULL;
+    if (tag < 0 || tag >= GP_MAX_TAGS) tag = GP_MAX_TAGS; /* rejected, with its message, below */
+    size_t cap = 256, n = 0;
+    unsigned graphs = 0;
+    uintptr_t *addrs = NULL;
+    gp_status st;
+    for (;;) {
+        uintptr_t *more = PyMem_RawRealloc(addrs, cap * sizeof *addrs);
+        if (!more) {
+            PyMem_RawFree(addrs);
+            return PyErr_NoMemory();
+        }
+        addrs = more;
+        Py_BEGIN_ALLOW_THREADS
+        st = gp_pool_tag_mixed(self->pool, (gp_tag)tag, addrs, cap, &n, &graphs);
+        Py_END_ALLOW_THREADS
+        if (st != GP_OK || n <= cap) break;
+        cap = n + n / 4; /* (blocks came meanwhile: room for some more) */
+    }
+    PyObject *list = st == GP_OK ? PyList_New((Py_ssize_t)n) : NULL;
+    for (size_t i = 0; list && i < n; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(addrs[i]);
+        if (!v) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, (Py_ssize_t)i, v);
+    }
+    PyMem_RawFree(addrs);
+    if (st != GP_OK) return gp_raise(st);
+    if (!list) return NULL;
+    return Py_BuildValue("(NI)", list, graphs);
+}
+
+/* This thread's hand-out (gp_set_handout): the blocks and their sizes,
+ * and the pool they are of. */
+static _Thread_local struct {
+    void **ptrs;
+    uint64_t *sizes;
+    size_t n;
+    gp_pool_object *pool;
+} t_apart;
+
+PyObject *gp_py_apart_begin(gp_pool_object *self, PyObject *args)
+{
+    PyObject *sizes_o, *stream_o;
+    int tag, prio;
+    if (!PyArg_ParseTuple(args, "OiiO", &sizes_o, &tag, &prio, &stream_o)) return NULL;
+    if (t_apart.pool) {
+        PyErr_SetString(PyExc_RuntimeError, "apart_begin: this thread hands out blocks already (apart_end first)");
+        return NULL;
+    }
+    uint64_t stream;
+    if (gp_u64_arg(stream_o, "stream", 0, UINTPTR_MAX, &stream) < 0) return NULL;
+    PyObject *seq = PySequence_Fast(sizes_o, "apart_begin(sizes, ...): sizes must be a sequence of ints");
+    if (!seq) return NULL;
+    size_t n = (size_t)PySequence_Fast_GET_SIZE(seq);
+    uint64_t *sizes = PyMem_RawMalloc((n ? n : 1) * sizeof *sizes);
+    void **ptrs = PyMem_RawMalloc((n ? n : 1) * sizeof *ptrs);
+    int ok = sizes && ptrs;
+    if (!ok) PyErr_NoMemory();
+    for (size_t i = 0; ok && i < n; i++)
+        ok = gp_u64_arg(PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i), "size", 1, GP_U64_MAX, &sizes[i]) == 0;
+    Py_DECREF(seq);
+    if (tag < 0 || tag >= GP_MAX_TAGS) tag = GP_MAX_TAGS; /* rejected, with its message, below */
+    gp_status st = GP_OK;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        st = gp_pool_alloc_apart(self->pool, sizes, n, (gp_stream)(uintptr_t)stream, (gp_tag)tag,
+                                 prio, ptrs);
+        Py_END_ALLOW_THREADS
+    }
+    PyObject *list = ok && st == GP_OK ? PyList_New((Py_ssize_t)n) : NULL;
+    for (size_t i = 0; list && i < n; i++) {
+        PyObject *v = PyLong_FromVoidPtr(ptrs[i]);
+        if (!v) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, (Py_ssize_t)i, v);
+    }
+    if (!list) {
+        for (size_t i = 0; ok && st == GP_OK && i < n; i++) gp_free(self->pool, ptrs[i]);
+        PyMem_RawFree(sizes);
+        PyMem_RawFree(ptrs);
+        return ok && st != GP_OK ? gp_raise(st) : NULL;
+    }
+    Py_INCREF(self);
+    t_apart.ptrs = ptrs;
+    t_apart.sizes = sizes;
+    t_apart.n = n;
+    t_apart.pool = self;
+    gp_set_handout(gp_pool_backend(self->pool)->device, ptrs, sizes, n);
+    return list;
+}
+
+PyObject *gp_py_apart_end(gp_pool_object *self, PyObject *noargs)
+{
+    (void)noargs;
+    if (t_apart.pool != self) {
+        PyErr_SetString(PyExc_RuntimeError, "apart_end: this thread hands out no blocks of this pool");
+        return NULL;
+    }
+    size_t taken = gp_set_handout(0, NULL, NULL, 0);
+    for (size_t i = taken; i < t_apart.n; i++) gp_free(self->pool, t_apart.ptrs[i]);
+    PyMem_RawFree(t_apart.ptrs);
+    PyMem_RawFree(t_apart.sizes);
+    t_apart.pool = NULL;
+    Py_DECREF(self);
+    return PyLong_FromSize_t(taken);
+}
+
 PyObject *gp_py_host_fail(gp_pool_object *self, PyObject *args)
 {
     const char *fn;

@@ -229,10 +229,73 @@ class OffloadHandle:
             tensors = _state_tensors(obj)
             key = [t.data_ptr() for t in tensors]
         tagged(tensors, self.tag, self.priority, pool=self._tag_pool)
+        if not optimizer and self._tag_pool is None and self._apart(obj):
+            key = [t.data_ptr() for t in tensors]
         self._key = key
         if optimizer:
             self._state_bytes = sum(t.numel() * t.element_size() for t in tensors)
         self._hint(tensors)
+
+    def _apart(self, module: Any) -> bool:
+        """Copies the module's tensors that share a mapping unit with other
+        memory into units of their own (one new mapping, the tensors side
+        by side), so that an offload of the module alone releases all of
+        it.  A model moved to the GPU at once (``model.cuda()``,
+        ``from_pretrained(device_map=...)``) lays its layers side by side:
+        a decoder layer of Qwen2 0.5B (28 MiB) shares every unit with its
+        neighbours, and made offloadable on its own, its offload moved
+        nothing.  Each tensor is copied and swapped in under its own object
+        (``t.data = copy``: the parameters the optimizer and tied modules
+        hold stay the same objects).  Only a plain tensor or parameter that
+        is its storage's only user, and all of that storage, is copied: a
+        view or a wrapper (FSDP2's DTensor) elsewhere goes on seeing the
+        old memory, so such a tensor stays (and is reported ``kept`` at
+        offload).  Nothing is copied while a CUDA graph lives (it reads
+        the addresses it was captured with) or a capture runs, nor when
+        the device has no room for the copies.  Returns whether any moved."""
+        torch = sys.modules.get("torch")
+        use_count = getattr(getattr(torch, "_C", None), "_storage_Use_Count", None)
+        if use_count is None or torch.cuda.is_current_stream_capturing():
+            return False
+        mixed, graphs = self._pool._pool.tag_mixed(self._tid)
+        if not mixed or graphs:
+            return False
+        mixed = set(mixed)
+        seen: Set[int] = set()
+        moving: List[Any] = []
+        for t in [*module.parameters(), *module.buffers()]:
+            ptr = t.data_ptr()
+            if type(t) not in (torch.Tensor, torch.nn.Parameter) or ptr not in mixed or ptr in seen:
+                continue
+            seen.add(ptr)
+            u = t.untyped_storage()
+            # (the use count of a storage the tensor alone holds: its own and u's)
+            if t.is_contiguous() and u.nbytes() == t.numel() * t.element_size() and use_count(u._cdata) == 2:
+                moving.append(t)
+        if not moving:
+            return False
+        pool = self._pool._pool
+        stream = torch.cuda.current_stream(moving[0].device)
+        try:
+            ptrs = pool.apart_begin([t.numel() * t.element_size() for t in moving], self._tid, self.priority,
+                                    stream.cuda_stream)
+        except MemoryError:
+            return False  # (no room for the copies: they stay where they lie)
+        moved = False
+        try:
+            with torch.no_grad():
+                for t, ptr in zip(moving, ptrs):
+                    new = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+                    if new.data_ptr() != ptr:
+                        break  # (not the block handed out: the rest stay)
+                    new.copy_(t)
+                    if self._pool.lookup(t.data_ptr()).stream != stream.cuda_stream:
+                        t.record_stream(stream)
+                    t.data = new
+                    moved = True
+        finally:
+            pool.apart_end()
+        return moved
 
     def _gather(self, opt: Any, again: Set[int]) -> Tuple[bool, Set[int]]:
         """Copies into the tag the optimizer's state tensors made outside it

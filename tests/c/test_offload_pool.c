@@ -200,6 +200,99 @@ static void test_shared_chunk(void)
     done(p);
 }
 
+static uint64_t block_size(gp_pool *p, void *ptr)
+{
+    gp_block_info b;
+    return gp_pool_lookup(p, ptr, &b) == GP_OK ? b.size : 0;
+}
+
+static size_t mixed(gp_pool *p, gp_tag t, uintptr_t *addrs, size_t cap)
+{
+    size_t n = 0;
+    unsigned graphs = 1;
+    CHECK(gp_pool_tag_mixed(p, t, addrs, cap, &n, &graphs) == GP_OK && graphs == 0);
+    return n;
+}
+
+/* Blocks sharing a chunk are named; moved apart, the tag's offload takes
+ * all of it; the new mapping stays apart from free blocks around it; every
+ * failure leaves the pool as it was. */
+static void test_apart(void)
+{
+    gp_backend *be;
+    gp_pool *p = make_pool(64 * MiB, 1 * MiB, GP_MODE_EXPANDABLE, &be);
+    void *d = A(p, 2 * MiB, T_W);    /* chunks 0-1: its own           */
+    void *a = A(p, 300 * KiB, T_W);  /* chunk 2, beside b            */
+    void *b = A(p, 300 * KiB, T_O);
+    void *c = A(p, 600 * KiB, T_W);  /* chunks 2-3, free after it    */
+    uintptr_t addrs[4] = {0};
+    CHECK(mixed(p, T_W, addrs, 4) == 2 && addrs[0] == (uintptr_t)a && addrs[1] == (uintptr_t)c);
+    CHECK(mixed(p, T_W, addrs, 1) == 2); /* (the count, past the room) */
+    CHECK(mixed(p, T_O, addrs, 4) == 1 && addrs[0] == (uintptr_t)b);
+    size_t n;
+    unsigned g;
+    CHECK(gp_pool_tag_mixed(p, GP_MAX_TAGS - 1, addrs, 4, &n, &g) == GP_ERR_INVALID);
+    uint64_t sizes[2] = {300 * KiB, 600 * KiB};
+    void *out[2] = {0};
+    CHECK(gp_pool_alloc_apart(p, sizes, 2, NULL, T_W, GP_PRIO_NORMAL, out) == GP_OK);
+    CHECK((uintptr_t)out[1] == (uintptr_t)out[0] + 300 * KiB);
+    CHECK(block_size(p, out[1]) == 1 * MiB - 300 * KiB); /* (to the chunk's end) */
+    fill(out[0], 300 * KiB, 1);
+    fill(out[1], 600 * KiB, 3);
+    CHECK(gp_free(p, a) == GP_OK && gp_free(p, c) == GP_OK);
+    CHECK(mixed(p, T_W, addrs, 4) == 0);
+    CHECK(pool_consistent(p, be) == 0);
+    gp_tag_stats ts;
+    gp_pool_tag_stats(p, T_W, &ts);
+    CHECK(ts.allocated == 3 * MiB && ts.active_blocks == 3);
+    gp_offload_plan *pl;
+    gp_tag tags[1] = {T_W};
+    CHECK(gp_pool_offload_begin(p, tags, 1, &pl) == GP_OK);
+    CHECK(pl->kept == 0 && pl->offloaded == 3 * MiB && pl->n_runs == 2);
+    CHECK(gp_pool_plan_end(p, pl, 1) == GP_OK); /* (not copied: undone) */
+    CHECK(same(out[0], 300 * KiB, 1) && same(out[1], 600 * KiB, 3));
+    /* Bad requests, and requests the pool or the device refuses: nothing
+     * changes. */
+    gp_stats s0, s1;
+    gp_pool_stats(p, &s0, 0);
+    uint64_t zero[1] = {0}, huge[2] = {1ull << 47, 1ull << 47}, big[1] = {4 * MiB};
+    CHECK(gp_pool_alloc_apart(p, sizes, 0, NULL, T_W, GP_PRIO_NORMAL, out) == GP_ERR_INVALID);
+    CHECK(gp_pool_alloc_apart(p, zero, 1, NULL, T_W, GP_PRIO_NORMAL, out) == GP_ERR_INVALID);
+    CHECK(gp_pool_alloc_apart(p, huge, 2, NULL, T_W, GP_PRIO_NORMAL, out) == GP_ERR_OOM);
+    CHECK(gp_pool_alloc_apart(p, big, 1, NULL, GP_MAX_TAGS - 1, GP_PRIO_NORMAL, out) == GP_ERR_INVALID);
+    CHECK(gp_pool_alloc_apart(p, big, 1, NULL, T_W, GP_PRIO_MAX + 1, out) == GP_ERR_INVALID);
+    CHECK(gp_pool_set_tag_limit(p, T_W, 5 * MiB) == GP_OK);
+    CHECK(gp_pool_alloc_apart(p, big, 1, NULL, T_W, GP_PRIO_NORMAL, out) == GP_ERR_LIMIT);
+    CHECK(gp_pool_set_tag_limit(p, T_W, 0) == GP_OK);
+    gp_pool_set_limit(p, s0.reserved + 2 * MiB);
+    CHECK(gp_pool_alloc_apart(p, big, 1, NULL, T_W, GP_PRIO_NORMAL, out) == GP_ERR_LIMIT);
+    gp_pool_set_limit(p, 0);
+    gp_host_fail(be, GP_HOST_MAP, 2, GP_ERR_OOM, GP_HOST_FAIL_ONCE);
+    CHECK(gp_pool_alloc_apart(p, big, 1, NULL, T_W, GP_PRIO_NORMAL, out) == GP_ERR_OOM);
+    gp_pool_stats(p, &s1, 0);
+    /* (reserved may fall: the limit releases idle cache first) */
+    CHECK(s1.allocated == s0.allocated && s1.reserved <= s0.reserved && s1.n_alloc == s0.n_alloc);
+    (void)b;
+    (void)d;
+    done(p);
+    /* A hole of one chunk between free cache: the new mapping fills it and
+     * merges with neither neighbour. */
+    p = make_pool(64 * MiB, 1 * MiB, GP_MODE_EXPANDABLE, &be);
+    void *e = A(p, 1 * MiB, T_O), *f = A(p, 1 * MiB, T_O), *h = A(p, 1 * MiB, T_O);
+    CHECK(gp_free(p, e) == GP_OK && gp_free(p, f) == GP_OK);
+    CHECK(gp_pool_trim(p, 1 * MiB) == 1 * MiB); /* one of the two goes: a hole beside the other */
+    CHECK(gp_free(p, h) == GP_OK);
+    gp_pool_stats(p, &s0, 0);
+    uint64_t one[1] = {960 * KiB}; /* (the large arena: it wastes little of a chunk) */
+    CHECK(gp_pool_alloc_apart(p, one, 1, NULL, T_W, GP_PRIO_NORMAL, out) == GP_OK);
+    CHECK(block_size(p, out[0]) == 1 * MiB && ((uintptr_t)out[0] == (uintptr_t)e || (uintptr_t)out[0] == (uintptr_t)f));
+    gp_pool_stats(p, &s1, 0);
+    CHECK(s1.reserved == s0.reserved + 1 * MiB && s1.free_bytes == s0.free_bytes);
+    CHECK(mixed(p, T_W, addrs, 4) == 0);
+    CHECK(pool_consistent(p, be) == 0);
+    done(p);
+}
+
 /* Free and retag while offloaded; undo a failed offload; errors. */
 static void test_free_retag_abort(void)
 {
@@ -699,6 +792,7 @@ int main(void)
     CHECK(gp_tag_intern("kv_cache", &T_X) == GP_OK); /* long-lived: placement */
     test_offload_restore();
     test_shared_chunk();
+    test_apart();
     test_free_retag_abort();
     test_restore_limit();
     test_edge_cache_stays();
