@@ -441,8 +441,12 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
                 pool: Optional["PoolView"] = None) -> OffloadHandle:
     """Make a ``torch.nn.Module`` or a ``torch.optim.Optimizer`` offloadable.
 
-    Its tensors move to `tag` with `priority` (re-tagged where they lie, no
-    copy), and hooks make offload transparent:
+    Its tensors move to `tag` with `priority` (re-tagged where they lie; a
+    module's tensors that share a mapping unit with other memory are
+    copied into units of their own and swapped in under their own objects
+    (``t.data = copy``), so that the module leaves whole; a tensor with a
+    view elsewhere, a tensor subclass and anything while a CUDA graph lives
+    stay), and hooks make offload transparent:
 
     * a module: before its forward, its memory is restored (a prefetch under
       way is waited for) and marked busy, and the next offloadable module's
