@@ -449,13 +449,14 @@ def test_a_tied_embedding_holds_an_offloadable_lm_head(run_py) -> None:
 
 def test_layers_of_a_model_moved_at_once_offload_one_by_one(run_py) -> None:
     # A model moved to the GPU at once lays its layers side by side: each
-    # decoder layer (6.6 MiB) shares its mapping units with its neighbours.
+    # decoder layer (15 MiB) shares its mapping units with its neighbours.
     # Made offloadable one by one, a layer's offload moved nothing before
     # (all of it `kept`); offloadable() now copies such tensors into units
-    # of their own.  Each layer alone leaves whole, and the outputs,
-    # generation and training steps (the layers converted to fp32, whose
-    # new tensors are copied apart at the next offload) equal the model's
-    # without offload.  A tensor with a view elsewhere stays (`kept`), and
+    # of their own.  Each layer alone leaves whole; streamed under a limit
+    # that holds a few of them, each restore makes room from the idle
+    # layers; the outputs, generation and training steps (the layers
+    # converted to fp32, whose new tensors are copied apart at the next
+    # offload) equal the model's without offload.  A tensor with a view elsewhere stays (`kept`), and
     # nothing moves while a CUDA graph lives.
     r = run_py("""
         import copy, torch, gpupool
@@ -466,8 +467,8 @@ def test_layers_of_a_model_moved_at_once_offload_one_by_one(run_py) -> None:
             print("SKIP", e)
             raise SystemExit(0)
         torch.manual_seed(0)
-        cfg = Qwen2Config(vocab_size=8192, hidden_size=512, intermediate_size=1664, num_hidden_layers=8,
-                          num_attention_heads=8, num_key_value_heads=2, attn_implementation="eager")
+        cfg = Qwen2Config(vocab_size=8192, hidden_size=768, intermediate_size=2816, num_hidden_layers=12,
+                          num_attention_heads=12, num_key_value_heads=2, attn_implementation="eager")
         model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).cuda()
         ref = copy.deepcopy(model)
         layers = model.model.layers
@@ -485,9 +486,20 @@ def test_layers_of_a_model_moved_at_once_offload_one_by_one(run_py) -> None:
             for h in handles:
                 h.offload()
             assert torch.equal(model(ids).logits, want)
+            # Streamed under a limit with room for the activations and a
+            # few layers: each restore makes room from the idle layers of
+            # its own priority (before, it made room from lower priorities
+            # only, and ran out of memory).
             for h in handles:
                 h.offload()
-            assert torch.equal(model(ids).logits, want)
+            torch.cuda.synchronize()
+            gpupool.empty_cache()
+            gpupool.set_limit(gpupool.stats()["reserved"] + 3 * per + 64 * 2**20)
+            for _ in range(2):
+                assert torch.equal(model(ids).logits, want)
+            away = [h.tag for h in handles if gpupool.stats()["tags"][h.tag]["offloaded"]]
+            assert len(away) >= 12 - (3 * per + 64 * 2**20) // per, away
+            gpupool.set_limit(None)
             out = model.generate(ids[:, :8], max_new_tokens=8, do_sample=False)
             assert torch.equal(out, ref.generate(ids[:, :8], max_new_tokens=8, do_sample=False))
         for m in (model, ref):

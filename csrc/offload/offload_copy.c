@@ -775,8 +775,11 @@ static gp_status gp_lane_check(gp_offloader *o, gp_lane *l)
 /* Chunk c[k] is mapped (its job has run).  One the device had no room
  * for is mapped here: at once where room came since (the jobs of the
  * chunks after it may have failed too while the device was full), else
- * after making room for it and every later chunk whose job failed
- * (lower-priority idle tags, none of `keep`). */
+ * after making room for it and every later chunk whose job failed: idle
+ * tags of the record's priority or lower, the lowest and then the least
+ * recently used first, none of `keep`.  Equal priorities count: layers
+ * of one model, each offloadable, restore in turn under a limit that
+ * holds a few of them (the one used longest ago leaves). */
 static gp_status gp_chunk_ready(gp_offloader *o, const gp_record *r, const gp_tagset *keep, gp_chunk *c, size_t k,
                                 size_t queued)
 {
@@ -790,7 +793,7 @@ static gp_status gp_chunk_ready(gp_offloader *o, const gp_record *r, const gp_ta
     for (size_t i = k + 1; i < queued; i++)
         if (gp_batch_wait(&c[i].done) != GP_OK && !c[i].mapped) need += c[i].size;
     gp_error_clear();
-    if (gp_reclaim_locked(o, need, r->priority, keep, &got) == GP_OK && got) {
+    if (gp_reclaim_locked(o, need, r->priority + 1, keep, &got) == GP_OK && got) {
         gp_error_clear();
         return gp_job_map(&c[k]);
     }

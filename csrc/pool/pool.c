@@ -1034,11 +1034,11 @@ gp_status gp_pool_alloc_apart(gp_pool *p, const uint64_t *sizes, size_t n, gp_st
             return gp_error_set(sizes[i] ? GP_ERR_OOM : GP_ERR_INVALID,
                                 "gpupool: cannot allocate %" PRIu64 " bytes apart (size %zu of the group): "
                                 "sizes from 1 byte to 256 TiB are accepted", sizes[i], i);
-        total += gp_block_size(p, sizes[i]);
+        /* (checked at each step: the sum stays below 2^49) */
+        if ((total += gp_block_size(p, sizes[i])) > GP_MAX_SIZE)
+            return gp_error_set(GP_ERR_OOM, "gpupool: cannot allocate %zu blocks apart, %" PRIu64 " bytes and more: "
+                                "more than any device holds", n, total);
     }
-    if (total > GP_MAX_SIZE)
-        return gp_error_set(GP_ERR_OOM, "gpupool: cannot allocate %" PRIu64 " bytes apart: more than any device "
-                            "holds", total);
     if ((st = gp_pool_usable(p)) != GP_OK) return st;
     gp_lock_counted(p);
     /* The arena that wastes least of the last chunk: the large one's chunks

@@ -15,6 +15,8 @@
  *                     and nobody restores a record another thread frees
  *   together or fail  tags that cannot be on the device together: restoring
  *                     them fails instead of displacing each other for ever
+ *   equal             a restore makes room from an idle tag of its own
+ *                     priority, never from a busy one
  *   failed give-back  a restore that fails and cannot give its chunks back
  *                     leaves memory a later restore brings back whole
  *   nested offload    a restore that makes room by offloading mid-way keeps
@@ -283,6 +285,39 @@ static void test_together_or_fail(void)
     CHECK(gp_restore_tags(o, ab, 2, 0, &r) == GP_OK && state_of(p, a) == GP_BLOCK_USED &&
           state_of(p, b) == GP_BLOCK_USED && same(a, 24 * MiB, 4) && same(b, 24 * MiB, 5));
     CHECK(offload_ok(o));
+    gp_free(p, a);
+    gp_free(p, b);
+    offloader_done(o, p, be);
+}
+
+/* A restore makes room from an idle tag of its own priority (layers of
+ * one model streamed under a limit); one that is busy stays, and the
+ * restore fails. */
+static void test_restore_displaces_an_equal(void)
+{
+    gp_backend *be;
+    gp_pool *p;
+    gp_offloader *o = offloader_with(64 * MiB, &p, &be);
+    void *a = gp_alloc(p, 24 * MiB, NULL, T_A, GP_PRIO_LOW, NULL);
+    void *b = gp_alloc(p, 24 * MiB, NULL, T_B, GP_PRIO_LOW, NULL);
+    fill(a, 24 * MiB, 7);
+    fill(b, 24 * MiB, 8);
+    CHECK(gp_offload_register(o, T_A, GP_PRIO_LOW, 2) == GP_OK && gp_offload_register(o, T_B, GP_PRIO_LOW, 2) == GP_OK);
+    gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
+    gp_offload_result r;
+    CHECK(gp_offload_tags(o, &T_A, 1, &opts, &r) == GP_OK);
+    void *f = gp_alloc(p, 20 * MiB, NULL, T_F, GP_PRIO_NORMAL, NULL); /* room for one of A and B */
+    CHECK(f != NULL);
+    CHECK(gp_offload_use(o, T_B, 1) == GP_OK);
+    CHECK(gp_restore_tags(o, &T_A, 1, 0, &r) == GP_ERR_OOM && state_of(p, b) == GP_BLOCK_USED);
+    CHECK(gp_offload_use(o, T_B, 0) == GP_OK);
+    CHECK(gp_restore_tags(o, &T_A, 1, 0, &r) == GP_OK);
+    CHECK(state_of(p, a) == GP_BLOCK_USED && state_of(p, b) == GP_BLOCK_OFFLOADED && same(a, 24 * MiB, 7));
+    CHECK(gp_restore_tags(o, &T_B, 1, 0, &r) == GP_OK); /* (and back: A is idle) */
+    CHECK(state_of(p, a) == GP_BLOCK_OFFLOADED && same(b, 24 * MiB, 8));
+    CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
+    gp_free(p, f);
+    CHECK(gp_restore_tags(o, &T_A, 1, 0, &r) == GP_OK && same(a, 24 * MiB, 7));
     gp_free(p, a);
     gp_free(p, b);
     offloader_done(o, p, be);
@@ -692,7 +727,7 @@ int main(int argc, char **argv)
         {"nested", test_nested_offload},      {"room", test_room_made},
         {"first_error", test_first_error},    {"prefetch", test_prefetch_during_restore},
         {"refused_maps", test_prefetch_failed}, {"freed_corrupt", test_freed_corrupt}, {"walk", test_fault_walk},            {"words", test_status_and_words},
-        {"lost_prefetched", test_lost_then_prefetched},
+        {"lost_prefetched", test_lost_then_prefetched}, {"equal", test_restore_displaces_an_equal},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
         if (argc < 2 || strstr(argv[1], tests[i].name)) tests[i].fn();

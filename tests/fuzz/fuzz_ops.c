@@ -14,8 +14,8 @@
  * progress; graph capture prepare/begin/end/release and streams that join
  * a capture unnamed; history on/off/read/note; a pressure callback that
  * allocates, frees and gives up a lower-priority block; queries (lookup,
- * walk, stats, headroom, OOM report); the device's capacity; and injected
- * backend failures (gp_host_fail).
+ * walk, stats, headroom, OOM report); the device's capacity; injected
+ * backend failures (gp_host_fail); and groups of blocks apart.
  *
  * The model holds what must be true: which blocks are live, their sizes,
  * tags, priorities, streams and recorded streams, the limits, the graph
@@ -386,6 +386,68 @@ static int do_alloc(uint64_t size, unsigned si, uint8_t tag_byte, uint8_t prio_b
 }
 
 /* ------------------------------------------------------------- operations */
+
+/* 0..4 blocks apart (gp_pool_alloc_apart): each a live block of the model,
+ * side by side in chunks of their own, so that none of them is among the
+ * tag's blocks that share a chunk (gp_pool_tag_mixed). */
+static void op_apart(reader *r)
+{
+    size_t n = u8(r) % 5;
+    uint64_t sizes[4];
+    int bad = n == 0;
+    for (size_t i = 0; i < n; i++) bad |= (sizes[i] = size_arg(r)) == 0 || sizes[i] > (1ull << 48);
+    unsigned si = stream_arg(u8(r));
+    int ti;
+    gp_tag tag = tag_arg(u8(r), &ti);
+    int prio = prio_arg(u8(r));
+    bad |= !valid_tag(ti) || (prio != GP_PRIO_DEFAULT && (prio < 0 || prio > 255));
+    if (M.n + (int)n >= MAXLIVE - 3) return;
+    void *out[4] = {0};
+    gp_error_clear();
+    unsigned captures = M.captures;
+    gp_status st = gp_pool_alloc_apart(M.p, sizes, n, stream_of(si), tag, prio, out);
+    if (trace) fprintf(stderr, "  apart of %zu blocks, tag %d: %s %s\n", n, ti, gp_status_str(st), gp_last_error());
+    expect_message(st, "apart");
+    if (st != GP_OK) {
+        EXPECT(bad || st == GP_ERR_OOM || st == GP_ERR_LIMIT || st == GP_ERR_TOO_MANY || injected_failure() ||
+                   (st == GP_ERR_INVALID && captures),
+               "apart of %zu blocks failed with %s: %s", n, gp_status_str(st), gp_last_error());
+        return;
+    }
+    EXPECT(!bad, "apart of %zu blocks, tag %d, priority %d: not refused", n, ti, prio);
+    if (prio == GP_PRIO_DEFAULT) prio = M.cfg.priority;
+    for (size_t i = 0; i < n; i++) {
+        gp_block_info info;
+        EXPECT(gp_pool_lookup(M.p, out[i], &info) == GP_OK && info.addr == (uintptr_t)out[i] &&
+                   info.requested == sizes[i] && info.size >= sizes[i] && info.tag == tag && info.priority == prio &&
+                   info.state == GP_BLOCK_USED && !info.in_graph_pool,
+               "apart: block %zu at %p is not what was asked", i, out[i]);
+        EXPECT(i + 1 == n || (uintptr_t)out[i + 1] == (uintptr_t)out[i] + info.size,
+               "apart: block %zu does not follow block %zu", i + 1, i);
+        for (int j = 0; j < M.n; j++)
+            EXPECT((uintptr_t)out[i] + info.size <= (uintptr_t)M.b[j].ptr ||
+                       (uintptr_t)M.b[j].ptr + M.b[j].size <= (uintptr_t)out[i],
+                   "apart: the block at %p overlaps the live one at %p", out[i], (void *)M.b[j].ptr);
+        mblock *b = &M.b[M.n++];
+        *b = (mblock){.ptr = out[i], .req = sizes[i], .size = info.size, .stamp = ++M.stamp_seq, .tag = ti,
+                      .prio = prio, .own = info.stream};
+        stamp_put(b->ptr, b->req, b->stamp);
+        M.n_alloc++;
+    }
+    update_peaks();
+    uintptr_t mixed[64];
+    size_t n_mixed;
+    unsigned graphs;
+    EXPECT(gp_pool_tag_mixed(M.p, tag, mixed, 64, &n_mixed, &graphs) == GP_OK, "tag_mixed: %s", gp_last_error());
+    for (size_t k = 0; k < n_mixed && k < 64; k++)
+        for (size_t i = 0; i < n; i++)
+            EXPECT(mixed[k] != (uintptr_t)out[i], "apart: block %zu at %p shares a chunk", i, out[i]);
+    uint64_t held = 0;
+    for (int i = 0; i < M.n; i++)
+        if (M.b[i].tag == ti) held += M.b[i].size;
+    EXPECT(!M.tag_limit[ti] || held <= M.tag_limit[ti], "apart: tag %s holds %llu bytes, over its limit of %llu",
+           tag_names[ti], (unsigned long long)held, (unsigned long long)M.tag_limit[ti]);
+}
 
 static void op_alloc(reader *r)
 {
@@ -821,7 +883,7 @@ static void op_fault(reader *r)
 #define OPS(X)                                                                 \
     X(alloc) X(alloc) X(alloc) X(free) X(free) X(bad_free) X(trim) X(limit)    \
     X(tag_limit) X(retag) X(record) X(progress) X(capture) X(history)         \
-    X(pressure) X(query) X(capacity) X(fault)
+    X(pressure) X(query) X(capacity) X(fault) X(apart)
 
 typedef void (*op_fn)(reader *);
 #define OP_ENTRY(name) {op_##name, #name},
