@@ -117,9 +117,10 @@ gp_status gp_offload_tags_background(gp_offloader *o, const gp_tag *tags, size_t
  * and for the background offloads queued (reporting a failure of one).
  * To make room it releases cached chunks of any priority (what comes back
  * was live when displaced; cache is nobody's data), then offloads idle
- * registered tags of lower priority than the restored memory's -- never
- * one of `tags`: tags that cannot be on the device together fail with
- * GP_ERR_OOM instead of displacing each other.  GP_ERR_OOM (after trying
+ * registered tags of the restored memory's priority or lower, the lowest
+ * and then the least recently used first -- never one of `tags`: tags
+ * that cannot be on the device together fail with GP_ERR_OOM instead of
+ * displacing each other.  GP_ERR_OOM (after trying
  * to make room) or GP_ERR_LIMIT when the device cannot hold them;
  * GP_ERR_BACKEND for a device error or a checksum mismatch (named); the
  * memory of that offload then stays offloaded (the tags' offloads

@@ -134,9 +134,10 @@ def restore(tag: Tags, *, accept_loss: bool = False, device: Optional[int] = Non
     """Bring the memory of `tag` back at the same addresses (waits).  An
     offload of several tags at once comes back whole; when it returns, no
     memory of `tag` is offloaded.  MemoryError when the device has no room
-    even after lower-priority idle offloadable memory made way (tags asked
-    for together that cannot fit together fail so, instead of displacing
-    each other); RuntimeError when the host copy is corrupt; in both cases
+    even after idle offloadable memory of `tag`'s priority or lower made
+    way, the lowest priority and then the least recently used first (tags
+    asked for together that cannot fit together fail so, instead of
+    displacing each other); RuntimeError when the host copy is corrupt; in both cases
     the memory stays offloaded and its bytes safe on the host.
 
     An offload that failed and that the device refused to undo leaves some

@@ -515,8 +515,10 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
 
     Idle offloadable memory of a priority below an allocation's may be
     offloaded by the pool when that allocation would otherwise run out of
-    memory (lowest priority first, then the least recently used); the hooks
-    bring it back when it is next used; code that reads the tensors where
+    memory (lowest priority first, then the least recently used), and so
+    may idle offloadable memory of the same priority when a restore needs
+    room (modules offloadable one by one, streamed under a limit); the
+    hooks bring it back when it is next used; code that reads the tensors where
     no hook sees it holds them with the handle's ``.in_use()`` (also a
     module that came to share its memory after this call: or make the
     module holding both offloadable).  Returns a
