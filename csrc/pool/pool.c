@@ -68,6 +68,17 @@ gp_status gp_reserve_headers(gp_pool *p, int n)
     return have >= n ? GP_OK : gp_refill_spare(p);
 }
 
+gp_status gp_spare_at_least(gp_pool *p, size_t n)
+{
+    size_t have = 0;
+    for (gp_block *b = p->spare; b && have < n; b = b->fnext) have++;
+    for (; have < n; have += GP_SLAB_BLOCKS) {
+        gp_status st = gp_refill_spare(p);
+        if (st != GP_OK) return st;
+    }
+    return GP_OK;
+}
+
 static void gp_drop_block(gp_pool *p, gp_block *b)
 {
     b->fnext = p->spare;
@@ -1061,7 +1072,7 @@ gp_status gp_pool_alloc_apart(gp_pool *p, const uint64_t *sizes, size_t n, gp_st
                           need);
     else if (!(b = gp_grow_in(p, a, sidx, need, priority, &st, 1, &at)))
         ;
-    else if ((st = gp_reserve_headers(p, (int)n + 2)) != GP_OK) {
+    else if ((st = gp_spare_at_least(p, n + 2)) != GP_OK) {
         gp_insert_free(p, a, b);
         b = NULL;
     }

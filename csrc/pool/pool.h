@@ -257,6 +257,8 @@ static inline gp_bins *gp_bins_of(gp_arena *a, const gp_block *b)
  * caller reserves again.  gp_new_block takes a spare header, refilling the
  * list if empty, and returns NULL (error set) if the host has no memory. */
 gp_status gp_reserve_headers(gp_pool *p, int n);
+/* The same for any n, refilling as many slabs as it takes. */
+gp_status gp_spare_at_least(gp_pool *p, size_t n);
 gp_block *gp_new_block(gp_pool *p);
 /* b (in no bin) becomes free: merged with its free neighbours and binned. */
 gp_block *gp_insert_free(gp_pool *p, gp_arena *a, gp_block *b);

@@ -30,18 +30,6 @@ static inline uintptr_t gp_chunk_up(const gp_arena *a, uintptr_t x)
     return a->base + gp_round_up(x - a->base, a->chunk);
 }
 
-/* At least n spare block headers, refilling as many slabs as it takes. */
-static gp_status gp_spare_at_least(gp_pool *p, size_t n)
-{
-    for (;;) {
-        size_t have = 0;
-        for (gp_block *b = p->spare; b && have < n; b = b->fnext) have++;
-        if (have >= n) return GP_OK;
-        gp_status st = gp_reserve_headers(p, (int)(have + 1));
-        if (st != GP_OK) return st;
-    }
-}
-
 /* Growable arrays for plans (host memory, under the lock: an offload is no
  * hot path). */
 static void *gp_push(void **v, size_t *n, size_t *cap, size_t elem)

@@ -251,6 +251,17 @@ static void test_apart(void)
     CHECK(pl->kept == 0 && pl->offloaded == 3 * MiB && pl->n_runs == 2);
     CHECK(gp_pool_plan_end(p, pl, 1) == GP_OK); /* (not copied: undone) */
     CHECK(same(out[0], 300 * KiB, 1) && same(out[1], 600 * KiB, 3));
+    /* Many blocks at once: more headers than a slab holds. */
+    enum { MANY = 3000 };
+    static uint64_t many[MANY];
+    static void *many_out[MANY];
+    for (int i = 0; i < MANY; i++) many[i] = 512 + (uint64_t)(i % 7) * 512;
+    CHECK(gp_pool_alloc_apart(p, many, MANY, NULL, T_W, GP_PRIO_NORMAL, many_out) == GP_OK);
+    CHECK(pool_consistent(p, be) == 0);
+    for (int i = 1; i < MANY; i++)
+        CHECK((uintptr_t)many_out[i] == (uintptr_t)many_out[i - 1] + many[i - 1]);
+    for (int i = 0; i < MANY; i++) CHECK(gp_free(p, many_out[i]) == GP_OK);
+    gp_pool_empty_cache(p); /* (the limits below must find no cache to release) */
     /* Bad requests, and requests the pool or the device refuses: nothing
      * changes. */
     gp_stats s0, s1;
