@@ -257,19 +257,28 @@ static void hang(int sig)
 
 /* A device of 64 MiB whose free room holds one of A and B (each 24 MiB,
  * registered offloadable, idle) but not both. */
+/* Tags A and B, 24 MiB each, allocated at `prio`, filled (seeds `seed`
+ * and `seed` + 1) and offloadable at low priority. */
+static void two_tags(gp_offloader *o, gp_pool *p, int prio, unsigned seed, void **a, void **b)
+{
+    *a = gp_alloc(p, 24 * MiB, NULL, T_A, prio, NULL);
+    *b = gp_alloc(p, 24 * MiB, NULL, T_B, prio, NULL);
+    CHECK(*a && *b);
+    fill(*a, 24 * MiB, seed);
+    fill(*b, 24 * MiB, seed + 1);
+    CHECK(gp_offload_register(o, T_A, GP_PRIO_LOW, 2) == GP_OK && gp_offload_register(o, T_B, GP_PRIO_LOW, 2) == GP_OK);
+}
+
 static void test_together_or_fail(void)
 {
     gp_backend *be;
     gp_pool *p;
     gp_offloader *o = offloader_with(64 * MiB, &p, &be);
-    void *a = gp_alloc(p, 24 * MiB, NULL, T_A, GP_PRIO_NORMAL, NULL);
-    void *b = gp_alloc(p, 24 * MiB, NULL, T_B, GP_PRIO_NORMAL, NULL);
-    fill(a, 24 * MiB, 4);
-    fill(b, 24 * MiB, 5);
+    void *a, *b;
+    two_tags(o, p, GP_PRIO_NORMAL, 4, &a, &b);
     gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
     gp_offload_result r;
     CHECK(gp_offload_tags(o, &T_A, 1, &opts, &r) == GP_OK && gp_offload_tags(o, &T_B, 1, &opts, &r) == GP_OK);
-    CHECK(gp_offload_register(o, T_A, GP_PRIO_LOW, 2) == GP_OK && gp_offload_register(o, T_B, GP_PRIO_LOW, 2) == GP_OK);
     void *f = gp_alloc(p, 20 * MiB, NULL, T_F, GP_PRIO_NORMAL, NULL);
     CHECK(f != NULL);
     gp_tag ab[2] = {T_A, T_B};
@@ -298,11 +307,8 @@ static void test_restore_displaces_an_equal(void)
     gp_backend *be;
     gp_pool *p;
     gp_offloader *o = offloader_with(64 * MiB, &p, &be);
-    void *a = gp_alloc(p, 24 * MiB, NULL, T_A, GP_PRIO_LOW, NULL);
-    void *b = gp_alloc(p, 24 * MiB, NULL, T_B, GP_PRIO_LOW, NULL);
-    fill(a, 24 * MiB, 7);
-    fill(b, 24 * MiB, 8);
-    CHECK(gp_offload_register(o, T_A, GP_PRIO_LOW, 2) == GP_OK && gp_offload_register(o, T_B, GP_PRIO_LOW, 2) == GP_OK);
+    void *a, *b;
+    two_tags(o, p, GP_PRIO_LOW, 7, &a, &b);
     gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
     gp_offload_result r;
     CHECK(gp_offload_tags(o, &T_A, 1, &opts, &r) == GP_OK);
