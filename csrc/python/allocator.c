@@ -43,24 +43,13 @@ static _Thread_local int t_tag = -1;
 static _Thread_local int t_prio = GP_PRIO_DEFAULT;
 static atomic_int g_inherited = GP_TAG_UNTAGGED * GP_CTX_PRIO + GP_PRIO_DEFAULT + 1;
 
-/* Blocks allocated apart, handed to this thread's next allocations on a
- * device (gp_set_handout). */
-static _Thread_local struct {
-    void *const *ptrs;
-    const uint64_t *sizes;
-    size_t n, next;
-    int device;
-} t_hand;
+static _Thread_local gp_handout t_hand;
 
-size_t gp_set_handout(int device, void *const *ptrs, const uint64_t *sizes, size_t n)
+gp_handout gp_set_handout(gp_handout h)
 {
-    size_t taken = t_hand.next;
-    t_hand.ptrs = ptrs;
-    t_hand.sizes = sizes;
-    t_hand.n = n;
-    t_hand.next = 0;
-    t_hand.device = device;
-    return taken;
+    gp_handout old = t_hand;
+    t_hand = h;
+    return old;
 }
 
 void gp_context(gp_tag *tag, int *prio, int *own)

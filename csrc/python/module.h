@@ -70,12 +70,19 @@ void gp_context_set(int tag, int prio, int *old_tag, int *old_prio);
  * *old_tag, *old_prio. */
 void gp_context_set_inherited(int tag, int prio, int *old_tag, int *old_prio);
 
-/* This thread's next allocations on `device` of sizes[i] bytes, in order,
- * get ptrs[i] (blocks allocated apart: gp_pool_alloc_apart) until all n
- * are taken; a request of another size or device is allocated as usual.
- * The arrays stay the caller's until it hands out none (n 0).  Returns
- * how many of the previous hand-out were taken. */
-size_t gp_set_handout(int device, void *const *ptrs, const uint64_t *sizes, size_t n);
+/* Blocks handed to this thread's next allocations: on `device`, those of
+ * sizes[i] bytes, in order, get ptrs[i] (blocks allocated apart:
+ * gp_pool_alloc_apart) until all n are taken (`next` counts them); a
+ * request of another size or device is allocated as usual. */
+typedef struct gp_handout {
+    void **ptrs;
+    uint64_t *sizes;
+    size_t n, next;
+    int device;
+} gp_handout;
+/* Set this thread's hand-out (all zero: none); returns the previous one,
+ * whose arrays are the caller's again. */
+gp_handout gp_set_handout(gp_handout h);
 
 /* ------------------------------------------------- pypool.c: the Pool type */
 

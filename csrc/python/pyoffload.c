@@ -243,21 +243,15 @@ PyObject *gp_py_tag_mixed(gp_pool_object *self, PyObject *arg)
     return Py_BuildValue("(NI)", list, graphs);
 }
 
-/* This thread's hand-out (gp_set_handout): the blocks and their sizes,
- * and the pool they are of. */
-static _Thread_local struct {
-    void **ptrs;
-    uint64_t *sizes;
-    size_t n;
-    gp_pool_object *pool;
-} t_apart;
+/* The pool whose blocks this thread hands out (gp_set_handout). */
+static _Thread_local gp_pool_object *t_apart;
 
 PyObject *gp_py_apart_begin(gp_pool_object *self, PyObject *args)
 {
     PyObject *sizes_o, *stream_o;
     int tag, prio;
     if (!PyArg_ParseTuple(args, "OiiO", &sizes_o, &tag, &prio, &stream_o)) return NULL;
-    if (t_apart.pool) {
+    if (t_apart) {
         PyErr_SetString(PyExc_RuntimeError, "apart_begin: this thread hands out blocks already (apart_end first)");
         return NULL;
     }
@@ -294,28 +288,25 @@ PyObject *gp_py_apart_begin(gp_pool_object *self, PyObject *args)
         return ok && st != GP_OK ? gp_raise(st) : NULL;
     }
     Py_INCREF(self);
-    t_apart.ptrs = ptrs;
-    t_apart.sizes = sizes;
-    t_apart.n = n;
-    t_apart.pool = self;
-    gp_set_handout(gp_pool_backend(self->pool)->device, ptrs, sizes, n);
+    t_apart = self;
+    gp_set_handout((gp_handout){.ptrs = ptrs, .sizes = sizes, .n = n, .device = gp_pool_backend(self->pool)->device});
     return list;
 }
 
 PyObject *gp_py_apart_end(gp_pool_object *self, PyObject *noargs)
 {
     (void)noargs;
-    if (t_apart.pool != self) {
+    if (t_apart != self) {
         PyErr_SetString(PyExc_RuntimeError, "apart_end: this thread hands out no blocks of this pool");
         return NULL;
     }
-    size_t taken = gp_set_handout(0, NULL, NULL, 0);
-    for (size_t i = taken; i < t_apart.n; i++) gp_free(self->pool, t_apart.ptrs[i]);
-    PyMem_RawFree(t_apart.ptrs);
-    PyMem_RawFree(t_apart.sizes);
-    t_apart.pool = NULL;
+    gp_handout h = gp_set_handout((gp_handout){0});
+    for (size_t i = h.next; i < h.n; i++) gp_free(self->pool, h.ptrs[i]);
+    PyMem_RawFree(h.ptrs);
+    PyMem_RawFree(h.sizes);
+    t_apart = NULL;
     Py_DECREF(self);
-    return PyLong_FromSize_t(taken);
+    return PyLong_FromSize_t(h.next);
 }
 
 PyObject *gp_py_host_fail(gp_pool_object *self, PyObject *args)
