@@ -261,15 +261,13 @@ class OffloadHandle:
         if not mixed or graphs:
             return False
         mixed = set(mixed)
-        seen: Set[int] = set()
         moving: List[Any] = []
         for t in [*module.parameters(), *module.buffers()]:
-            ptr = t.data_ptr()
-            if type(t) not in (torch.Tensor, torch.nn.Parameter) or ptr not in mixed or ptr in seen:
+            if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.data_ptr() not in mixed:
                 continue
-            seen.add(ptr)
             u = t.untyped_storage()
-            # (the use count of a storage the tensor alone holds: its own and u's)
+            # (the use count of a storage the tensor alone holds: its own and
+            # u's; two tensors over one storage count more)
             if t.is_contiguous() and u.nbytes() == t.numel() * t.element_size() and use_count(u._cdata) == 2:
                 moving.append(t)
         if not moving:
