@@ -50,9 +50,26 @@ static gp_status gp_restore_held(gp_offloader *o, gp_record *r, const gp_want *w
 
 /* ------------------------------------------------------------- pressure */
 
+/* When registered tag `g` will next be used, by the clock: a tag used in
+ * a repeating pattern (the layers of a model, each used once a pass, or
+ * forward and again backward in training) comes back the gap of two uses
+ * ago after its last use -- two, so that a pass forward and back, whose
+ * gaps alternate, is read right too.  A tag with no such history, or
+ * whose pattern said it would be back by now, is taken to stay away as
+ * long again as it has been (so among those the least recently used goes
+ * first, as before).  A cyclic pass over more layers than fit made every
+ * restore displace the least recently used layer -- the one needed
+ * soonest -- so that each layer was restored on every pass. */
+static uint64_t gp_next_use(const gp_reg *g, uint64_t now)
+{
+    uint64_t gap = g->begun[2] ? g->begun[1] - g->begun[2] : g->begun[1] ? g->begun[0] - g->begun[1] : 0;
+    if (gap && g->begun[0] + gap >= now) return g->begun[0] + gap;
+    return now + (now - g->last_use);
+}
+
 /* Offload idle registered tags of priority below `below` (none of `keep`),
- * the lowest priority first, then the least recently used, until `needed`
- * bytes were released.  `op` is held. */
+ * the lowest priority first, then the one whose next use is farthest
+ * (gp_next_use), until `needed` bytes were released.  `op` is held. */
 gp_status gp_reclaim_locked(gp_offloader *o, uint64_t needed, int below, const gp_tagset *keep,
                             uint64_t *released)
 {
@@ -72,15 +89,20 @@ gp_status gp_reclaim_locked(gp_offloader *o, uint64_t needed, int below, const g
     uint8_t tried[GP_MAX_TAGS] = {0};
     while (*released < needed) {
         int best = -1;
+        uint64_t best_next = 0;
         pthread_mutex_lock(&o->lock);
         unsigned nt = gp_tag_count();
         for (unsigned t = 0; t < nt; t++) {
             const gp_reg *g = &o->reg[t];
             if (g->prio < 0 || g->prio >= below || g->busy || tried[t] || (keep && gp_tagset_has(keep, (gp_tag)t)))
                 continue;
+            uint64_t next = gp_next_use(g, o->clock);
             if (best < 0 || g->prio < o->reg[best].prio ||
-                (g->prio == o->reg[best].prio && g->last_use < o->reg[best].last_use))
+                (g->prio == o->reg[best].prio &&
+                 (next > best_next || (next == best_next && g->last_use < o->reg[best].last_use)))) {
                 best = (int)t;
+                best_next = next;
+            }
         }
         unsigned elem = 0;
         if (best >= 0) {
@@ -561,8 +583,14 @@ gp_status gp_offload_use(gp_offloader *o, gp_tag tag, int busy)
     if (tag >= gp_tag_count())
         return gp_error_set(GP_ERR_INVALID, "gpupool: tag id %u was never interned", (unsigned)tag);
     pthread_mutex_lock(&o->lock);
-    o->reg[tag].busy = busy != 0;
-    o->reg[tag].last_use = ++o->clock;
+    gp_reg *g = &o->reg[tag];
+    g->last_use = ++o->clock;
+    if (busy && !g->busy) {
+        g->begun[2] = g->begun[1];
+        g->begun[1] = g->begun[0];
+        g->begun[0] = g->last_use;
+    }
+    g->busy = busy != 0;
     /* A reclaim that chose it before it became busy finishes first (the
      * caller's restore then finds it offloaded, and brings it back). */
     while (busy && o->reclaiming == (int)tag) pthread_cond_wait(&o->cond, &o->lock);

@@ -28,8 +28,10 @@
  * Offloadable tags (gp_offload_register) are what the pool's pressure
  * callback may offload on its own: when an allocation of priority P finds
  * the device or the limit full, idle registered tags of priority below P
- * are offloaded, the lowest priority first, then the least recently used,
- * until enough was released.  A tag is busy between gp_offload_use(tag, 1)
+ * are offloaded, the lowest priority first, then the one whose next use
+ * is farthest (predicted from the gaps between its uses: the least
+ * recently used where it has no pattern yet), until enough was released.
+ * A tag is busy between gp_offload_use(tag, 1)
  * and gp_offload_use(tag, 0) (the Python hooks mark a module's forward, an
  * optimizer's step) and is never offloaded then.
  *
@@ -118,7 +120,7 @@ gp_status gp_offload_tags_background(gp_offloader *o, const gp_tag *tags, size_t
  * To make room it releases cached chunks of any priority (what comes back
  * was live when displaced; cache is nobody's data), then offloads idle
  * registered tags of the restored memory's priority or lower, the lowest
- * and then the least recently used first -- never one of `tags`: tags
+ * and then the one needed farthest ahead first -- never one of `tags`: tags
  * that cannot be on the device together fail with GP_ERR_OOM instead of
  * displacing each other.  GP_ERR_OOM (after trying
  * to make room) or GP_ERR_LIMIT when the device cannot hold them;
@@ -158,7 +160,7 @@ void gp_offload_reserve_host(gp_offloader *o, uint64_t bytes);
 gp_status gp_offload_use(gp_offloader *o, gp_tag tag, int busy);
 
 /* Offload idle registered tags of priority below `below`, the lowest
- * first, then the least recently used, until `needed` bytes were released
+ * first, then the one needed farthest ahead, until `needed` bytes were released
  * (the pressure callback does this for the pool; the tenant registry asks
  * it for other processes), after waiting for the background offloads
  * queued.  Returns the bytes it released; 0 when called from within an

@@ -776,10 +776,10 @@ static gp_status gp_lane_check(gp_offloader *o, gp_lane *l)
  * for is mapped here: at once where room came since (the jobs of the
  * chunks after it may have failed too while the device was full), else
  * after making room for it and every later chunk whose job failed: idle
- * tags of the record's priority or lower, the lowest and then the least
- * recently used first, none of `keep`.  Equal priorities count: layers
- * of one model, each offloadable, restore in turn under a limit that
- * holds a few of them (the one used longest ago leaves). */
+ * tags of the record's priority or lower, the lowest and then the one
+ * needed farthest ahead first (gp_reclaim_locked), none of `keep`.  Equal
+ * priorities count: layers of one model, each offloadable, restore in
+ * turn under a limit that holds a few of them. */
 static gp_status gp_chunk_ready(gp_offloader *o, const gp_record *r, const gp_tagset *keep, gp_chunk *c, size_t k,
                                 size_t queued)
 {

@@ -123,7 +123,9 @@ typedef struct gp_want {
 typedef struct gp_reg {
     int prio;           /* -1: not offloadable under pressure         */
     int busy;
-    uint64_t last_use;
+    uint64_t last_use;  /* the offloader's clock at its last use event */
+    uint64_t begun[3];  /* ... at its last three uses from idle, newest
+                           first (0: none): when it comes back next     */
     unsigned elem_size; /* the dtype hint for codecs (0: unknown)     */
 } gp_reg;
 

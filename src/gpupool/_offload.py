@@ -135,9 +135,10 @@ def restore(tag: Tags, *, accept_loss: bool = False, device: Optional[int] = Non
     offload of several tags at once comes back whole; when it returns, no
     memory of `tag` is offloaded.  MemoryError when the device has no room
     even after idle offloadable memory of `tag`'s priority or lower made
-    way, the lowest priority and then the least recently used first (tags
-    asked for together that cannot fit together fail so, instead of
-    displacing each other); RuntimeError when the host copy is corrupt; in both cases
+    way, the lowest priority first, then what is needed farthest ahead as
+    the gaps between its uses predict (the least recently used where they
+    say nothing yet).  Tags asked for together that cannot fit together
+    fail so, instead of displacing each other.  RuntimeError when the host copy is corrupt; in both cases
     the memory stays offloaded and its bytes safe on the host.
 
     An offload that failed and that the device refused to undo leaves some

@@ -513,7 +513,9 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
 
     Idle offloadable memory of a priority below an allocation's may be
     offloaded by the pool when that allocation would otherwise run out of
-    memory (lowest priority first, then the least recently used), and so
+    memory (lowest priority first, then what the gaps between its uses say
+    is needed farthest ahead: of layers used in turn, the one just used;
+    else the least recently used), and so
     may idle offloadable memory of the same priority when a restore needs
     room (modules offloadable one by one, streamed under a limit); the
     hooks bring it back when it is next used; code that reads the tensors where

@@ -215,6 +215,57 @@ static void test_prefetch_multi(void)
     done(p);
 }
 
+/* Which idle tag a restore displaces: the one needed last.  Six tags of
+ * 4 MiB, room for four, each used in turn as a model's layers are (busy,
+ * restored, idle): passes in one direction (inference), where the least
+ * recently used tag is the next one needed and displacing it restored
+ * every tag on every pass, then forward and back (training), where it is
+ * the right one.  Every byte comes back. */
+static void test_victims(void)
+{
+    enum { NT = 6, ROOM = 4, PASSES = 8 };
+    for (int zigzag = 0; zigzag < 2; zigzag++) {
+        gp_backend *be;
+        gp_pool *p;
+        gp_offloader *o = offloader_with(ROOM * 4 * MiB + 2 * MiB, &p, &be);
+        gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
+        gp_offload_result r;
+        gp_tag t[NT];
+        void *a[NT];
+        for (int i = 0; i < NT; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "layer%d", i);
+            CHECK(gp_tag_intern(name, &t[i]) == GP_OK);
+            CHECK((a[i] = gp_alloc(p, 4 * MiB, NULL, t[i], GP_PRIO_LOW, NULL)) != NULL);
+            fill(a[i], 4 * MiB, 40 + (unsigned)i);
+            CHECK(gp_offload_register(o, t[i], GP_PRIO_LOW, 2) == GP_OK);
+            CHECK(gp_offload_tags(o, &t[i], 1, &opts, &r) == GP_OK);
+        }
+        int steps = zigzag ? 2 * NT : NT;
+        for (int pass = 0; pass < PASSES; pass++) {
+            int restored = 0;
+            for (int s = 0; s < steps; s++) {
+                int i = s < NT ? s : 2 * NT - 1 - s;
+                CHECK(gp_offload_use(o, t[i], 1) == GP_OK);
+                restored += gp_offload_is_offloaded(o, t[i]);
+                CHECK(gp_restore_tags(o, &t[i], 1, 0, &r) == GP_OK && same(a[i], 4 * MiB, 40 + (unsigned)i));
+                CHECK(gp_offload_use(o, t[i], 0) == GP_OK);
+            }
+            /* The fewest a pass can restore: NT - ROOM one way, twice
+             * that forward and back (a tag may take one more one way,
+             * as its pattern is learnt).  By the least recently used,
+             * one way restored all NT. */
+            if (pass >= 2) CHECK(restored <= (zigzag ? 2 * (NT - ROOM) : NT - ROOM + 1));
+        }
+        CHECK(pool_consistent(p, be) == 0);
+        for (int i = 0; i < NT; i++) {
+            CHECK(gp_restore_tags(o, &t[i], 1, 0, &r) == GP_OK && same(a[i], 4 * MiB, 40 + (unsigned)i));
+            gp_free(p, a[i]);
+        }
+        offloader_done(o, p, be);
+    }
+}
+
 /* Under pressure an allocation of priority P offloads idle registered tags
  * below P (never a busy one, never its own level), lowest first. */
 static void test_pressure(void)
@@ -644,6 +695,7 @@ int main(void)
     test_drop_limit_corrupt();
     test_prefetch_multi();
     test_pressure();
+    test_victims();
     test_destroy_while_offloaded();
     test_thread_names();
     test_compressed();
