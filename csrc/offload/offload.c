@@ -53,8 +53,9 @@ static gp_status gp_restore_held(gp_offloader *o, gp_record *r, const gp_want *w
 /* When registered tag `g` will next be used, by the clock: a tag used in
  * a repeating pattern (the layers of a model, each used once a pass, or
  * forward and again backward in training) comes back the gap of two uses
- * ago after its last use -- two, so that a pass forward and back, whose
- * gaps alternate, is read right too.  A tag with no such history, or
+ * ago after its last use (the one gap it has, after two uses) -- two,
+ * so that a pass forward and back, whose gaps alternate, is read right
+ * too.  A tag used less than twice, or
  * whose pattern said it would be back by now, is taken to stay away as
  * long again as it has been (so among those the least recently used goes
  * first, as before).  A cyclic pass over more layers than fit made every
