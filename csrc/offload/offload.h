@@ -31,9 +31,9 @@
  * are offloaded, the lowest priority first, then the one whose next use
  * is farthest (predicted from the gaps between its uses: the least
  * recently used where it has no pattern yet), until enough was released.
- * A tag is busy between gp_offload_use(tag, 1)
- * and gp_offload_use(tag, 0) (the Python hooks mark a module's forward, an
- * optimizer's step) and is never offloaded then.
+ * A tag is busy between gp_offload_use(tag, 1) and gp_offload_use(tag, 0)
+ * (the Python hooks mark a module's forward, an optimizer's step) and is
+ * never offloaded then.
  *
  * Every call may block (device synchronisation, copies); none may be made
  * with the pool's lock held or from inside a pool callback other than the

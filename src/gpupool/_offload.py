@@ -138,8 +138,9 @@ def restore(tag: Tags, *, accept_loss: bool = False, device: Optional[int] = Non
     way, the lowest priority first, then what is needed farthest ahead as
     the gaps between its uses predict (the least recently used where they
     say nothing yet).  Tags asked for together that cannot fit together
-    fail so, instead of displacing each other.  RuntimeError when the host copy is corrupt; in both cases
-    the memory stays offloaded and its bytes safe on the host.
+    fail so, instead of displacing each other.  RuntimeError when the host
+    copy is corrupt.  In both cases the memory stays offloaded and its
+    bytes safe on the host.
 
     An offload that failed and that the device refused to undo leaves some
     bytes lost (its error says how many): restoring that memory raises
