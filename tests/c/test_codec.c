@@ -442,6 +442,17 @@ static void test_checksum(void)
         buf[bit / 8] ^= (unsigned char)(1u << bit % 8);
     }
     CHECK(missed == 0);
+    /* Several changes at once: flips of the top bit of two words, and of
+     * every word (a sum of each word times an odd weight missed every even
+     * number of those, a sign flip of two bf16 or fp32 values among them). */
+    uint64_t words[64];
+    data_fill((unsigned char *)words, sizeof words, DATA_RANDOM);
+    uint64_t wh = gp_checksum(words, sizeof words, 3);
+    words[5] ^= 1ull << 63;
+    words[40] ^= 1ull << 63;
+    CHECK(gp_checksum(words, sizeof words, 3) != wh);
+    for (size_t i = 0; i < 64; i++) words[i] ^= 1ull << 63;
+    CHECK(gp_checksum(words, sizeof words, 3) != wh);
     /* Order matters. */
     unsigned char swapped[256];
     data_fill(swapped, sizeof swapped, DATA_RANDOM);

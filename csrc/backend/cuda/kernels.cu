@@ -2,16 +2,23 @@
 // file as PTX, made by tools/gen_ptx.py, and backend_cuda.c loads it with
 // the driver API.
 
-// The checksum of offloaded memory (checksum.h has the definition): the sum
-// over the 64-bit words w[i] of [p, p + 8n) of w[i] * (((i ^ seed) << 1) | 1),
-// modulo 2^64, added into *out (zeroed by gp_zero_kernel).
+// The checksum of offloaded memory (checksum.h has the definition, and
+// checksum.c the same terms on the host): the sum over the 64-bit words
+// w[i] of [p, p + 8n) of mix(w[i] ^ (i ^ seed) * K), modulo 2^64, added into
+// *out (zeroed by gp_zero_kernel).
 extern "C" __global__ void gp_checksum_kernel(const unsigned long long *p, unsigned long long n,
                                               unsigned long long seed, unsigned long long *out)
 {
     unsigned long long acc = 0;
     unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        acc += p[i] * (((i ^ seed) << 1) | 1ull);
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        unsigned long long x = p[i] ^ (i ^ seed) * 0x9e3779b97f4a7c15ull;
+        x ^= x >> 33;
+        x *= 0xff51afd7ed558ccdull;
+        x ^= x >> 33;
+        x *= 0xc4ceb9fe1a85ec53ull;
+        acc += x ^ x >> 33;
+    }
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
     if ((threadIdx.x & 31) == 0) atomicAdd(out, acc);
 }
