@@ -65,6 +65,41 @@ def test_model_outputs_identical_after_offload_and_restore(run_py) -> None:
     assert "OK" in r.stdout
 
 
+def test_a_module_offloaded_again_unchanged_copies_nothing_and_a_changed_one_copies(run_py) -> None:
+    r = run_py("""
+        import torch, gpupool
+        gpupool.enable()
+        torch.manual_seed(0)
+        x = torch.randn(8, 2048, device="cuda", dtype=torch.bfloat16)
+        for codec in ("raw", "auto"):
+            m = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(4)]).cuda().to(torch.bfloat16)
+            h = gpupool.offloadable(m, f"m_{codec}")
+            with torch.no_grad():
+                y = m(x)
+            first = h.offload(codec=codec)
+            assert first["copied"] > 0, first
+            h.restore()
+            n0 = gpupool.stats()["offload"]["n_clean"]
+            # The restore kept its host copy: nothing is copied the second time.
+            again = h.offload(codec=codec)
+            assert again["copied"] == 0 and again["released"] == first["released"], (first, again)
+            assert again["codec"] == first["codec"] and gpupool.stats()["offload"]["n_clean"] == n0 + 1
+            with torch.no_grad():
+                assert torch.equal(m(x), y)  # (the hook restores it)
+            # Two values' signs flipped, each the top bit of its 64-bit word
+            # (bf16 element 4k+3): copied, and the new values come back.
+            with torch.no_grad():
+                m[1].weight.view(-1)[[3, 4 * 1000 + 3]] *= -1
+            want = [p.detach().clone() for p in m.parameters()]
+            changed = h.offload(codec=codec)
+            assert changed["copied"] == first["copied"], (first, changed)
+            h.restore()
+            assert all(torch.equal(p, w) for p, w in zip(m.parameters(), want))
+        print("OK")
+    """)
+    assert "OK" in r.stdout, r.stdout + r.stderr
+
+
 def test_offloadable_optimizer_trains_bit_identical(run_py) -> None:
     r = run_py("""
         import copy, torch, gpupool

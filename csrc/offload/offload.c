@@ -230,11 +230,13 @@ void gp_offloader_destroy(gp_offloader *o)
     gp_workq_destroy(o->pq); /* (runs the prefetches still queued) */
     gp_workq_destroy(o->q);
     gp_workq_destroy(o->mq);
-    while (o->records) {
-        gp_record *r = o->records;
-        o->records = r->next;
-        gp_record_free(o, r);
-    }
+    gp_record *lists[2] = {o->records, o->clean};
+    for (int l = 0; l < 2; l++)
+        while (lists[l]) {
+            gp_record *r = lists[l];
+            lists[l] = r->next;
+            gp_record_free(o, r);
+        }
     gp_offload_copy_free(o);
     for (int i = 0; i < o->n_streams; i++) o->be->stream_destroy(o->be, o->streams[i]);
     if (o->sums_dev) gp_free(o->pool, o->sums_dev);
@@ -542,7 +544,7 @@ static void gp_prepare_host(gp_offloader *o)
     uint8_t reg[GP_MAX_TAGS];
     pthread_mutex_lock(&o->lock);
     for (unsigned t = 0; t < GP_MAX_TAGS; t++) reg[t] = o->reg[t].prio >= 0;
-    uint64_t want = o->host_reserve;
+    uint64_t want = o->host_reserve, clean = o->st.clean_bytes;
     pthread_mutex_unlock(&o->lock);
     uint64_t live = 0;
     unsigned nt = gp_tag_count();
@@ -552,7 +554,9 @@ static void gp_prepare_host(gp_offloader *o)
         gp_pool_tag_stats(o->pool, (gp_tag)t, &ts);
         live += ts.allocated > ts.offloaded ? ts.allocated - ts.offloaded : 0;
     }
-    gp_pinned_prepare(o->hs, live > want ? live : want);
+    /* (Clean copies give their room up to an offload that needs it.) */
+    if (live < want) live = want;
+    gp_pinned_prepare(o->hs, live > clean ? live - clean : 0);
 }
 
 gp_status gp_offload_register(gp_offloader *o, gp_tag tag, int priority, unsigned elem_size)

@@ -13,6 +13,16 @@
  * leaves and again after it came back (checksum.h): a mismatch leaves the
  * memory offloaded and names the tag.
  *
+ * A restore keeps its host copy (clean) where every piece of it was checked
+ * on the way back: the next offload of the same tags, whose blocks lie
+ * where they did, sums them on the device and, where every sum is as it
+ * was, takes that copy and only gives the chunks back -- nothing crosses
+ * the bus (frozen weights streamed, a model switched out again).  Any
+ * change copies as before, and a tag found written keeps no copy for its
+ * next few restores (memory written every step pays the check rarely).
+ * Clean copies hold only room the pinned store holds anyway: an offload
+ * that needs room takes theirs, the oldest first, before pinning more.
+ *
  * Failure leaves things whole: an offload that fails half way (host limit,
  * a device error) maps back what it had released and copies it back, so
  * the tags are resident as before; a restore that fails (device full after
@@ -83,7 +93,9 @@ typedef struct gp_offload_result {
     uint64_t bytes;      /* bytes of live blocks that moved (offloaded or
                             restored), whole blocks                         */
     uint64_t copied;     /* bytes copied over PCIe (the blocks' parts in
-                            released chunks; 0 when contents are dropped)   */
+                            released chunks; 0 when contents are dropped,
+                            and when an offload took the clean host copy
+                            of its last restore)                           */
     uint64_t host_bytes; /* host bytes they take (offload) or took         */
     uint64_t released;   /* device bytes unmapped (offload) or mapped      */
     uint64_t kept;       /* offload: bytes of the tags' live blocks that
@@ -182,7 +194,9 @@ void gp_offload_figures(gp_offloader *o, uint64_t *offloadable, uint64_t *offloa
     X(n_pressure)  /* offloads made by the pressure callback */                \
     X(bytes_out)   /* bytes copied out, ever */                                \
     X(bytes_in)    /* bytes copied back, ever */                               \
-    X(n_pin)       /* slabs pinned, ever */
+    X(n_pin)       /* slabs pinned, ever */                                   \
+    X(clean_bytes) /* host bytes of restored memory kept for its next offload */ \
+    X(n_clean)     /* offloads that found that copy current: copied nothing */
 
 typedef struct gp_offload_stats {
 #define GP_OFFLOAD_STAT_MEMBER(field) uint64_t field;

@@ -19,6 +19,10 @@
  * queued an event follows them, and a worker waits for it and unmaps the
  * chunk: device memory is given back while later chunks are still copied.
  *
+ * An offload whose tags' last restore kept its host copy (a clean record,
+ * offload_record.c) sums the device's bytes first, and where every sum is
+ * as it was takes that record whole and only unmaps the chunks.
+ *
  * Restore: the pool checks the runs are still offloaded; a worker maps the
  * chunks ahead of the copies, in their order; each piece is copied back
  * (and decompressed) as soon as the chunks under it are mapped, and summed
@@ -176,7 +180,7 @@ static gp_status gp_streams_drain(gp_offloader *o)
 }
 
 /* Read the operation's first n checksums back (the work that wrote them
- * has run). */
+ * has run, or is queued on streams[0], which the read follows). */
 static gp_status gp_sums_read(gp_offloader *o, size_t n)
 {
     if (!n) return GP_OK;
@@ -325,6 +329,17 @@ static gp_status gp_undo_offload(gp_offloader *o, gp_offload_plan *pl, gp_record
             else if (!p->chunks)
                 st = o->be->copy(o->be, (void *)p->addr, p->host.ptr, p->size, GP_COPY_H2D, o->streams[0]);
             else {
+                /* A clean record taken whole opened no jobs: they are
+                 * opened now -- but not inside a restore, whose own jobs
+                 * hold the staging (then the offload gives up, its host
+                 * copy whole, for a restore to bring back). */
+                int ok = 1;
+                if (!lane[0].job && o->depth > 1)
+                    st = gp_error_set(GP_ERR_BACKEND, "gpupool: cannot decompress inside a restore");
+                else if (!lane[0].job && (st = gp_lanes_open(o, r->codec, lane, &ok)) == GP_OK && !ok)
+                    st = gp_error_set(GP_ERR_OOM, "gpupool: no room on the device for the staging that "
+                                      "decompressing needs");
+                if (st != GP_OK) break;
                 gp_chunks_at_host(p);
                 st = gp_codec_decompress(lane[0].job, o->streams[0], (void *)p->addr, p->size, p->chunks,
                                          p->n_chunks);
@@ -498,6 +513,9 @@ typedef struct gp_out {
     size_t n;
     gp_lane lane[2];
     int reserved;        /* host room was reserved                         */
+    int waited;          /* the memory's users are done (gp_users_done)    */
+    int reused;          /* the record is a clean one, taken whole: nothing
+                            is copied                                      */
     gp_batch unmaps;     /* the chunks' unmap jobs                         */
     char why[1024];      /* the first failure's words                      */
 } gp_out;
@@ -527,10 +545,61 @@ static gp_status gp_users_done(gp_offloader *o, const gp_offload_opts *opts, con
     return gp_pool_synchronize(o->pool);
 }
 
+/* The tags' last restore kept a host copy of these bytes (a clean record):
+ * the device's sums of its pieces now decide.  All as they were: the copy
+ * is current and becomes this offload's record, whole -- nothing is
+ * copied out, the chunks are only given back (frozen weights, a model
+ * switched out again).  Any changed: it is freed, and its tag keeps no
+ * copy for its next GP_CLEAN_SKIP restores.  The sums run after the
+ * memory's users, as the offload's own do. */
+static gp_status gp_out_reuse(gp_out *x)
+{
+    gp_offloader *o = x->o;
+    gp_record *q = gp_clean_find(o, x->r);
+    if (!q) return GP_OK;
+    if (q->n_pieces > gp_sums_room(o)) {
+        gp_clean_drop(o, q, 0);
+        return GP_OK;
+    }
+    gp_status st = gp_users_done(o, x->opts, x->pl);
+    x->waited = st == GP_OK;
+    /* On the stream the sums are read back on, so that the read follows
+     * every one of them: behind sums on the other stream, it read some
+     * before they were written -- the restore's, which equal the copy's
+     * whatever the device holds now. */
+    for (size_t j = 0; st == GP_OK && j < q->n_pieces; j++) {
+        const gp_piece *p = &q->pieces[j];
+        st = o->be->checksum(o->be, (const void *)p->addr, p->size, p->addr, &gp_sums_dev(o)[j], o->streams[0]);
+    }
+    if (st == GP_OK) st = gp_sums_read(o, q->n_pieces);
+    int same = st == GP_OK;
+    for (size_t j = 0; same && j < q->n_pieces; j++) same = gp_sums_host(o)[j] == q->pieces[j].sum;
+    gp_chunk *c = NULL;
+    size_t n = 0;
+    if (same && !(c = gp_chunks_of(q, &n)))
+        st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for an offload record");
+    if (!c) {
+        gp_clean_drop(o, q, st == GP_OK);
+        return st;
+    }
+    gp_clean_take(o, q);
+    q->offloaded = x->r->offloaded;
+    q->released = x->r->released;
+    q->priority = x->r->priority;
+    gp_record_free(o, x->r);
+    free(x->c);
+    x->r = q;
+    x->c = c;
+    x->n = n;
+    x->reused = 1;
+    return GP_OK;
+}
+
 /* Before anything moves: the record (its pieces fit in the codec's jobs),
- * host room for every piece (raw size: compressed pieces take less), the
- * streams that used the memory finished, the codec, raw pieces cut to fill
- * the slabs. */
+ * a clean host copy taken where it is current, else host room for every
+ * piece (raw size: compressed pieces take less; clean copies give theirs
+ * up first), the streams that used the memory finished, the codec, raw
+ * pieces cut to fill the slabs. */
 static gp_status gp_out_prepare(gp_out *x, const gp_tag *tags, size_t n_tags)
 {
     gp_offloader *o = x->o;
@@ -546,16 +615,19 @@ static gp_status gp_out_prepare(gp_out *x, const gp_tag *tags, size_t n_tags)
         return gp_error_set(GP_ERR_INVALID, "gpupool: offload of %zu pieces at once (at most %zu%s: offload fewer "
                             "tags at a time)", r->n_pieces, gp_sums_room(o), o->depth > 1 ? " inside a restore" : "");
     if (x->opts->keep) {
+        if ((st = gp_out_reuse(x)) != GP_OK || x->reused) return st;
         /* Each piece in an extent of its own (16-byte aligned); compressed,
          * each chunk may be padded too. Raw needs no more: an offload of
          * exactly the host limit fits. */
         uint64_t room = 0;
         for (size_t i = 0; i < r->n_pieces; i++) room += gp_codec_pad(r->pieces[i].size);
         if (offered) room += 2 * GP_CODEC_ALIGN * (x->pl->bytes / 4096 + r->n_pieces);
+        gp_clean_room(o, room);
         if ((st = gp_pinned_reserve(o->hs, room)) != GP_OK) return st;
         x->reserved = 1;
     }
-    if ((st = gp_users_done(o, x->opts, x->pl)) != GP_OK || (st = gp_choose_codec(o, r, offered, x->lane)) != GP_OK)
+    if ((!x->waited && (st = gp_users_done(o, x->opts, x->pl)) != GP_OK) ||
+        (st = gp_choose_codec(o, r, offered, x->lane)) != GP_OK)
         return st;
     size_t n_cut = r->n_pieces;
     for (size_t i = 0; st == GP_OK && x->opts->keep && !r->codec && i < r->n_pieces; i++) st = gp_piece_host(o, r, i);
@@ -582,7 +654,7 @@ static gp_status gp_out_copy(gp_out *x)
         c[k].plan = x->pl;
     }
     size_t closed = 0; /* chunks [0, closed) are closed, or will be with a lane's piece */
-    size_t n_keep = x->opts->keep ? r->n_pieces : 0;
+    size_t n_keep = x->opts->keep && !x->reused ? r->n_pieces : 0;
     for (size_t j = 0; j < n_keep && st == GP_OK; j++) {
         gp_piece *p = &r->pieces[j];
         gp_lane *l = &lane[j & 1];
@@ -615,19 +687,20 @@ static gp_status gp_out_copy(gp_out *x)
 }
 
 /* Everything went: the sums (they ran before the copies, which have run)
- * read, the plan ended offloaded, the record published. */
+ * read, the plan ended offloaded, the record published.  A clean record
+ * taken whole has its sums. */
 static gp_status gp_out_finish(gp_out *x)
 {
     gp_offloader *o = x->o;
     gp_record *r = x->r;
-    gp_status st = x->opts->keep ? gp_sums_read(o, r->n_pieces) : GP_OK;
-    for (size_t i = 0; st == GP_OK && i < r->n_pieces; i++) {
+    gp_status st = x->opts->keep && !x->reused ? gp_sums_read(o, r->n_pieces) : GP_OK;
+    for (size_t i = 0; st == GP_OK && !x->reused && i < r->n_pieces; i++) {
         r->pieces[i].sum = gp_sums_host(o)[i];
         r->pieces[i].summed = 1;
     }
     if (st == GP_OK && (st = gp_pool_plan_end(o->pool, x->pl, 0)) == GP_OK) {
         gp_lanes_close(x->lane);
-        gp_record_publish(o, r);
+        gp_record_publish(o, r, !x->reused);
     }
     return st;
 }
@@ -662,7 +735,7 @@ static uint64_t gp_out_give_up(gp_out *x, int drained)
     }
     r->lost = lost;
     gp_pool_plan_end(o->pool, x->pl, 0); /* (ending offloaded cannot fail) */
-    gp_record_publish(o, r);
+    gp_record_publish(o, r, !x->reused);
     return lost;
 }
 
@@ -735,7 +808,8 @@ static gp_status gp_offload_steps(gp_offloader *o, const gp_tag *tags, size_t n_
     if (x.reserved) gp_pinned_settle(o->hs, UINT64_MAX);
     if (st == GP_OK && (st = gp_out_finish(&x)) == GP_OK) {
         const gp_record *r = x.r;
-        *res = (gp_offload_result){.bytes = r->offloaded, .copied = r->copied, .host_bytes = r->host_bytes,
+        *res = (gp_offload_result){.bytes = r->offloaded, .copied = x.reused ? 0 : r->copied,
+                                   .host_bytes = r->host_bytes,
                                    .released = r->released, .kept = res->kept,
                                    .codec = r->codec ? gp_codec_kind(r->codec) : GP_CODEC_RAW,
                                    .seconds = gp_now() - t0};

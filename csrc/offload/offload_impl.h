@@ -53,6 +53,11 @@
 /* Streams an offload's fence may name (gp_pool_fence); more: a device sync. */
 #define GP_FENCE_MAX 32
 #define GP_CODECS_OPEN 16
+/* Restores of a tag whose host copy an offload found written that keep no
+ * copy after (gp_record_retire): memory written between its uses (an
+ * optimizer's state, weights in training) then pays the check that finds
+ * it written once in this many offloads plus one. */
+#define GP_CLEAN_SKIP 8
 
 typedef struct gp_piece {
     uintptr_t addr;     /* device bytes [addr, addr+size)              */
@@ -74,14 +79,18 @@ typedef struct gp_piece {
  * it) and publishes it (OFFLOADED: in o->records, nobody holds it).  A
  * restore or a prefetch job takes it (RESTORING, PREFETCHING: only the
  * holder restores it; everyone else waits on o->cond), and either retires
- * it (restored: out of the list, freed by the holder) or gives it back
- * (OFFLOADED again).  Every change goes through gp_record_move, which
- * refuses any other transition.  The state is guarded by o->lock. */
+ * it or gives it back (OFFLOADED again).  Retired, it is freed, or kept
+ * with its host copy (CLEAN: in o->clean) for the tags' next offload,
+ * which takes it back (NEW again) where the device still holds the same
+ * bytes, or frees it.  Every change goes through gp_record_move, which
+ * refuses any other transition.  The state is guarded by o->lock; the
+ * clean list changes only under `op` too. */
 typedef enum gp_record_state {
     GP_REC_NEW,
     GP_REC_OFFLOADED,
     GP_REC_PREFETCHING,
     GP_REC_RESTORING,
+    GP_REC_CLEAN,
     GP_REC_STATES
 } gp_record_state;
 
@@ -127,6 +136,8 @@ typedef struct gp_reg {
     uint64_t begun[3];  /* ... at its last three uses from idle, newest
                            first (0: none): when it comes back next     */
     unsigned elem_size; /* the dtype hint for codecs (0: unknown)     */
+    unsigned clean_skip; /* restores left that keep no host copy of it
+                            (GP_CLEAN_SKIP after one was found written) */
 } gp_reg;
 
 struct gp_offloader {
@@ -149,6 +160,8 @@ struct gp_offloader {
     gp_stream streams[2];
     int n_streams;
     gp_record *records;
+    gp_record *clean;      /* restored records that kept their host
+                              copies, newest first                       */
     gp_reg reg[GP_MAX_TAGS];
     uint64_t clock;
     gp_batch prefetches;   /* (waited for through the records' flags and
@@ -218,13 +231,30 @@ void gp_offload_copy_free(gp_offloader *o);
 gp_record *gp_record_new(const gp_tag *tags, size_t n_tags, const gp_offload_plan *pl, uint64_t piece_max);
 /* Free a NEW record and its host room. */
 void gp_record_free(gp_offloader *o, gp_record *r);
-/* Publish NEW record r: OFFLOADED, its figures counted. */
-void gp_record_publish(gp_offloader *o, gp_record *r);
+/* Publish NEW record r: OFFLOADED, its figures counted (its bytes as
+ * copied out unless it is a clean record taken whole). */
+void gp_record_publish(gp_offloader *o, gp_record *r, int copied_out);
 /* Change r's state (o->lock is held); aborts on a transition the life
  * above does not have: that is memory about to be lost or freed twice. */
 void gp_record_move(gp_offloader *o, gp_record *r, gp_record_state from, gp_record_state to);
-/* Take r out of the records and free it, once restored by its holder. */
+/* Take r out of the records once restored by its holder: kept CLEAN
+ * where every piece has a checked host copy (`op` is held), else freed. */
 void gp_record_retire(gp_offloader *o, gp_record *r);
+/* The clean record whose host copy holds the bytes and layout offload
+ * record r is about to copy out, if any: the same tags, runs and pieces'
+ * bytes, tag by tag (their contents are for the caller's checksums to
+ * compare).  `op` is held. */
+gp_record *gp_clean_find(gp_offloader *o, const gp_record *r);
+/* Take clean record q for an offload (NEW again; counted in n_clean). */
+void gp_clean_take(gp_offloader *o, gp_record *q);
+/* Free clean record q; `written`: an offload found the device's bytes
+ * changed, so its first tag keeps no copy for the next GP_CLEAN_SKIP
+ * restores. */
+void gp_clean_drop(gp_offloader *o, gp_record *q, int written);
+/* Free clean records, the oldest first, until the pinned store has `room`
+ * bytes free beyond its reservations, or none is left: clean copies only
+ * hold room the store has pinned anyway. */
+void gp_clean_room(gp_offloader *o, uint64_t room);
 /* What a restore or prefetch of `tags` wants; gp_want_free after. */
 gp_status gp_want_of(gp_offloader *o, const gp_tag *tags, size_t n, gp_want *w);
 void gp_want_free(gp_want *w);

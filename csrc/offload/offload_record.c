@@ -1,8 +1,9 @@
 /*
  * offload_record.c -- a record's life (offload_impl.h): made by an offload,
  * published, held by one restore or prefetch at a time, retired when
- * restored; which records a restore or prefetch wants; and the offloader's
- * integrity check over all of it (gp_offload_check).
+ * restored, kept clean with its host copy until the next offload of its
+ * tags takes it or frees it; which records a restore or prefetch wants;
+ * and the offloader's integrity check over all of it (gp_offload_check).
  *
  * Only the holder of a record restores or frees it: a record is never
  * freed while another thread or a queued job can still reach it, and a
@@ -79,8 +80,8 @@ void gp_record_free(gp_offloader *o, gp_record *r)
 
 /* ------------------------------------------------------------- its life */
 
-static const char *const gp_state_names[GP_REC_STATES + 1] = {"new", "offloaded", "prefetching", "restoring",
-                                                              "freed"};
+static const char *const gp_state_names[GP_REC_STATES + 1] = {"new",       "offloaded", "prefetching",
+                                                              "restoring", "clean",     "freed"};
 
 /* A transition the life does not have: memory about to be lost, restored
  * twice or freed under someone; nothing can be trusted after it. */
@@ -93,10 +94,11 @@ static void gp_record_refuse(const gp_record *r, gp_record_state to)
 
 void gp_record_move(gp_offloader *o, gp_record *r, gp_record_state from, gp_record_state to)
 {
-    /* The life: NEW -> OFFLOADED <-> {PREFETCHING, RESTORING}. */
-    int legal = from == GP_REC_NEW ? to == GP_REC_OFFLOADED
+    /* The life: NEW -> OFFLOADED <-> {PREFETCHING, RESTORING} -> CLEAN -> NEW. */
+    int legal = from == GP_REC_NEW         ? to == GP_REC_OFFLOADED
                 : from == GP_REC_OFFLOADED ? to == GP_REC_PREFETCHING || to == GP_REC_RESTORING
-                                           : to == GP_REC_OFFLOADED;
+                : from == GP_REC_CLEAN     ? to == GP_REC_NEW
+                                           : to == GP_REC_OFFLOADED || to == GP_REC_CLEAN;
     if (r->state != from || !legal) gp_record_refuse(r, to);
     r->state = to;
     pthread_cond_broadcast(&o->cond);
@@ -111,7 +113,7 @@ static void gp_record_count(gp_offloader *o, const gp_record *r, int sign)
         o->st.tag_host_bytes[r->pieces[i].tag] += s * gp_piece_host_bytes(&r->pieces[i]);
 }
 
-void gp_record_publish(gp_offloader *o, gp_record *r)
+void gp_record_publish(gp_offloader *o, gp_record *r, int copied_out)
 {
     r->copied = r->host_bytes = 0;
     for (size_t i = 0; i < r->n_pieces; i++) {
@@ -123,9 +125,24 @@ void gp_record_publish(gp_offloader *o, gp_record *r)
     r->next = o->records;
     o->records = r;
     o->st.n_offload++;
-    o->st.bytes_out += r->copied;
+    o->st.bytes_out += copied_out ? r->copied : 0;
     gp_record_count(o, r, 1);
     pthread_mutex_unlock(&o->lock);
+}
+
+/* Whether restored record r keeps its host copy (o->lock is held): every
+ * piece has one, checked on the way back, and its first tag's copy was
+ * not found written in its last GP_CLEAN_SKIP restores.  A swap's goes:
+ * a whole process's memory, back for good. */
+static int gp_record_cleanable(gp_offloader *o, const gp_record *r)
+{
+    if (r->dropped || r->lost || r->swap) return 0;
+    for (size_t i = 0; i < r->n_pieces; i++)
+        if (!r->pieces[i].host.ptr || !r->pieces[i].summed) return 0;
+    gp_reg *g = &o->reg[r->tags[0]];
+    if (!g->clean_skip) return 1;
+    g->clean_skip--;
+    return 0;
 }
 
 void gp_record_retire(gp_offloader *o, gp_record *r)
@@ -140,9 +157,89 @@ void gp_record_retire(gp_offloader *o, gp_record *r)
     o->st.n_restore++;
     o->st.bytes_in += r->copied;
     gp_record_count(o, r, -1);
+    int keep = gp_record_cleanable(o, r);
+    if (keep) {
+        gp_record_move(o, r, r->state, GP_REC_CLEAN);
+        r->next = o->clean;
+        o->clean = r;
+        o->st.clean_bytes += r->host_bytes;
+    }
     pthread_cond_broadcast(&o->cond);
     pthread_mutex_unlock(&o->lock);
-    gp_record_free(o, r);
+    if (!keep) gp_record_free(o, r);
+}
+
+/* ------------------------------------------------------ clean host copies */
+
+/* Whether a and b hold the same bytes: their pieces, with neighbours of one
+ * tag joined (a raw piece may have been cut to fill a slab's tail), cover
+ * the same ranges under the same tags. */
+static int gp_same_bytes(const gp_record *a, const gp_record *b)
+{
+    size_t i = 0, j = 0;
+    while (i < a->n_pieces && j < b->n_pieces) {
+        const gp_piece *pa = &a->pieces[i++], *pb = &b->pieces[j++];
+        uintptr_t ea = pa->addr + pa->size, eb = pb->addr + pb->size;
+        while (i < a->n_pieces && a->pieces[i].addr == ea && a->pieces[i].tag == pa->tag) ea += a->pieces[i++].size;
+        while (j < b->n_pieces && b->pieces[j].addr == eb && b->pieces[j].tag == pb->tag) eb += b->pieces[j++].size;
+        if (pa->addr != pb->addr || ea != eb || pa->tag != pb->tag) return 0;
+    }
+    return i == a->n_pieces && j == b->n_pieces;
+}
+
+gp_record *gp_clean_find(gp_offloader *o, const gp_record *r)
+{
+    gp_record *found = NULL;
+    pthread_mutex_lock(&o->lock);
+    for (gp_record *q = o->clean; q && !found; q = q->next)
+        if (q->n_tags == r->n_tags && !memcmp(q->tags, r->tags, r->n_tags * sizeof *r->tags) &&
+            q->n_runs == r->n_runs && !memcmp(q->runs, r->runs, r->n_runs * sizeof *r->runs) && gp_same_bytes(q, r))
+            found = q;
+    pthread_mutex_unlock(&o->lock);
+    return found;
+}
+
+/* Take q out of the clean list (o->lock is held). */
+static void gp_clean_unlink(gp_offloader *o, gp_record *q)
+{
+    if (q->state != GP_REC_CLEAN) gp_record_refuse(q, GP_REC_STATES);
+    for (gp_record **pp = &o->clean; *pp; pp = &(*pp)->next)
+        if (*pp == q) {
+            *pp = q->next;
+            break;
+        }
+    q->next = NULL;
+    o->st.clean_bytes -= q->host_bytes;
+}
+
+void gp_clean_take(gp_offloader *o, gp_record *q)
+{
+    pthread_mutex_lock(&o->lock);
+    gp_clean_unlink(o, q);
+    gp_record_move(o, q, GP_REC_CLEAN, GP_REC_NEW);
+    o->st.n_clean++;
+    pthread_mutex_unlock(&o->lock);
+}
+
+void gp_clean_drop(gp_offloader *o, gp_record *q, int written)
+{
+    pthread_mutex_lock(&o->lock);
+    gp_clean_unlink(o, q);
+    if (written) o->reg[q->tags[0]].clean_skip = GP_CLEAN_SKIP;
+    pthread_mutex_unlock(&o->lock);
+    gp_record_free(o, q);
+}
+
+void gp_clean_room(gp_offloader *o, uint64_t room)
+{
+    for (;;) {
+        gp_record *oldest = NULL;
+        pthread_mutex_lock(&o->lock);
+        for (gp_record *q = o->clean; q; q = q->next) oldest = q;
+        pthread_mutex_unlock(&o->lock);
+        if (!oldest || gp_pinned_room(o->hs) >= room) return;
+        gp_clean_drop(o, oldest, 0);
+    }
 }
 
 /* ---------------------------------------------------------- what is wanted */
@@ -229,11 +326,13 @@ static int gp_extent_cmp(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* One record against itself and the pool; its extents go to ext[*n_ext..]. */
+/* One record against itself and the pool (a clean one's runs are the
+ * pool's again, its host bytes no tag's); its extents go to ext[*n_ext..]. */
 static void gp_check_record(gp_offloader *o, const gp_record *r, gp_ocheck *c, gp_extent *ext, size_t *n_ext,
                             uint64_t *tag_bytes)
 {
-    if (r->state != GP_REC_OFFLOADED && r->state != GP_REC_PREFETCHING && r->state != GP_REC_RESTORING)
+    int clean = r->state == GP_REC_CLEAN;
+    if (r->state != GP_REC_OFFLOADED && r->state != GP_REC_PREFETCHING && r->state != GP_REC_RESTORING && !clean)
         gp_bad(c, "record %p is listed in state %d", (const void *)r, (int)r->state);
     if (!r->n_tags || r->n_tags > GP_RECORD_TAGS) gp_bad(c, "record %p has %u tags", (const void *)r, r->n_tags);
     uint64_t released = 0, host = 0, copied = 0, lost = 0;
@@ -243,7 +342,7 @@ static void gp_check_record(gp_offloader *o, const gp_record *r, gp_ocheck *c, g
         if (i && run->addr < r->runs[i - 1].addr + r->runs[i - 1].size)
             gp_bad(c, "record %p: run %zu at 0x%" PRIxPTR " overlaps or precedes the one before", (const void *)r, i,
                    run->addr);
-        if (gp_pool_run_check(o->pool, run) != GP_OK) {
+        if (!clean && gp_pool_run_check(o->pool, run) != GP_OK) {
             gp_bad(c, "record %p: %s", (const void *)r, gp_last_error());
             gp_error_clear();
         }
@@ -262,7 +361,7 @@ static void gp_check_record(gp_offloader *o, const gp_record *r, gp_ocheck *c, g
         if (i && p->addr < r->pieces[i - 1].addr + r->pieces[i - 1].size)
             gp_bad(c, "record %p: piece %zu overlaps the one before", (const void *)r, i);
         if (p->tag >= gp_tag_count()) gp_bad(c, "record %p: piece %zu has tag %u", (const void *)r, i, p->tag);
-        else tag_bytes[p->tag] += gp_piece_host_bytes(p);
+        else if (!clean) tag_bytes[p->tag] += gp_piece_host_bytes(p);
         if (r->dropped && (p->host.ptr || p->host2.ptr))
             gp_bad(c, "record %p dropped its contents, but piece %zu has host bytes", (const void *)r, i);
         if (!p->host.ptr && p->host2.ptr) gp_bad(c, "record %p: piece %zu has a second extent only", (const void *)r, i);
@@ -300,8 +399,8 @@ size_t gp_offload_check(gp_offloader *o, char *msg, size_t n)
     pthread_mutex_lock(&o->op); /* (between operations: nothing reserved, no record half made) */
     pthread_mutex_lock(&o->lock);
     size_t n_ext = 0;
-    for (const gp_record *r = o->records; r; r = r->next)
-        for (size_t i = 0; i < r->n_pieces; i++) n_ext += 2;
+    for (int l = 0; l < 2; l++)
+        for (const gp_record *r = l ? o->clean : o->records; r; r = r->next) n_ext += 2 * r->n_pieces;
     gp_extent *ext = malloc((n_ext ? n_ext : 1) * sizeof *ext);
     if (!tag_bytes || !ext) {
         gp_bad(&c, "out of host memory for the offloader's check");
@@ -322,6 +421,16 @@ size_t gp_offload_check(gp_offloader *o, char *msg, size_t n)
     }
     if (host != o->st.host_bytes)
         gp_bad(&c, "the records hold %" PRIu64 " host bytes, the figures say %" PRIu64, host, o->st.host_bytes);
+    uint64_t clean = 0;
+    for (const gp_record *r = o->clean; r; r = r->next) {
+        if (r->state != GP_REC_CLEAN) gp_bad(&c, "record %p is on the clean list in state %d", (const void *)r,
+                                             (int)r->state);
+        gp_check_record(o, r, &c, ext, &n_ext, tag_bytes);
+        clean += r->host_bytes;
+    }
+    if (clean != o->st.clean_bytes)
+        gp_bad(&c, "the clean records hold %" PRIu64 " host bytes, the figures say %" PRIu64, clean,
+               o->st.clean_bytes);
     for (unsigned t = 0; t < GP_MAX_TAGS; t++)
         if (tag_bytes[t] != o->st.tag_host_bytes[t])
             gp_bad(&c, "tag %u: the records hold %" PRIu64 " host bytes, the figures say %" PRIu64, t, tag_bytes[t],

@@ -414,6 +414,15 @@ void gp_pinned_prepare(gp_pinned *hs, uint64_t bytes)
     pthread_mutex_unlock(&hs->lock);
 }
 
+uint64_t gp_pinned_room(gp_pinned *hs)
+{
+    pthread_mutex_lock(&hs->lock);
+    uint64_t f = gp_free_locked(hs);
+    f = f > hs->reserved ? f - hs->reserved : 0;
+    pthread_mutex_unlock(&hs->lock);
+    return f;
+}
+
 void gp_pinned_stats_get(gp_pinned *hs, gp_pinned_stats *out)
 {
     pthread_mutex_lock(&hs->lock);

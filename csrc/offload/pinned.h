@@ -91,6 +91,9 @@ void gp_pinned_grow_ahead(gp_pinned *hs);
  * memory made ready before an offload needs it.  Returns at once. */
 void gp_pinned_prepare(gp_pinned *hs, uint64_t bytes);
 
+/* Bytes free in the slabs (pinned or queued) beyond the reservations. */
+uint64_t gp_pinned_room(gp_pinned *hs);
+
 void gp_pinned_stats_get(gp_pinned *hs, gp_pinned_stats *out);
 
 /* The store's integrity, given every extent its callers hold (`ext`, n of

@@ -78,6 +78,10 @@ static const uint64_t walk_sizes[WB] = {3 * MiB + 5, 1 * MiB, 5 * MiB + 4096, 70
 
 typedef struct walk_case {
     int codec, keep;
+    int again;  /* offloaded and restored once first: the faulted offload
+                   finds that host copy (clean) ...                      */
+    int write;  /* ... after two words' top bits were flipped (then it
+                   must copy, not take the stale copy)                    */
 } walk_case;
 
 /* One offload with `fn` failing at its nth call (mode), then everything
@@ -95,6 +99,16 @@ static uint64_t walk_one(walk_case wc, gp_host_fn fn, uint64_t nth, int mode, in
         data_rng = 77 + (uint64_t)i;
         data_fill(want[i], walk_sizes[i], wc.codec == GP_CODEC_RAW ? DATA_RANDOM : DATA_BF16);
         memcpy(b[i], want[i], walk_sizes[i]);
+    }
+    if (wc.again) {
+        gp_offload_opts first = {.keep = 1, .codec = wc.codec, .elem_size = 2};
+        gp_offload_result fr;
+        CHECK(gp_offload_tags(o, &T_A, 1, &first, &fr) == GP_OK && gp_restore_tags(o, &T_A, 1, 0, &fr) == GP_OK);
+        for (int i = 0; wc.write && i < WB; i += 2) {
+            want[i][7] ^= 0x80;
+            want[i][walk_sizes[i] / 16 * 8 + 7] ^= 0x80;
+            memcpy(b[i], want[i], walk_sizes[i]);
+        }
     }
     gp_host_counters c0, c1;
     gp_host_counters_get(be, &c0);
@@ -157,9 +171,9 @@ static void test_fault_walk(void)
     const gp_host_fn fns[] = {GP_HOST_COPY,  GP_HOST_UNMAP,     GP_HOST_MAP,        GP_HOST_EVENT_RECORD,
                               GP_HOST_EVENT_WAIT, GP_HOST_CHECKSUM, GP_HOST_SYNCHRONIZE, GP_HOST_HOST_ALLOC,
                               GP_HOST_GATHER, GP_HOST_HOST_POPULATE, GP_HOST_HOST_REGISTER};
-    walk_case cases[] = {{GP_CODEC_RAW, 1}, {GP_CODEC_RAW, 0},
+    walk_case cases[] = {{GP_CODEC_RAW, 1}, {GP_CODEC_RAW, 0}, {GP_CODEC_RAW, 1, 1, 0}, {GP_CODEC_RAW, 1, 1, 1},
 #ifdef GP_HAVE_ZSTD
-                         {GP_CODEC_AUTO, 1},
+                         {GP_CODEC_AUTO, 1}, {GP_CODEC_AUTO, 1, 1, 0},
 #endif
     };
     unsigned points = 0, gave_up = 0;
