@@ -281,7 +281,7 @@ gp_status gp_offload_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, co
     gp_op_lock(o);
     st = gp_offload_locked(o, tags, n_tags, opts, res);
     gp_op_unlock(o);
-    if (st == GP_OK) gp_pinned_grow_ahead(o->hs);
+    if (st == GP_OK) gp_pinned_grow_ahead(o->hs, gp_clean_bytes(o));
     return st;
 }
 
@@ -544,7 +544,7 @@ static void gp_prepare_host(gp_offloader *o)
     uint8_t reg[GP_MAX_TAGS];
     pthread_mutex_lock(&o->lock);
     for (unsigned t = 0; t < GP_MAX_TAGS; t++) reg[t] = o->reg[t].prio >= 0;
-    uint64_t want = o->host_reserve, clean = o->st.clean_bytes;
+    uint64_t want = o->host_reserve;
     pthread_mutex_unlock(&o->lock);
     uint64_t live = 0;
     unsigned nt = gp_tag_count();
@@ -554,9 +554,7 @@ static void gp_prepare_host(gp_offloader *o)
         gp_pool_tag_stats(o->pool, (gp_tag)t, &ts);
         live += ts.allocated > ts.offloaded ? ts.allocated - ts.offloaded : 0;
     }
-    /* (Clean copies give their room up to an offload that needs it.) */
-    if (live < want) live = want;
-    gp_pinned_prepare(o->hs, live > clean ? live - clean : 0);
+    gp_pinned_prepare(o->hs, live > want ? live : want, gp_clean_bytes(o));
 }
 
 gp_status gp_offload_register(gp_offloader *o, gp_tag tag, int priority, unsigned elem_size)

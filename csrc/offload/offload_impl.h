@@ -243,8 +243,12 @@ void gp_record_retire(gp_offloader *o, gp_record *r);
 /* The clean record whose host copy holds the bytes and layout offload
  * record r is about to copy out, if any: the same tags, runs and pieces'
  * bytes, tag by tag (their contents are for the caller's checksums to
- * compare).  `op` is held. */
+ * compare).  None: the clean records sharing a tag with r are freed (a
+ * restore frees them too, so each tag is in one at most).  `op` is held. */
 gp_record *gp_clean_find(gp_offloader *o, const gp_record *r);
+/* Host bytes the clean records hold: room an offload that needs it takes,
+ * which pinning ahead counts as free. */
+uint64_t gp_clean_bytes(gp_offloader *o);
 /* Take clean record q for an offload (NEW again; counted in n_clean). */
 void gp_clean_take(gp_offloader *o, gp_record *q);
 /* Free clean record q; `written`: an offload found the device's bytes

@@ -145,6 +145,40 @@ static int gp_record_cleanable(gp_offloader *o, const gp_record *r)
     return 0;
 }
 
+/* Take the clean records that share a tag with tags[0..n) off the list
+ * (o->lock is held) and return them: those tags' memory has a newer copy
+ * or is about to get one, and a copy nothing can take again held its room
+ * for ever. */
+static gp_record *gp_clean_unlink_tags(gp_offloader *o, const gp_tag *tags, unsigned n)
+{
+    gp_record *out = NULL;
+    for (gp_record **pp = &o->clean; *pp;) {
+        gp_record *q = *pp;
+        int shares = 0;
+        for (unsigned i = 0; i < q->n_tags && !shares; i++)
+            for (unsigned k = 0; k < n && !shares; k++) shares = q->tags[i] == tags[k];
+        if (!shares) {
+            pp = &q->next;
+            continue;
+        }
+        if (q->state != GP_REC_CLEAN) gp_record_refuse(q, GP_REC_STATES);
+        *pp = q->next;
+        o->st.clean_bytes -= q->host_bytes;
+        q->next = out;
+        out = q;
+    }
+    return out;
+}
+
+static void gp_records_free(gp_offloader *o, gp_record *list)
+{
+    while (list) {
+        gp_record *next = list->next;
+        gp_record_free(o, list);
+        list = next;
+    }
+}
+
 void gp_record_retire(gp_offloader *o, gp_record *r)
 {
     pthread_mutex_lock(&o->lock);
@@ -157,6 +191,7 @@ void gp_record_retire(gp_offloader *o, gp_record *r)
     o->st.n_restore++;
     o->st.bytes_in += r->copied;
     gp_record_count(o, r, -1);
+    gp_record *stale = gp_clean_unlink_tags(o, r->tags, r->n_tags);
     int keep = gp_record_cleanable(o, r);
     if (keep) {
         gp_record_move(o, r, r->state, GP_REC_CLEAN);
@@ -166,6 +201,7 @@ void gp_record_retire(gp_offloader *o, gp_record *r)
     }
     pthread_cond_broadcast(&o->cond);
     pthread_mutex_unlock(&o->lock);
+    gp_records_free(o, stale);
     if (!keep) gp_record_free(o, r);
 }
 
@@ -189,14 +225,24 @@ static int gp_same_bytes(const gp_record *a, const gp_record *b)
 
 gp_record *gp_clean_find(gp_offloader *o, const gp_record *r)
 {
-    gp_record *found = NULL;
+    gp_record *found = NULL, *stale = NULL;
     pthread_mutex_lock(&o->lock);
     for (gp_record *q = o->clean; q && !found; q = q->next)
         if (q->n_tags == r->n_tags && !memcmp(q->tags, r->tags, r->n_tags * sizeof *r->tags) &&
             q->n_runs == r->n_runs && !memcmp(q->runs, r->runs, r->n_runs * sizeof *r->runs) && gp_same_bytes(q, r))
             found = q;
+    if (!found) stale = gp_clean_unlink_tags(o, r->tags, r->n_tags);
     pthread_mutex_unlock(&o->lock);
+    gp_records_free(o, stale);
     return found;
+}
+
+uint64_t gp_clean_bytes(gp_offloader *o)
+{
+    pthread_mutex_lock(&o->lock);
+    uint64_t n = o->st.clean_bytes;
+    pthread_mutex_unlock(&o->lock);
+    return n;
 }
 
 /* Take q out of the clean list (o->lock is held). */

@@ -158,9 +158,5 @@ gp_status gp_offload_swap_in(gp_offloader *o, uint32_t id, gp_offload_result *re
 
 void gp_offload_prepare(gp_offloader *o, uint64_t bytes)
 {
-    /* (Clean copies give their room up to an offload that needs it.) */
-    pthread_mutex_lock(&o->lock);
-    uint64_t clean = o->st.clean_bytes;
-    pthread_mutex_unlock(&o->lock);
-    gp_pinned_prepare(o->hs, bytes > clean ? bytes - clean : 0);
+    gp_pinned_prepare(o->hs, bytes, gp_clean_bytes(o));
 }

@@ -400,17 +400,17 @@ void gp_pinned_free(gp_pinned *hs, gp_extent *e)
     *e = (gp_extent){0};
 }
 
-void gp_pinned_grow_ahead(gp_pinned *hs)
+void gp_pinned_grow_ahead(gp_pinned *hs, uint64_t spare)
 {
     pthread_mutex_lock(&hs->lock);
-    if (gp_free_locked(hs) < hs->reserved + hs->slab_size) gp_add_slabs(hs, gp_free_locked(hs) + 1);
+    if (gp_free_locked(hs) + spare < hs->reserved + hs->slab_size) gp_add_slabs(hs, gp_free_locked(hs) + 1);
     pthread_mutex_unlock(&hs->lock);
 }
 
-void gp_pinned_prepare(gp_pinned *hs, uint64_t bytes)
+void gp_pinned_prepare(gp_pinned *hs, uint64_t bytes, uint64_t spare)
 {
     pthread_mutex_lock(&hs->lock);
-    gp_add_slabs(hs, hs->reserved + bytes);
+    gp_add_slabs(hs, hs->reserved + (bytes > spare ? bytes - spare : 0));
     pthread_mutex_unlock(&hs->lock);
 }
 

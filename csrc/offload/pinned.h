@@ -84,12 +84,14 @@ void gp_pinned_free(gp_pinned *hs, gp_extent *e);
 gp_status gp_pinned_ready(gp_pinned *hs, const gp_extent *e);
 
 /* Queue one more slab to be pinned when less than a slab is free beyond
- * the reservations, within the limit (after an offload: the next finds it). */
-void gp_pinned_grow_ahead(gp_pinned *hs);
+ * the reservations, counting `spare` bytes the caller can free when asked
+ * as free, within the limit (after an offload: the next finds it). */
+void gp_pinned_grow_ahead(gp_pinned *hs, uint64_t spare);
 /* Queue slabs to be pinned in the background until `bytes` are free beyond
- * the reservations, as far as the limit allows (no error past it): host
+ * the reservations, `spare` of them (bytes the caller can free when asked)
+ * counted as free, as far as the limit allows (no error past it): host
  * memory made ready before an offload needs it.  Returns at once. */
-void gp_pinned_prepare(gp_pinned *hs, uint64_t bytes);
+void gp_pinned_prepare(gp_pinned *hs, uint64_t bytes, uint64_t spare);
 
 /* Bytes free in the slabs (pinned or queued) beyond the reservations. */
 uint64_t gp_pinned_room(gp_pinned *hs);
