@@ -131,8 +131,10 @@ void gp_record_publish(gp_offloader *o, gp_record *r, int copied_out)
 }
 
 /* Whether restored record r keeps its host copy (o->lock is held): every
- * piece has one, checked on the way back, and its first tag's copy was
- * not found written in its last GP_CLEAN_SKIP restores.  A swap's goes:
+ * piece has one (checked on the way back where its block is still live;
+ * one freed meanwhile is for the next offload's sums to refuse), and its
+ * first tag's copy was not found written in its last GP_CLEAN_SKIP
+ * restores.  A swap's goes:
  * a whole process's memory, back for good. */
 static int gp_record_cleanable(gp_offloader *o, const gp_record *r)
 {
