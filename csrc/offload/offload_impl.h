@@ -53,10 +53,10 @@
 /* Streams an offload's fence may name (gp_pool_fence); more: a device sync. */
 #define GP_FENCE_MAX 32
 #define GP_CODECS_OPEN 16
-/* Restores of a tag whose host copy an offload found written that keep no
- * copy after (gp_record_retire): memory written between its uses (an
- * optimizer's state, weights in training) then pays the check that finds
- * it written once in this many offloads plus one. */
+/* Once an offload finds a tag's host copy written, this many of the tag's
+ * restores keep no copy (gp_record_retire): memory written between its
+ * uses (an optimizer's state, weights in training) then pays the check
+ * that finds it written once in this many offloads plus one. */
 #define GP_CLEAN_SKIP 8
 
 typedef struct gp_piece {

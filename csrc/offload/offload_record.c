@@ -374,14 +374,16 @@ static int gp_extent_cmp(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* One record against itself and the pool (a clean one's runs are the
- * pool's again, its host bytes no tag's); its extents go to ext[*n_ext..]. */
-static void gp_check_record(gp_offloader *o, const gp_record *r, gp_ocheck *c, gp_extent *ext, size_t *n_ext,
-                            uint64_t *tag_bytes)
+/* One record of the records (clean 0) or of the clean list (1) against
+ * itself and the pool (a clean one's runs are the pool's again, its host
+ * bytes no tag's); its extents go to ext[*n_ext..]. */
+static void gp_check_record(gp_offloader *o, const gp_record *r, int clean, gp_ocheck *c, gp_extent *ext,
+                            size_t *n_ext, uint64_t *tag_bytes)
 {
-    int clean = r->state == GP_REC_CLEAN;
-    if (r->state != GP_REC_OFFLOADED && r->state != GP_REC_PREFETCHING && r->state != GP_REC_RESTORING && !clean)
-        gp_bad(c, "record %p is listed in state %d", (const void *)r, (int)r->state);
+    if (clean ? r->state != GP_REC_CLEAN
+              : r->state != GP_REC_OFFLOADED && r->state != GP_REC_PREFETCHING && r->state != GP_REC_RESTORING)
+        gp_bad(c, "record %p is on the %s list in state %d", (const void *)r, clean ? "clean" : "records'",
+               (int)r->state);
     if (!r->n_tags || r->n_tags > GP_RECORD_TAGS) gp_bad(c, "record %p has %u tags", (const void *)r, r->n_tags);
     uint64_t released = 0, host = 0, copied = 0, lost = 0;
     for (size_t i = 0; i < r->n_runs; i++) {
@@ -457,7 +459,7 @@ size_t gp_offload_check(gp_offloader *o, char *msg, size_t n)
     n_ext = 0;
     uint64_t host = 0;
     for (const gp_record *r = o->records; r; r = r->next) {
-        gp_check_record(o, r, &c, ext, &n_ext, tag_bytes);
+        gp_check_record(o, r, 0, &c, ext, &n_ext, tag_bytes);
         host += r->host_bytes;
         for (const gp_record *q = o->records; q != r; q = q->next)
             for (size_t i = 0; i < r->n_runs && q->n_runs; i++)
@@ -471,9 +473,7 @@ size_t gp_offload_check(gp_offloader *o, char *msg, size_t n)
         gp_bad(&c, "the records hold %" PRIu64 " host bytes, the figures say %" PRIu64, host, o->st.host_bytes);
     uint64_t clean = 0;
     for (const gp_record *r = o->clean; r; r = r->next) {
-        if (r->state != GP_REC_CLEAN) gp_bad(&c, "record %p is on the clean list in state %d", (const void *)r,
-                                             (int)r->state);
-        gp_check_record(o, r, &c, ext, &n_ext, tag_bytes);
+        gp_check_record(o, r, 1, &c, ext, &n_ext, tag_bytes);
         clean += r->host_bytes;
     }
     if (clean != o->st.clean_bytes)
