@@ -147,25 +147,34 @@ static int gp_record_cleanable(gp_offloader *o, const gp_record *r)
     return 0;
 }
 
+/* Take q out of the clean list (o->lock is held). */
+static void gp_clean_unlink(gp_offloader *o, gp_record *q)
+{
+    if (q->state != GP_REC_CLEAN) gp_record_refuse(q, GP_REC_STATES);
+    for (gp_record **pp = &o->clean; *pp; pp = &(*pp)->next)
+        if (*pp == q) {
+            *pp = q->next;
+            break;
+        }
+    q->next = NULL;
+    o->st.clean_bytes -= q->host_bytes;
+}
+
 /* Take the clean records that share a tag with tags[0..n) off the list
  * (o->lock is held) and return them: those tags' memory has a newer copy
  * or is about to get one, and a copy nothing can take again held its room
  * for ever. */
 static gp_record *gp_clean_unlink_tags(gp_offloader *o, const gp_tag *tags, unsigned n)
 {
-    gp_record *out = NULL;
-    for (gp_record **pp = &o->clean; *pp;) {
-        gp_record *q = *pp;
+    gp_tagset set = {{0}};
+    for (unsigned k = 0; k < n; k++) gp_tagset_add(&set, tags[k]);
+    gp_record *out = NULL, *next;
+    for (gp_record *q = o->clean; q; q = next) {
+        next = q->next;
         int shares = 0;
-        for (unsigned i = 0; i < q->n_tags && !shares; i++)
-            for (unsigned k = 0; k < n && !shares; k++) shares = q->tags[i] == tags[k];
-        if (!shares) {
-            pp = &q->next;
-            continue;
-        }
-        if (q->state != GP_REC_CLEAN) gp_record_refuse(q, GP_REC_STATES);
-        *pp = q->next;
-        o->st.clean_bytes -= q->host_bytes;
+        for (unsigned i = 0; i < q->n_tags && !shares; i++) shares = gp_tagset_has(&set, q->tags[i]);
+        if (!shares) continue;
+        gp_clean_unlink(o, q);
         q->next = out;
         out = q;
     }
@@ -245,19 +254,6 @@ uint64_t gp_clean_bytes(gp_offloader *o)
     uint64_t n = o->st.clean_bytes;
     pthread_mutex_unlock(&o->lock);
     return n;
-}
-
-/* Take q out of the clean list (o->lock is held). */
-static void gp_clean_unlink(gp_offloader *o, gp_record *q)
-{
-    if (q->state != GP_REC_CLEAN) gp_record_refuse(q, GP_REC_STATES);
-    for (gp_record **pp = &o->clean; *pp; pp = &(*pp)->next)
-        if (*pp == q) {
-            *pp = q->next;
-            break;
-        }
-    q->next = NULL;
-    o->st.clean_bytes -= q->host_bytes;
 }
 
 void gp_clean_take(gp_offloader *o, gp_record *q)
