@@ -86,6 +86,11 @@ def test_a_module_offloaded_again_unchanged_copies_nothing_and_a_changed_one_cop
             assert again["codec"] == first["codec"] and gpupool.stats()["offload"]["n_clean"] == n0 + 1
             with torch.no_grad():
                 assert torch.equal(m(x), y)  # (the hook restores it)
+            if first["codec"] != "raw":
+                # Raw asked of a compressed copy: copied, and raw.
+                raw = h.offload(codec="raw")
+                assert raw["copied"] == first["copied"] and raw["codec"] == "raw", (first, raw)
+                h.restore()
             # Two values' signs flipped, each the top bit of its 64-bit word
             # (bf16 element 4k+3): copied, and the new values come back.
             with torch.no_grad():

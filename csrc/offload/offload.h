@@ -20,6 +20,8 @@
  * the bus (frozen weights streamed, a model switched out again).  Any
  * change copies as before, and a tag found written keeps no copy for its
  * next few restores (memory written every step pays the check rarely).
+ * A compressed copy is taken where the codec asked is "auto" or its own
+ * (raw asked restores without codec kernels); a raw one whatever is asked.
  * Clean copies hold only room the pinned store holds anyway: an offload
  * that needs room takes theirs, the oldest first, before pinning more.
  *

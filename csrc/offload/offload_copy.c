@@ -557,7 +557,11 @@ static gp_status gp_out_reuse(gp_out *x)
     gp_offloader *o = x->o;
     gp_record *q = gp_clean_find(o, x->r);
     if (!q) return GP_OK;
-    if (q->n_pieces > gp_sums_room(o)) {
+    /* A compressed copy only where the caller left the codec to us or named
+     * that one: raw asked means restores without codec kernels (under
+     * compute, say).  A raw copy is what every codec falls back to. */
+    int other = q->codec && x->opts->codec != GP_CODEC_AUTO && x->opts->codec != (int)gp_codec_kind(q->codec);
+    if (other || q->n_pieces > gp_sums_room(o)) {
         gp_clean_drop(o, q, 0);
         return GP_OK;
     }

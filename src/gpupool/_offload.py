@@ -100,7 +100,8 @@ def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype:
     "host_bytes", "released", "kept", "seconds", "codec"}``: bytes of the
     blocks offloaded, bytes copied (0 when the host copy that the tag's
     last restore kept still holds the same bytes, as the device's checksums
-    say: frozen weights offloaded again), host bytes holding them, device
+    say: frozen weights offloaded again; a compressed copy only where
+    `codec` is "auto" or its own), host bytes holding them, device
     bytes released, bytes of the tag's blocks that had to stay (they share
     a mapping unit with other live memory), the codec used.  MemoryError when
     the host limit (GPUPOOL_HOST_LIMIT) cannot hold them; the memory is then

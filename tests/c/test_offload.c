@@ -747,6 +747,15 @@ static void test_clean(int codec)
     CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK && r.copied >= sa && r.copied < full && BACK());
     gp_offload_stats_get(o, &os);
     CHECK(os.n_clean == 2 && os.clean_bytes > 0 && offload_ok(o));
+    if (codec != GP_CODEC_RAW) {
+        /* Raw asked of a compressed copy copies, raw; a raw copy is taken
+         * whatever is asked. */
+        gp_offload_opts raw = {.keep = 1, .codec = GP_CODEC_RAW};
+        CHECK(gp_offload_tags(o, &T_W, 1, &raw, &r) == GP_OK && r.copied >= sa && r.codec == GP_CODEC_RAW && BACK());
+        CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK && r.copied == 0 && r.codec == GP_CODEC_RAW && BACK());
+        gp_offload_stats_get(o, &os);
+        CHECK(os.n_clean == 3 && os.clean_bytes > 0 && offload_ok(o));
+    }
     /* 80 MiB of another tag under a host limit of 96 with the copy
      * holding 24: the copy gives way. */
     void *big = gp_alloc(p, 80 * MiB, NULL, T_O, GP_PRIO_NORMAL, NULL);
