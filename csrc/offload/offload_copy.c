@@ -487,7 +487,9 @@ static gp_status gp_codec_offered(gp_offloader *o, const gp_offload_opts *opts, 
 }
 
 /* Compress when the pool has room for the staging (the lanes' jobs are
- * then open) and compressing the first piece pays (a trial). */
+ * then open) and compressing the largest piece pays (a trial of its first
+ * chunk).  The first piece decided before: a small block of other data in
+ * front (a buffer, an index) sent a model's weights raw. */
 static gp_status gp_choose_codec(gp_offloader *o, gp_record *r, gp_codec *c, gp_lane *lane)
 {
     int ok;
@@ -496,8 +498,10 @@ static gp_status gp_choose_codec(gp_offloader *o, gp_record *r, gp_codec *c, gp_
     if (st != GP_OK || !ok) return st;
     double ratio;
     int worth = 0;
-    const gp_piece *p0 = &r->pieces[0];
-    st = gp_codec_trial(lane[0].job, lane[0].s, (const void *)p0->addr, p0->size, &ratio, &worth);
+    const gp_piece *big = &r->pieces[0];
+    for (size_t i = 1; i < r->n_pieces; i++)
+        if (r->pieces[i].size > big->size) big = &r->pieces[i];
+    st = gp_codec_trial(lane[0].job, lane[0].s, (const void *)big->addr, big->size, &ratio, &worth);
     if (st == GP_OK && worth) r->codec = c;
     else gp_lanes_close(lane);
     return st;

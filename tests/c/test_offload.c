@@ -412,6 +412,26 @@ static void test_compressed(void)
     /* Incompressible: raw, whatever was asked. */
     CHECK(gp_offload_tags(o, &T_O, 1, &opts, &r) == GP_OK && r.codec == GP_CODEC_RAW && r.host_bytes >= r.copied);
     CHECK(gp_restore_tags(o, &T_O, 1, 0, &rr) == GP_OK && memcmp(rnd, rcopy, 9 * MiB) == 0);
+#ifdef GP_HAVE_ZSTD
+    /* The codec is tried on the largest piece, not the first: a small
+     * incompressible block (a buffer of other data) in front of a model's
+     * weights does not send them all raw. */
+    unsigned char *lead = gp_alloc(p, 2 * MiB, NULL, T_H, GP_PRIO_NORMAL, NULL);
+    unsigned char *body = gp_alloc(p, 24 * MiB, NULL, T_H, GP_PRIO_NORMAL, NULL);
+    CHECK(lead && body && lead < body);
+    data_fill(lead, 2 * MiB, DATA_RANDOM);
+    data_fill(body, 24 * MiB, DATA_BF16);
+    unsigned char *hcopy = malloc(26 * MiB);
+    memcpy(hcopy, lead, 2 * MiB);
+    memcpy(hcopy + 2 * MiB, body, 24 * MiB);
+    CHECK(gp_offload_tags(o, &T_H, 1, &opts, &r) == GP_OK && r.codec == GP_CODEC_ZSTD);
+    CHECK(r.host_bytes < r.copied * 0.8);
+    CHECK(gp_restore_tags(o, &T_H, 1, 0, &rr) == GP_OK && !memcmp(lead, hcopy, 2 * MiB) &&
+          !memcmp(body, hcopy + 2 * MiB, 24 * MiB));
+    gp_free(p, lead);
+    gp_free(p, body);
+    free(hcopy);
+#endif
     /* A corrupted compressed copy: caught, the memory stays offloaded. */
     CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK);
     CHECK(gp_offload_corrupt_for_test(o, T_W) == GP_OK);
