@@ -10,7 +10,9 @@
  * Streams are any pointer value; stream_wait() and synchronize() only count.
  * Events are slots that complete when the test says their stream progressed
  * (gp_host_stream_complete) or on synchronize(); a stream can be marked as
- * capturing a graph, so that capture handling is tested too.
+ * capturing a graph, so that capture handling is tested too.  Copies,
+ * checksums and gathers run inside the calls, or, with deferred streams
+ * (gp_host_set_deferred), as late as a GPU may run them (host_queue.h).
  *
  * It checks its callers as a strict driver would: every reservation,
  * mapping, event and pinned buffer is tracked, and a call that names one
@@ -30,6 +32,7 @@
 #include "backend_host.h"
 #include "checksum.h"
 #include "host_pages.h"
+#include "host_queue.h"
 
 /* A list of address ranges: reservations, mappings (with their handle),
  * pinned host buffers. */
@@ -46,6 +49,7 @@ typedef struct host_ranges {
 
 typedef struct host_event {
     gp_stream stream;
+    uint64_t seq; /* deferred: the queue's last op when it was recorded */
     int live, done;
 } host_event;
 
@@ -71,6 +75,10 @@ typedef struct host_backend {
     unsigned n_capturing;
     uint64_t register_ns; /* gp_host_set_register_time */
     uint64_t peers;       /* grant_peer: devices with access to every mapping */
+    int deferred;         /* gp_host_set_deferred                          */
+    host_queue q;         /* deferred: queued work (under lock)             */
+    pthread_mutex_t run;  /* deferred: held while queued work runs, and by
+                             what frees memory it may use (before lock)     */
 } host_backend;
 
 #define HOST(be) ((host_backend *)(be))
@@ -206,6 +214,80 @@ void gp_host_fail_none(gp_backend *be)
     pthread_mutex_unlock(&h->lock);
 }
 
+/* ------------------------------------------------------ deferred streams */
+
+static int host_device_mapped(void *ctx, uintptr_t addr, uint64_t size, int device)
+{
+    host_backend *h = ctx;
+    return !device || !size || host_ranges_cover(&h->maps, addr, size) == size;
+}
+
+/* Run the queued ops of `stream` (of every stream: any) up to seq `upto`,
+ * in order, a wait's signaler's before it; `run` is held.  An op whose
+ * device memory was unmapped before it ran is misuse (a GPU would fault)
+ * and does nothing. */
+static void host_run_queued(host_backend *h, int any, gp_stream stream, uint64_t upto)
+{
+    for (;;) {
+        host_op op;
+        pthread_mutex_lock(&h->lock);
+        int got = host_queue_take(&h->q, any, stream, upto, &op);
+        int ok = got && host_op_ranges(&op, host_device_mapped, h);
+        pthread_mutex_unlock(&h->lock);
+        if (!got) return;
+        if (!ok)
+            host_misuse("host: a %s queued on stream %p (%p+%llu into %p) ran on device memory unmapped since "
+                        "(a GPU would fault)", host_op_name(op.kind), op.stream, op.src, (unsigned long long)op.size,
+                        op.dst);
+        else if (op.kind == HOST_OP_WAIT)
+            host_run_queued(h, 0, op.signaler, op.upto);
+        else
+            host_op_run(&op);
+    }
+}
+
+static void host_run_upto(host_backend *h, int any, gp_stream stream, uint64_t upto)
+{
+    if (!h->deferred) return;
+    pthread_mutex_lock(&h->run);
+    host_run_queued(h, any, stream, upto);
+    pthread_mutex_unlock(&h->run);
+}
+
+/* Queue op (lock held) where streams are deferred: 1 when queued (or when
+ * queueing failed, *st says so), 0 when the caller runs it now. */
+static int host_defer_locked(host_backend *h, host_op op, gp_status *st)
+{
+    if (!h->deferred || *st != GP_OK) return 0;
+    *st = host_queue_push(&h->q, op);
+    return 1;
+}
+
+/* Memory about to be freed (unmapped, host_free, unregistered) that queued
+ * work still uses: misuse (lock held), as freeing what a GPU's pending copy
+ * reads. */
+static void host_free_check_locked(host_backend *h, const char *fn, uintptr_t addr, uint64_t size)
+{
+    const host_op *op = h->deferred ? host_queue_touching(&h->q, addr, size) : NULL;
+    if (op)
+        host_misuse("host %s: 0x%llx+%llu is used by a %s queued on stream %p and not yet run", fn,
+                    (unsigned long long)addr, (unsigned long long)size, host_op_name(op->kind), op->stream);
+}
+
+/* Deferred: what frees memory holds `run` first, so that no queued op runs
+ * in memory freed under it. */
+static void host_free_begin(host_backend *h)
+{
+    if (h->deferred) pthread_mutex_lock(&h->run);
+    pthread_mutex_lock(&h->lock);
+}
+
+static void host_free_end(host_backend *h)
+{
+    pthread_mutex_unlock(&h->lock);
+    if (h->deferred) pthread_mutex_unlock(&h->run);
+}
+
 /* ------------------------------------------------------ address space */
 
 static gp_status host_reserve(gp_backend *be, uint64_t size, uint64_t align,
@@ -337,7 +419,7 @@ static void host_protect_none(uintptr_t addr, uint64_t size)
 static gp_status host_unmap(gp_backend *be, uintptr_t addr, uint64_t size, uint64_t handle)
 {
     host_backend *h = HOST(be);
-    pthread_mutex_lock(&h->lock);
+    host_free_begin(h);
     h->c.n_unmap++;
     gp_status st = host_fault_locked(h, GP_HOST_UNMAP);
     size_t i = host_ranges_find(&h->maps, addr);
@@ -349,11 +431,12 @@ static gp_status host_unmap(gp_backend *be, uintptr_t addr, uint64_t size, uint6
         st = gp_error_set(GP_ERR_INVALID, "host unmap: 0x%llx+%llu (handle %llu) was not mapped as such",
                           (unsigned long long)addr, (unsigned long long)size, (unsigned long long)handle);
     } else {
+        host_free_check_locked(h, "unmap", addr, size);
         host_protect_none(addr, size);
         host_ranges_del(&h->maps, i);
         h->c.mapped -= size;
     }
-    pthread_mutex_unlock(&h->lock);
+    host_free_end(h);
     return st;
 }
 
@@ -378,6 +461,8 @@ static gp_status host_stream_wait(gp_backend *be, gp_stream waiter, gp_stream si
                               signaler);
         else
             h->c.n_stream_wait++;
+        host_defer_locked(h, (host_op){.stream = waiter, .kind = HOST_OP_WAIT, .signaler = signaler,
+                                       .upto = h->q.seq}, &st);
     }
     pthread_mutex_unlock(&h->lock);
     return st;
@@ -393,6 +478,7 @@ static gp_status host_synchronize(gp_backend *be)
         for (size_t i = 0; i < h->n_events; i++) h->events[i].done = 1;
     }
     pthread_mutex_unlock(&h->lock);
+    if (st == GP_OK) host_run_upto(h, 1, NULL, UINT64_MAX);
     return st;
 }
 
@@ -419,7 +505,7 @@ static gp_status host_event_record(gp_backend *be, gp_stream stream, uint64_t *e
         else { h->events = e; h->n_events++; }
     }
     if (st == GP_OK) {
-        h->events[i] = (host_event){.stream = stream, .live = 1, .done = 0};
+        h->events[i] = (host_event){.stream = stream, .seq = h->q.seq, .live = 1, .done = 0};
         h->c.n_event_record++;
         h->c.events_live++;
         *event = i + 1;
@@ -465,9 +551,11 @@ static gp_status host_event_wait(gp_backend *be, uint64_t event)
     host_event *e = st == GP_OK ? host_event_live(h, event, "event_wait") : NULL;
     if (st == GP_OK && !e)
         st = gp_error_set(GP_ERR_INVALID, "host event_wait: event %llu is not live", (unsigned long long)event);
-    else if (st == GP_OK)
-        e->done = 1; /* the host ran everything queued before it */
+    gp_stream stream = e ? e->stream : NULL;
+    uint64_t seq = e ? e->seq : 0;
+    if (st == GP_OK && e) e->done = 1; /* the host ran (or runs now) everything queued before it */
     pthread_mutex_unlock(&h->lock);
+    if (st == GP_OK) host_run_upto(h, 0, stream, seq);
     return st;
 }
 
@@ -530,16 +618,17 @@ static void host_host_free(gp_backend *be, void *ptr, uint64_t size)
 {
     host_backend *h = HOST(be);
     if (!ptr) return;
-    pthread_mutex_lock(&h->lock);
+    host_free_begin(h);
     size_t i = host_ranges_find(&h->pinned, (uintptr_t)ptr);
     if (i == h->pinned.n || h->pinned.v[i].size != size) {
         host_misuse("host host_free: %p+%llu was not allocated as such", ptr, (unsigned long long)size);
     } else {
+        host_free_check_locked(h, "host_free", (uintptr_t)ptr, size);
         host_ranges_del(&h->pinned, i);
         munmap(ptr, size);
         h->c.host_bytes -= size;
     }
-    pthread_mutex_unlock(&h->lock);
+    host_free_end(h);
 }
 
 /* Populating is the host's work on either backend; only the fault point
@@ -582,15 +671,16 @@ static gp_status host_host_register(gp_backend *be, void *ptr, uint64_t size)
 static void host_host_unregister(gp_backend *be, void *ptr, uint64_t size)
 {
     host_backend *h = HOST(be);
-    pthread_mutex_lock(&h->lock);
+    host_free_begin(h);
     size_t i = host_ranges_find(&h->registered, (uintptr_t)ptr);
     if (i == h->registered.n || h->registered.v[i].size != size) {
         host_misuse("host host_unregister: %p+%llu was not registered as such", ptr, (unsigned long long)size);
     } else {
+        host_free_check_locked(h, "host_unregister", (uintptr_t)ptr, size);
         host_ranges_del(&h->registered, i);
         h->c.host_registered -= size;
     }
-    pthread_mutex_unlock(&h->lock);
+    host_free_end(h);
 }
 
 static gp_status host_stream_create(gp_backend *be, gp_stream *out)
@@ -612,6 +702,7 @@ static void host_stream_destroy(gp_backend *be, gp_stream stream)
 {
     host_backend *h = HOST(be);
     uintptr_t s = (uintptr_t)stream;
+    host_run_upto(h, 0, stream, UINT64_MAX); /* (a GPU finishes it) */
     pthread_mutex_lock(&h->lock);
     if (s <= HOST_STREAM_BASE || s > HOST_STREAM_BASE + h->next_stream || h->c.streams_live == 0)
         host_misuse("host stream_destroy: %p was not made by stream_create or is destroyed", stream);
@@ -625,7 +716,6 @@ static void host_stream_destroy(gp_backend *be, gp_stream stream)
 static gp_status host_copy(gp_backend *be, void *dst, const void *src, uint64_t size, int dir, gp_stream stream)
 {
     host_backend *h = HOST(be);
-    (void)stream;
     pthread_mutex_lock(&h->lock);
     h->c.n_copy++;
     gp_status st = host_fault_locked(h, GP_HOST_COPY);
@@ -641,8 +731,10 @@ static gp_status host_copy(gp_backend *be, void *dst, const void *src, uint64_t 
                               "(a GPU would fault)", (unsigned long long)size, src, dst);
     }
     if (st == GP_OK) h->c.copy_bytes += size;
+    int queued = host_defer_locked(h, (host_op){.stream = stream, .kind = HOST_OP_COPY, .dst = dst, .src = src,
+                                                .size = size, .dir = dir}, &st);
     pthread_mutex_unlock(&h->lock);
-    if (st == GP_OK && size) memmove(dst, src, size);
+    if (st == GP_OK && size && !queued) memmove(dst, src, size);
     return st;
 }
 
@@ -650,7 +742,6 @@ static gp_status host_checksum(gp_backend *be, const void *ptr, uint64_t size, u
                                gp_stream stream)
 {
     host_backend *h = HOST(be);
-    (void)stream;
     pthread_mutex_lock(&h->lock);
     gp_status st = host_fault_locked(h, GP_HOST_CHECKSUM);
     if (st == GP_OK && size % 8)
@@ -659,8 +750,10 @@ static gp_status host_checksum(gp_backend *be, const void *ptr, uint64_t size, u
                              host_ranges_cover(&h->maps, (uintptr_t)out, 8) != 8))
         st = gp_error_set(GP_ERR_BACKEND, "host checksum of %llu bytes at %p into %p: device memory not mapped",
                           (unsigned long long)size, ptr, out);
+    int queued = host_defer_locked(h, (host_op){.stream = stream, .kind = HOST_OP_CHECKSUM, .dst = out, .src = ptr,
+                                                .size = size, .seed = seed}, &st);
     pthread_mutex_unlock(&h->lock);
-    if (st == GP_OK) {
+    if (st == GP_OK && !queued) {
         uint64_t sum = gp_checksum(ptr, size, seed);
         memcpy(out, &sum, 8);
     }
@@ -671,7 +764,6 @@ static gp_status host_gather(gp_backend *be, void *dst, const void *const *srcs,
                              uint64_t align, uint64_t max_len, gp_stream stream)
 {
     host_backend *h = HOST(be);
-    (void)stream;
     pthread_mutex_lock(&h->lock);
     gp_status st = host_fault_locked(h, GP_HOST_GATHER);
     if (st == GP_OK && (!align || (align & (align - 1))))
@@ -688,9 +780,11 @@ static gp_status host_gather(gp_backend *be, void *dst, const void *const *srcs,
         off += (len + align - 1) & ~(align - 1);
     }
     if (st == GP_OK) h->c.copy_bytes += off;
+    int queued = host_defer_locked(h, (host_op){.stream = stream, .kind = HOST_OP_GATHER, .dst = dst, .srcs = srcs,
+                                                .lens = lens, .n = n, .align = align, .max_len = max_len}, &st);
     pthread_mutex_unlock(&h->lock);
     off = 0;
-    for (uint32_t b = 0; b < n && st == GP_OK; b++) {
+    for (uint32_t b = 0; b < n && st == GP_OK && !queued; b++) {
         uint64_t len = lens[b] > max_len ? 0 : lens[b];
         if (len) memmove((char *)dst + off, srcs[b], len);
         off += (len + align - 1) & ~(align - 1);
@@ -698,10 +792,13 @@ static gp_status host_gather(gp_backend *be, void *dst, const void *const *srcs,
     return st;
 }
 
-/* The host has no contexts: fn runs as it is (unless the call fails). */
+/* The host has no contexts: fn runs as it is (unless the call fails),
+ * after the work queued so far, as the device work it stands for (the host
+ * codec's) would. */
 static gp_status host_in_context(gp_backend *be, gp_status (*fn)(void *arg), void *arg)
 {
     gp_status st = host_fault_check(HOST(be), GP_HOST_IN_CONTEXT);
+    if (st == GP_OK) host_run_upto(HOST(be), 1, NULL, UINT64_MAX);
     return st == GP_OK ? fn(arg) : st;
 }
 
@@ -722,6 +819,8 @@ static void host_destroy(gp_backend *be)
     free(h->pinned.v);
     free(h->registered.v); /* (the caller maps what it registers: not ours to unmap) */
     free(h->events);
+    host_queue_free(&h->q);
+    pthread_mutex_destroy(&h->run);
     pthread_mutex_destroy(&h->lock);
     free(h);
 }
@@ -733,6 +832,7 @@ gp_status gp_backend_host_create(uint64_t capacity, gp_backend **out)
     host_backend *h = calloc(1, sizeof *h);
     if (!h) return gp_error_set(GP_ERR_NOMEM, "host backend: out of host memory");
     pthread_mutex_init(&h->lock, NULL);
+    pthread_mutex_init(&h->run, NULL);
     h->capacity = capacity;
     h->be = (gp_backend){.name = "host", .device = 0, .total = capacity, .granularity = 4096,
                          .destroy = host_destroy};
@@ -768,9 +868,17 @@ void gp_host_set_capacity(gp_backend *be, uint64_t capacity)
     pthread_mutex_unlock(&h->lock);
 }
 
+void gp_host_set_deferred(gp_backend *be, int on)
+{
+    host_backend *h = HOST(be);
+    host_run_upto(h, 1, NULL, UINT64_MAX);
+    h->deferred = on != 0;
+}
+
 void gp_host_stream_complete(gp_backend *be, gp_stream stream)
 {
     host_backend *h = HOST(be);
+    host_run_upto(h, 0, stream, UINT64_MAX);
     pthread_mutex_lock(&h->lock);
     for (size_t i = 0; i < h->n_events; i++)
         if (h->events[i].live && h->events[i].stream == stream) h->events[i].done = 1;

@@ -74,6 +74,15 @@ void gp_host_counters_get(gp_backend *be, gp_host_counters *out);
 void gp_host_set_register_time(gp_backend *be, uint64_t ns);
 /* Change the capacity (bytes that may be mapped at once). */
 void gp_host_set_capacity(gp_backend *be, uint64_t capacity);
+/* Deferred streams (host_queue.h): copies, checksums and gathers queued on
+ * a stream run only when something orders the caller after them -- an
+ * event_wait on an event recorded after them, synchronize, in_context (the
+ * host codec's work), gp_host_stream_complete, the stream's destroy -- and
+ * a stream_wait orders another stream's after them.  Memory unmapped or
+ * freed while queued work uses it, and work that runs on device memory
+ * unmapped since, are misuse.  Set it before the backend is used (off
+ * again runs what is queued). */
+void gp_host_set_deferred(gp_backend *be, int on);
 /* Fake stream progress: events recorded on `stream` so far complete (all
  * events complete on synchronize()).  Until then event_query says "not done",
  * as for a stream that still runs a long kernel. */

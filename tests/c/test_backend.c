@@ -8,8 +8,10 @@
  * host memory, the checksum, the gather and in_context.  Only what
  * backend.h promises is checked, so that the same checks hold on a GPU.
  *
- * Variants (the arguments; none: host log tenant):
+ * Variants (the arguments; none: host deferred log tenant):
  *   host    the host backend (backend_host.c)
+ *   deferred  the host backend with deferred streams (host_queue.h): its
+ *           work runs as late as a GPU's may (test_deferred checks how)
  *   log     the logging adaptor over it (backend_log.c)
  *   tenant  the tenant adaptor over it (backend_arbiter.c), in a group of
  *           its own with a device limit below the host's capacity
@@ -506,9 +508,13 @@ static char g_group[64];
 static int make(const char *name, variant *v)
 {
     *v = (variant){.name = name};
-    int host_based = strcmp(name, "host") == 0 || strcmp(name, "log") == 0 || strcmp(name, "tenant") == 0;
+    int host_based = strcmp(name, "host") == 0 || strcmp(name, "deferred") == 0 || strcmp(name, "log") == 0 ||
+                     strcmp(name, "tenant") == 0;
     if (host_based && !ok(gp_backend_host_create(HOST_CAPACITY, &v->host), "host backend")) return 0;
     if (strcmp(name, "host") == 0) {
+        v->be = v->host;
+    } else if (strcmp(name, "deferred") == 0) {
+        gp_host_set_deferred(v->host, 1);
         v->be = v->host;
     } else if (strcmp(name, "log") == 0) {
         if (!ok(gp_backend_logged(v->host, &v->be), "logging adaptor")) return 0;
@@ -529,7 +535,7 @@ static int make(const char *name, variant *v)
         if (!ok(gp_backend_cuda_create(0, &v->be), "cuda backend")) return 0;
 #endif
     } else {
-        fprintf(stderr, "unknown variant '%s': host, log, tenant"
+        fprintf(stderr, "unknown variant '%s': host, deferred, log, tenant"
 #ifdef GP_TEST_CUDA
                         ", cuda"
 #endif
@@ -641,6 +647,59 @@ static void test_cgroup_room(void)
     printf("cgroup_room: %s\n", check_fail ? "FAILS" : "conforms");
 }
 
+/* The host backend's deferred streams: work runs when something orders the
+ * caller after it, not before; another stream waited for runs first; and
+ * memory unmapped under queued work is misuse. */
+static void test_deferred(void)
+{
+    gp_backend *be;
+    MUST(gp_backend_host_create(HOST_CAPACITY, &be));
+    gp_host_set_deferred(be, 1);
+    enum { N = 64 * 1024 };
+    gp_stream s1 = NULL, s2 = NULL;
+    unsigned char *h = NULL;
+    dev_range a, b;
+    CHECK(ok(be->stream_create(be, &s1), "stream_create") && ok(be->stream_create(be, &s2), "stream_create"));
+    CHECK(ok(be->host_alloc(be, 2 * N, (void **)&h), "host_alloc"));
+    CHECK(dev_get(be, N, &a) && dev_get(be, N, &b));
+    fill(h, N, 5);
+    memset(h + N, 0, N);
+    /* Queued, not run: the D2H copy has not brought a's bytes yet. */
+    CHECK(ok(be->copy(be, (void *)a.base, h, N, GP_COPY_H2D, s1), "copy H2D"));
+    CHECK(ok(be->copy(be, h + N, (void *)a.base, N, GP_COPY_D2H, s1), "copy D2H"));
+    CHECK(h[N] == 0 && h[N + N - 1] == 0);
+    CHECK(drain(be, s1) && memcmp(h, h + N, N) == 0);
+    /* s2 waits for s1: s2's copy out of b runs after s1's copy into b. */
+    fill(h, N, 6);
+    memset(h + N, 0, N);
+    CHECK(ok(be->copy(be, (void *)b.base, h, N, GP_COPY_H2D, s1), "copy H2D"));
+    CHECK(ok(be->stream_wait(be, s2, s1), "stream_wait"));
+    CHECK(ok(be->copy(be, h + N, (void *)b.base, N, GP_COPY_D2H, s2), "copy D2H"));
+    CHECK(drain(be, s2) && memcmp(h, h + N, N) == 0);
+    /* A wait for s1 alone runs nothing of s2. */
+    uint64_t sum = 0;
+    CHECK(ok(be->checksum(be, (void *)a.base, N, 0, (void *)(b.base + 8), s2), "checksum"));
+    CHECK(drain(be, s1));
+    memcpy(&sum, (void *)(b.base + 8), 8);
+    CHECK(sum != gp_checksum((void *)a.base, N, 0));
+    CHECK(ok(be->synchronize(be), "synchronize"));
+    memcpy(&sum, (void *)(b.base + 8), 8);
+    CHECK(sum == gp_checksum((void *)a.base, N, 0));
+    /* Unmapped while a copy out of it waits: misuse, and the copy, when its
+     * stream runs, does nothing (a GPU would fault). */
+    uint64_t misuse = gp_host_misuse(NULL, 0);
+    CHECK(ok(be->copy(be, h, (void *)a.base, N, GP_COPY_D2H, s1), "copy D2H"));
+    dev_put(be, &a);
+    CHECK(gp_host_misuse(NULL, 0) == misuse + 1);
+    CHECK(drain(be, s1) && gp_host_misuse(NULL, 0) == misuse + 2);
+    dev_put(be, &b);
+    be->host_free(be, h, 2 * N);
+    be->stream_destroy(be, s1);
+    be->stream_destroy(be, s2);
+    be->destroy(be);
+    printf("deferred streams: %s\n", check_fail ? "FAIL" : "as a GPU's");
+}
+
 static void run(const char *name)
 {
     variant v;
@@ -689,9 +748,10 @@ static void run(const char *name)
 
 int main(int argc, char **argv)
 {
-    static const char *const all[] = {"host", "log", "tenant"};
+    static const char *const all[] = {"host", "deferred", "log", "tenant"};
     test_host_pages();
     test_cgroup_room();
+    test_deferred();
     if (argc > 1)
         for (int i = 1; i < argc; i++) run(argv[i]);
     else

@@ -19,7 +19,7 @@
  * host offers raw only, and asking for zstd says why.
  *
  * The host backend's device memory is host memory, so this runs on the CPU
- * inside the calls, ignoring streams (its copies run at once too).
+ * inside the calls (in_context), after the work queued before it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -236,11 +236,28 @@ static void gp_host_unpack(gp_host_job *h, const gp_codec_arrays *a, uint32_t b,
     if (width > 1 && r == a->out_cap[b]) gp_planes_join(a->out[b], h->planes, r, width);
 }
 
-/* The batch, now: the host is the device. */
+typedef struct gp_host_batch {
+    gp_codec_job *j;
+    uint32_t k;
+    int decompress;
+} gp_host_batch;
+
+static gp_status gp_host_batch_run(void *arg)
+{
+    const gp_host_batch *a = arg;
+    gp_codec_job *j = a->j;
+    for (uint32_t b = 0; b < a->k; b++)
+        (a->decompress ? gp_host_unpack : gp_host_pack)(j->impl, &j->host, b, j->c->width);
+    return GP_OK;
+}
+
+/* The batch, now: the host is the device.  Through in_context, as device
+ * work after what is queued (the host backend's deferred streams run it
+ * first: the staging a copy up fills, or a copy out has yet to read). */
 static gp_status gp_host_run(gp_codec_job *j, uint32_t k, int decompress)
 {
-    for (uint32_t b = 0; b < k; b++) (decompress ? gp_host_unpack : gp_host_pack)(j->impl, &j->host, b, j->c->width);
-    return GP_OK;
+    gp_host_batch a = {j, k, decompress};
+    return j->c->be->in_context(j->c->be, gp_host_batch_run, &a);
 }
 
 static gp_status gp_host_compress(gp_codec_job *j, gp_stream stream, uint32_t k)
