@@ -76,14 +76,16 @@ ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0", "UBSAN_OPTIONS": 
     ("test_offload_audit.c", []),
     ("test_codec.c", []),  # built without libzstd: the host codecs are raw only
     ("test_arbiter.c", []),
-    ("test_backend.c", ["host", "log", "tenant"]),  # backend.h's contract, on each backend
+    ("test_backend.c", ["host", "deferred", "log", "tenant"]),  # backend.h's contract, on each backend
     ("test_range_set.c", []),
     ("test_model.c", [os.environ.get("GP_TEST_MODEL_OPS", "2000000")]),
     ("test_stress.c", ["100000"]),
     ("test_faults.c", []),
-    # seconds (600 by hand); "faults": injected backend failures
+    # seconds (600 by hand); "faults": injected backend failures; "deferred":
+    # the backend's streams run their work as late as a GPU's may
     ("test_offload_stress.c", [os.environ.get("GP_TEST_OFFLOAD_STRESS_SECONDS", "3")]),
     ("test_offload_stress.c", [os.environ.get("GP_TEST_OFFLOAD_STRESS_SECONDS", "3"), "faults"]),
+    ("test_offload_stress.c", [os.environ.get("GP_TEST_OFFLOAD_STRESS_SECONDS", "3"), "faults", "deferred"]),
 ])
 def test_c_asan_ubsan(tmp_path: Path, test: str, args: List[str]) -> None:
     out = run(build(tmp_path, test, ASAN, zstd_flags(test)), args, ASAN_ENV)
@@ -93,7 +95,8 @@ def test_c_asan_ubsan(tmp_path: Path, test: str, args: List[str]) -> None:
 
 @pytest.mark.parametrize("test,args", [("test_stress.c", ["20000"]), ("test_offload.c", []),
                                        ("test_offload_audit.c", ["prefetch,together,nested"]),
-                                       ("test_offload_stress.c", ["2"]), ("test_offload_stress.c", ["2", "faults"])])
+                                       ("test_offload_stress.c", ["2"]), ("test_offload_stress.c", ["2", "faults"]),
+                                       ("test_offload_stress.c", ["2", "faults", "deferred"])])
 def test_c_tsan(tmp_path: Path, test: str, args: List[str]) -> None:
     # The threaded parts: the pool under concurrent callers, offload's workers.
     exe = build(tmp_path, test, ["-fsanitize=thread"], zstd_flags(test))

@@ -179,14 +179,26 @@ static gp_status gp_streams_drain(gp_offloader *o)
     return st;
 }
 
+/* The streams drained after st, which is kept with its words: a call that
+ * failed leaves the work queued before it running, and it must have run
+ * before the caller lets the memory it reads go (a checksum of a chunk
+ * unmapped under it faults the device). */
+static gp_status gp_drain_after(gp_offloader *o, gp_status st)
+{
+    if (st == GP_OK) return gp_streams_drain(o);
+    char why[512];
+    snprintf(why, sizeof why, "%s", gp_last_error());
+    if (gp_streams_drain(o) != GP_OK) gp_error_clear();
+    return gp_error_set(st, "%s", why);
+}
+
 /* Read the operation's first n checksums back (the work that wrote them
  * has run, or is queued on streams[0], which the read follows). */
 static gp_status gp_sums_read(gp_offloader *o, size_t n)
 {
     if (!n) return GP_OK;
-    gp_status st = o->be->copy(o->be, gp_sums_host(o), gp_sums_dev(o), n * sizeof(uint64_t), GP_COPY_D2H,
-                               o->streams[0]);
-    return st == GP_OK ? gp_streams_drain(o) : st;
+    return gp_drain_after(o, o->be->copy(o->be, gp_sums_host(o), gp_sums_dev(o), n * sizeof(uint64_t),
+                                         GP_COPY_D2H, o->streams[0]));
 }
 
 /* --------------------------------------------------------------- codecs */
@@ -579,7 +591,7 @@ static gp_status gp_out_reuse(gp_out *x)
         const gp_piece *p = &q->pieces[j];
         st = o->be->checksum(o->be, (const void *)p->addr, p->size, p->addr, &gp_sums_dev(o)[j], o->streams[0]);
     }
-    if (st == GP_OK) st = gp_sums_read(o, q->n_pieces);
+    st = st == GP_OK ? gp_sums_read(o, q->n_pieces) : gp_drain_after(o, st);
     int same = st == GP_OK;
     for (size_t j = 0; same && j < q->n_pieces; j++) same = gp_sums_host(o)[j] == q->pieces[j].sum;
     gp_chunk *c = NULL;
@@ -723,8 +735,14 @@ static uint64_t gp_out_give_up(gp_out *x, int drained)
 {
     gp_offloader *o = x->o;
     gp_record *r = x->r;
+    /* The undo's copies back may still be queued: they run before the
+     * chunks go (a copy into an unmapped chunk faults the device, and the
+     * context with it) and before the jobs close.  Where even a device sync
+     * fails, the chunks stay. */
+    int idle = gp_streams_drain(o) == GP_OK;
+    if (!idle) gp_error_clear();
     gp_lanes_close(x->lane);
-    for (size_t k = 0; k < x->n; k++)
+    for (size_t k = 0; k < x->n && idle; k++)
         if (gp_pool_plan_unmap(o->pool, x->pl, x->c[k].addr, x->c[k].size) != GP_OK) gp_error_clear();
     int summed = drained && gp_sums_read(o, r->n_pieces) == GP_OK;
     uint64_t lost = 0; /* (what the undo counted of a dropped record is not lost: it was dropped) */
@@ -1030,16 +1048,19 @@ static gp_status gp_restore_steps(gp_offloader *o, gp_record *r, const gp_tagset
     if (st == GP_OK) st = gp_in_copy(&x);
     st = gp_in_check(&x, st);
     for (size_t k = 0; k < x.queued; k++) gp_batch_destroy(&x.c[k].done);
-    gp_lanes_close(x.lane);
     gp_error_clear();
+    /* Before the jobs close and before a failure gives the chunks back:
+     * copies still queued into an unmapped chunk fault the device.  Where
+     * even a device sync fails, the chunks stay mapped. */
     gp_status dst = gp_streams_drain(o);
+    gp_lanes_close(x.lane);
     if (st == GP_OK) st = dst;
     gp_note(st, x.why, sizeof x.why);
     uint64_t offloaded = x.pl->offloaded;
     if (st == GP_OK) {
         st = gp_pool_plan_end(o->pool, x.pl, 1);
     } else {
-        for (size_t k = 0; k < x.n; k++)
+        for (size_t k = 0; k < x.n && dst == GP_OK; k++)
             if (gp_pool_plan_unmap(o->pool, x.pl, x.c[k].addr, x.c[k].size) != GP_OK) gp_error_clear();
         gp_pool_plan_end(o->pool, x.pl, 0); /* (ending offloaded cannot fail) */
         char tags[256];

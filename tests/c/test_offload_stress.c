@@ -22,6 +22,10 @@
  * Every few hundred milliseconds the threads park and the offloader's and
  * the pool's checks run (gp_offload_check, gp_pool_check, backend misuse).
  *
+ * "deferred" mode: the backend's streams run their work as late as a GPU's
+ * may (backend_host.h), so a return that the offloader's copies had not
+ * finished by hands the owner old bytes.
+ *
  * "faults" mode: a thread also arms injected backend failures at random
  * (copy, map, unmap, event record/query, host_alloc, checksum).  An
  * operation that fails must fail cleanly: the owner's bytes stay right,
@@ -465,9 +469,18 @@ static void quiet_check(void)
 int main(int argc, char **argv)
 {
     double seconds = argc > 1 ? atof(argv[1]) : 3;
-    faults_mode = argc > 2 && strcmp(argv[2], "faults") == 0;
+    int deferred = 0;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "faults") == 0) faults_mode = 1;
+        else if (strcmp(argv[i], "deferred") == 0) deferred = 1;
+        else {
+            fprintf(stderr, "test_offload_stress: unknown mode '%s' (faults, deferred)\n", argv[i]);
+            return 2;
+        }
+    }
     gp_host_misuse(NULL, 0);
     CHECK(gp_backend_host_create(48 * MiB, &be) == GP_OK);
+    if (deferred) gp_host_set_deferred(be, 1);
     gp_config cfg;
     gp_config_default(&cfg);
     cfg.chunk = 256 * KiB;
