@@ -12,7 +12,7 @@
  *   cc -O2 -std=c11 -D_GNU_SOURCE -DGP_HAVE_ZSTD -Icsrc -Icsrc/backend -Icsrc/backend/cuda -Icsrc/offload -Icsrc/offload/codec -Icsrc/pool -Icsrc/python -Icsrc/tenant -Itests/c \
  *      benchmarks/bench_codec.c \
  *      csrc/offload/codec/codec.c csrc/offload/codec/codec_zstd.c csrc/offload/codec/codec_nvcomp.c csrc/offload/checksum.c csrc/error.c \
- *      csrc/backend/backend_host.c csrc/backend/host_pages.c -lzstd -lpthread -ldl -o /tmp/bench_codec && /tmp/bench_codec
+ *      csrc/backend/backend_host.c csrc/backend/host_pages.c csrc/backend/host_queue.c -lzstd -lpthread -ldl -o /tmp/bench_codec && /tmp/bench_codec
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -21,7 +21,7 @@
  *   cc -O2 -std=c11 -D_GNU_SOURCE -Icsrc -Icsrc/backend -Icsrc/backend/cuda -Icsrc/offload -Icsrc/offload/codec -Icsrc/pool -Icsrc/python -Icsrc/tenant \
  *      benchmarks/bench_frag.c \
  *      csrc/pool/pool.c csrc/pool/pool_offload.c csrc/pool/stream.c csrc/pool/stats.c csrc/pool/check.c csrc/pool/tag.c \
- *      csrc/error.c csrc/config.c csrc/backend/backend_host.c csrc/backend/host_pages.c csrc/pool/trace.c csrc/pool/transit.c csrc/offload/checksum.c \
+ *      csrc/error.c csrc/config.c csrc/backend/backend_host.c csrc/backend/host_pages.c csrc/backend/host_queue.c csrc/pool/trace.c csrc/pool/transit.c csrc/offload/checksum.c \
  *      -lpthread -o /tmp/bench_frag && /tmp/bench_frag
  */
 #include <stdio.h>
