@@ -10,6 +10,9 @@
  *                     bytes as before, or says how many it lost; a restore
  *                     of lost bytes needs the caller's consent, and then no
  *                     more bytes differ than it said
+ *   fault pairs       two failures at once, on streams that run their work
+ *                     late: an undo that fails too, or a drain that fails,
+ *                     lets no memory go with work still queued on it
  *   prefetch during   a prefetch issued while a restore runs: the restore
  *   a restore         returns only once every record of its tags is back,
  *                     and nobody restores a record another thread frees
@@ -78,15 +81,35 @@ static const uint64_t walk_sizes[WB] = {3 * MiB + 5, 1 * MiB, 5 * MiB + 4096, 70
 
 typedef struct walk_case {
     int codec, keep;
-    int again;  /* offloaded and restored once first: the faulted offload
-                   finds that host copy (clean) ...                      */
-    int write;  /* ... after two words' top bits were flipped (then it
-                   must copy, not take the stale copy)                    */
+    int again;   /* offloaded and restored once first: the faulted offload
+                    finds that host copy (clean) ...                      */
+    int write;   /* ... after two words' top bits were flipped (then it
+                    must copy, not take the stale copy)                    */
+    int restore; /* the faults fall on a restore (of an offload that went) */
 } walk_case;
 
-/* One offload with `fn` failing at its nth call (mode), then everything
- * brought back and checked; returns the calls `fn` got (for the walk). */
-static uint64_t walk_one(walk_case wc, gp_host_fn fn, uint64_t nth, int mode, int *gave_up)
+typedef struct fault {
+    gp_host_fn fn;
+    uint64_t nth;
+    int mode; /* GP_HOST_FAIL_ONCE or _FROM */
+} fault;
+
+/* "copy call 3 (once) + synchronize call 1 (from)", for the reports. */
+static const char *faults_text(const fault *f, size_t nf, char *buf, size_t n)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < nf && at < n; i++)
+        at += (size_t)snprintf(buf + at, n - at, "%s%s call %llu (%s)", i ? " + " : "", gp_host_fn_name(f[i].fn),
+                               (unsigned long long)f[i].nth, f[i].mode ? "from" : "once");
+    return buf;
+}
+
+/* One offload (or restore) of T_A with the nf faults armed, then everything
+ * brought back and checked.  calls (GP_HOST_FN_COUNT, or NULL) gets the
+ * calls each function had in that step; *gave_up whether a failed offload
+ * could not be undone either. */
+static void walk_one(walk_case wc, const fault *f, size_t nf, uint64_t *calls, int *gave_up)
 {
     gp_backend *be;
     gp_pool *p;
@@ -100,31 +123,32 @@ static uint64_t walk_one(walk_case wc, gp_host_fn fn, uint64_t nth, int mode, in
         data_fill(want[i], walk_sizes[i], wc.codec == GP_CODEC_RAW ? DATA_RANDOM : DATA_BF16);
         memcpy(b[i], want[i], walk_sizes[i]);
     }
+    gp_offload_opts opts = {.keep = wc.keep, .codec = wc.codec, .elem_size = 2};
+    gp_offload_result r;
     if (wc.again) {
         gp_offload_opts first = {.keep = 1, .codec = wc.codec, .elem_size = 2};
-        gp_offload_result fr;
-        CHECK(gp_offload_tags(o, &T_A, 1, &first, &fr) == GP_OK && gp_restore_tags(o, &T_A, 1, 0, &fr) == GP_OK);
+        CHECK(gp_offload_tags(o, &T_A, 1, &first, &r) == GP_OK && gp_restore_tags(o, &T_A, 1, 0, &r) == GP_OK);
         for (int i = 0; wc.write && i < WB; i += 2) {
             want[i][7] ^= 0x80;
             want[i][walk_sizes[i] / 16 * 8 + 7] ^= 0x80;
             memcpy(b[i], want[i], walk_sizes[i]);
         }
     }
+    if (wc.restore) CHECK(gp_offload_tags(o, &T_A, 1, &opts, &r) == GP_OK);
     gp_host_counters c0, c1;
     gp_host_counters_get(be, &c0);
     uint64_t misuse = gp_host_misuse(NULL, 0);
-    if (nth) gp_host_fail(be, fn, nth, GP_ERR_BACKEND, mode);
-    gp_offload_opts opts = {.keep = wc.keep, .codec = wc.codec, .elem_size = 2};
-    gp_offload_result r;
-    gp_status st = gp_offload_tags(o, &T_A, 1, &opts, &r);
-    char msg[1024];
+    for (size_t i = 0; i < nf; i++) gp_host_fail(be, f[i].fn, f[i].nth, GP_ERR_BACKEND, f[i].mode);
+    gp_status st = wc.restore ? gp_restore_tags(o, &T_A, 1, 0, &r) : gp_offload_tags(o, &T_A, 1, &opts, &r);
+    char msg[1024], what[256];
     snprintf(msg, sizeof msg, "%s", gp_last_error());
+    faults_text(f, nf, what, sizeof what);
     gp_host_counters_get(be, &c1);
     gp_host_fail_none(be);
-    uint64_t lost = st == GP_OK ? 0 : said_lost();
+    uint64_t lost = st == GP_OK || wc.restore ? 0 : said_lost();
     *gave_up = st != GP_OK && strstr(msg, "it stays offloaded") != NULL;
     CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
-    if (st != GP_OK && !*gave_up) {
+    if (st != GP_OK && !wc.restore && !*gave_up) {
         /* Undone: resident, and the bytes as before unless dropped (then
          * the message says how many lost their contents). */
         uint64_t diff = 0;
@@ -135,13 +159,12 @@ static uint64_t walk_one(walk_case wc, gp_host_fn fn, uint64_t nth, int mode, in
         if (diff) {
             CHECK(!wc.keep && strstr(msg, "as before") == NULL && r.lost >= diff);
             if (wc.keep || strstr(msg, "as before") || r.lost < diff)
-                fprintf(stderr, "  %s call %llu (%s): %llu bytes changed: %s\n", gp_host_fn_name(fn),
-                        (unsigned long long)nth, mode ? "from" : "once", (unsigned long long)diff, msg);
+                fprintf(stderr, "  offload, %s: %llu bytes changed: %s\n", what, (unsigned long long)diff, msg);
         }
     } else {
-        /* Offloaded (or given up with what was lost counted): a restore
-         * without consent refuses lost bytes; with it, no more bytes differ
-         * than were said lost. */
+        /* Offloaded (or given up with what was lost counted, or a restore
+         * that failed): a restore without consent refuses lost bytes; with
+         * it, no more bytes differ than were said lost. */
         gp_offload_result rr;
         gp_status rs = gp_restore_tags(o, &T_A, 1, 0, &rr);
         if (lost) {
@@ -149,14 +172,15 @@ static uint64_t walk_one(walk_case wc, gp_host_fn fn, uint64_t nth, int mode, in
             rs = gp_restore_tags(o, &T_A, 1, 1, &rr);
             CHECK(rr.lost == lost);
         }
+        if (rs != GP_OK) fprintf(stderr, "  %s, %s: the restore after: %s\n", wc.restore ? "restore" : "offload",
+                                 what, gp_last_error());
         CHECK(rs == GP_OK && all_offloaded(p, b, WB) == 0);
         uint64_t diff = 0;
         for (int i = 0; i < WB; i++) diff += differing(b[i], want[i], walk_sizes[i]);
         if (wc.keep) CHECK(diff <= lost);
         if (wc.keep && diff > lost)
-            fprintf(stderr, "  %s call %llu (%s): %llu bytes wrong, %llu said lost: %s\n", gp_host_fn_name(fn),
-                    (unsigned long long)nth, mode ? "from" : "once", (unsigned long long)diff,
-                    (unsigned long long)lost, msg);
+            fprintf(stderr, "  %s, %s: %llu bytes wrong, %llu said lost: %s\n", wc.restore ? "restore" : "offload",
+                    what, (unsigned long long)diff, (unsigned long long)lost, msg);
     }
     CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
     for (int i = 0; i < WB; i++) {
@@ -168,9 +192,9 @@ static uint64_t walk_one(walk_case wc, gp_host_fn fn, uint64_t nth, int mode, in
     char why[256] = "";
     CHECK(gp_host_misuse(why, sizeof why) == misuse);
     if (gp_host_misuse(NULL, 0) != misuse)
-        fprintf(stderr, "  %s call %llu (%s)%s: misuse: %s\n", gp_host_fn_name(fn), (unsigned long long)nth,
-                mode ? "from" : "once", deferred_streams ? ", deferred" : "", why);
-    return c1.calls[fn] - c0.calls[fn];
+        fprintf(stderr, "  %s, %s%s: misuse: %s\n", wc.restore ? "restore" : "offload", what,
+                deferred_streams ? ", deferred" : "", why);
+    for (int i = 0; calls && i < GP_HOST_FN_COUNT; i++) calls[i] = c1.calls[i] - c0.calls[i];
 }
 
 static void test_fault_walk(void)
@@ -189,21 +213,68 @@ static void test_fault_walk(void)
      * on a GPU, a fault that ends the context. */
     for (deferred_streams = 0; deferred_streams < 2; deferred_streams++) {
         unsigned points = 0, gave_up = 0;
-        for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
-            for (size_t f = 0; f < sizeof fns / sizeof fns[0]; f++) {
-                int g;
-                uint64_t calls = walk_one(cases[k], fns[f], 0, 0, &g);
-                for (uint64_t nth = 1; nth <= calls; nth++)
+        for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+            uint64_t calls[GP_HOST_FN_COUNT];
+            int g;
+            walk_one(cases[k], NULL, 0, calls, &g);
+            for (size_t f = 0; f < sizeof fns / sizeof fns[0]; f++)
+                for (uint64_t nth = 1; nth <= calls[fns[f]]; nth++)
                     for (int mode = 0; mode < 2; mode++) {
-                        walk_one(cases[k], fns[f], nth, mode, &g);
+                        walk_one(cases[k], &(fault){fns[f], nth, mode}, 1, NULL, &g);
                         points++;
                         gave_up += (unsigned)g;
                     }
-            }
+        }
         printf("offload fault walk%s: %u points, %u gave up\n", deferred_streams ? " (deferred streams)" : "",
                points, gave_up);
         CHECK(points > 100 && gave_up > 0);
     }
+    deferred_streams = 0;
+}
+
+/* Two failures at once, on deferred streams, reach what one cannot:
+ *  - an offload that fails, then fails again while undoing: the undo's
+ *    copies back that went before its failure are still queued when the
+ *    offload gives up and lets its chunks go;
+ *  - an offload or a restore that fails while even draining the streams
+ *    fails (events refused, and the device sync after them): the work
+ *    queued on its chunks never ran, so they must stay mapped. */
+static void test_fault_pairs(void)
+{
+    const gp_host_fn firsts[] = {GP_HOST_UNMAP, GP_HOST_EVENT_WAIT, GP_HOST_CHECKSUM, GP_HOST_GATHER, GP_HOST_MAP};
+    const gp_host_fn drains[] = {GP_HOST_EVENT_RECORD, GP_HOST_EVENT_WAIT};
+    walk_case cases[] = {{GP_CODEC_RAW, 1}, {GP_CODEC_RAW, 0}, {.codec = GP_CODEC_RAW, .keep = 1, .restore = 1},
+#ifdef GP_HAVE_ZSTD
+                         {GP_CODEC_AUTO, 1}, {.codec = GP_CODEC_AUTO, .keep = 1, .restore = 1},
+#endif
+    };
+    deferred_streams = 1;
+    unsigned points = 0, gave_up = 0;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        uint64_t calls[GP_HOST_FN_COUNT], then[GP_HOST_FN_COUNT];
+        int g;
+        walk_one(cases[k], NULL, 0, calls, &g);
+        /* The copy that fails is one of the last three the first failure
+         * left: those of its recovery. */
+        for (size_t f = 0; !cases[k].restore && f < sizeof firsts / sizeof firsts[0]; f++)
+            for (uint64_t nth = 1; nth <= calls[firsts[f]]; nth++) {
+                fault two[2] = {{firsts[f], nth, GP_HOST_FAIL_ONCE}, {GP_HOST_COPY, 0, GP_HOST_FAIL_ONCE}};
+                walk_one(cases[k], two, 1, then, &g);
+                for (uint64_t j = 0; j < 3 && j < then[GP_HOST_COPY]; j++, points++) {
+                    two[1].nth = then[GP_HOST_COPY] - j;
+                    walk_one(cases[k], two, 2, NULL, &g);
+                    gave_up += (unsigned)g;
+                }
+            }
+        for (size_t f = 0; f < sizeof drains / sizeof drains[0]; f++)
+            for (uint64_t nth = 1; nth <= calls[drains[f]]; nth++, points++) {
+                fault two[2] = {{drains[f], nth, GP_HOST_FAIL_FROM}, {GP_HOST_SYNCHRONIZE, 1, GP_HOST_FAIL_FROM}};
+                walk_one(cases[k], two, 2, NULL, &g);
+                gave_up += (unsigned)g;
+            }
+    }
+    printf("offload fault pairs (deferred streams): %u points, %u gave up\n", points, gave_up);
+    CHECK(points > 100 && gave_up > 0);
     deferred_streams = 0;
 }
 
@@ -773,7 +844,8 @@ int main(int argc, char **argv)
         {"giveback", test_failed_giveback},   {"together", test_together_or_fail},
         {"nested", test_nested_offload},      {"room", test_room_made},
         {"first_error", test_first_error},    {"prefetch", test_prefetch_during_restore},
-        {"refused_maps", test_prefetch_failed}, {"freed_corrupt", test_freed_corrupt}, {"walk", test_fault_walk},            {"words", test_status_and_words},
+        {"refused_maps", test_prefetch_failed}, {"freed_corrupt", test_freed_corrupt}, {"walk", test_fault_walk},
+        {"pairs", test_fault_pairs},           {"words", test_status_and_words},
         {"lost_prefetched", test_lost_then_prefetched}, {"equal", test_restore_displaces_an_equal},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
