@@ -30,7 +30,6 @@
 #include <time.h>
 
 #include "backend_host.h"
-#include "checksum.h"
 #include "host_pages.h"
 #include "host_queue.h"
 
@@ -254,13 +253,15 @@ static void host_run_upto(host_backend *h, int any, gp_stream stream, uint64_t u
     pthread_mutex_unlock(&h->run);
 }
 
-/* Queue op (lock held) where streams are deferred: 1 when queued (or when
- * queueing failed, *st says so), 0 when the caller runs it now. */
-static int host_defer_locked(host_backend *h, host_op op, gp_status *st)
+/* A call's op (lock held): nothing when the call failed (*st), queued where
+ * streams are deferred (*st says whether that failed), else 1: the caller
+ * runs it (host_op_run) once the lock is released. */
+static int host_run_now_locked(host_backend *h, const host_op *op, gp_status *st)
 {
-    if (!h->deferred || *st != GP_OK) return 0;
-    *st = host_queue_push(&h->q, op);
-    return 1;
+    if (*st != GP_OK) return 0;
+    if (!h->deferred) return 1;
+    *st = host_queue_push(&h->q, *op);
+    return 0;
 }
 
 /* Memory about to be freed (unmapped, host_free, unregistered) that queued
@@ -461,8 +462,8 @@ static gp_status host_stream_wait(gp_backend *be, gp_stream waiter, gp_stream si
                               signaler);
         else
             h->c.n_stream_wait++;
-        host_defer_locked(h, (host_op){.stream = waiter, .kind = HOST_OP_WAIT, .signaler = signaler,
-                                       .upto = h->q.seq}, &st);
+        host_run_now_locked(h, &(host_op){.stream = waiter, .kind = HOST_OP_WAIT, .signaler = signaler,
+                                          .upto = h->q.seq}, &st); /* (a wait run now does nothing) */
     }
     pthread_mutex_unlock(&h->lock);
     return st;
@@ -731,10 +732,10 @@ static gp_status host_copy(gp_backend *be, void *dst, const void *src, uint64_t 
                               "(a GPU would fault)", (unsigned long long)size, src, dst);
     }
     if (st == GP_OK) h->c.copy_bytes += size;
-    int queued = host_defer_locked(h, (host_op){.stream = stream, .kind = HOST_OP_COPY, .dst = dst, .src = src,
-                                                .size = size, .dir = dir}, &st);
+    host_op op = {.stream = stream, .kind = HOST_OP_COPY, .dst = dst, .src = src, .size = size, .dir = dir};
+    int now = host_run_now_locked(h, &op, &st);
     pthread_mutex_unlock(&h->lock);
-    if (st == GP_OK && size && !queued) memmove(dst, src, size);
+    if (now) host_op_run(&op);
     return st;
 }
 
@@ -750,13 +751,10 @@ static gp_status host_checksum(gp_backend *be, const void *ptr, uint64_t size, u
                              host_ranges_cover(&h->maps, (uintptr_t)out, 8) != 8))
         st = gp_error_set(GP_ERR_BACKEND, "host checksum of %llu bytes at %p into %p: device memory not mapped",
                           (unsigned long long)size, ptr, out);
-    int queued = host_defer_locked(h, (host_op){.stream = stream, .kind = HOST_OP_CHECKSUM, .dst = out, .src = ptr,
-                                                .size = size, .seed = seed}, &st);
+    host_op op = {.stream = stream, .kind = HOST_OP_CHECKSUM, .dst = out, .src = ptr, .size = size, .seed = seed};
+    int now = host_run_now_locked(h, &op, &st);
     pthread_mutex_unlock(&h->lock);
-    if (st == GP_OK && !queued) {
-        uint64_t sum = gp_checksum(ptr, size, seed);
-        memcpy(out, &sum, 8);
-    }
+    if (now) host_op_run(&op);
     return st;
 }
 
@@ -780,15 +778,11 @@ static gp_status host_gather(gp_backend *be, void *dst, const void *const *srcs,
         off += (len + align - 1) & ~(align - 1);
     }
     if (st == GP_OK) h->c.copy_bytes += off;
-    int queued = host_defer_locked(h, (host_op){.stream = stream, .kind = HOST_OP_GATHER, .dst = dst, .srcs = srcs,
-                                                .lens = lens, .n = n, .align = align, .max_len = max_len}, &st);
+    host_op op = {.stream = stream, .kind = HOST_OP_GATHER, .dst = dst, .srcs = srcs, .lens = lens, .n = n,
+                  .align = align, .max_len = max_len};
+    int now = host_run_now_locked(h, &op, &st);
     pthread_mutex_unlock(&h->lock);
-    off = 0;
-    for (uint32_t b = 0; b < n && st == GP_OK && !queued; b++) {
-        uint64_t len = lens[b] > max_len ? 0 : lens[b];
-        if (len) memmove((char *)dst + off, srcs[b], len);
-        off += (len + align - 1) & ~(align - 1);
-    }
+    if (now) host_op_run(&op);
     return st;
 }
 
