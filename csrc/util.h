@@ -1,6 +1,6 @@
 /*
  * util.h -- small helpers that several layers need, written once: the
- * clock and the byte formatter.
+ * clock, the host's memory, the byte formatter and array growth.
  */
 #ifndef GP_UTIL_H
 #define GP_UTIL_H
@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -30,8 +31,6 @@ static inline double gp_now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* `b` bytes for people: "1.50 GiB", "512 B" (what gpupool.format_bytes
- * writes too).  Returns buf. */
 /* The host's physical memory in bytes (0: unknown): what a host size given
  * as a fraction (GPUPOOL_HOST_LIMIT, GPUPOOL_HOST_RESERVE) is of. */
 static inline uint64_t gp_host_ram(void)
@@ -40,6 +39,8 @@ static inline uint64_t gp_host_ram(void)
     return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
 }
 
+/* `b` bytes for people: "1.50 GiB", "512 B" (what gpupool.format_bytes
+ * writes too).  Returns buf. */
 static inline const char *gp_fmt_bytes(uint64_t b, char *buf, size_t len)
 {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -48,6 +49,21 @@ static inline const char *gp_fmt_bytes(uint64_t b, char *buf, size_t len)
     while (v >= 1024.0 && u < 4) v /= 1024.0, u++;
     snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", v, units[u]);
     return buf;
+}
+
+/* Room for one more element in an array that doubles as it fills: `v`
+ * holds *cap elements of `elem` bytes, `n` of them used.  Returns `v` when
+ * n < *cap; else the array grown to twice *cap (`first` when empty) with
+ * *cap updated, or NULL (v and *cap untouched) when the host has no memory
+ * for it -- the caller names what was growing in its error. */
+static inline void *gp_array_room(void *v, size_t *cap, size_t n, size_t elem, size_t first)
+{
+    if (n < *cap) return v;
+    size_t nc = *cap ? 2 * *cap : first;
+    if (nc < *cap || nc > SIZE_MAX / elem) return NULL;
+    void *nv = realloc(v, nc * elem);
+    if (nv) *cap = nc;
+    return nv;
 }
 
 #endif /* GP_UTIL_H */

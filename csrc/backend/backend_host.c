@@ -32,6 +32,7 @@
 #include "backend_host.h"
 #include "host_pages.h"
 #include "host_queue.h"
+#include "util.h"
 
 /* A list of address ranges: reservations, mappings (with their handle),
  * pinned host buffers. */
@@ -130,13 +131,9 @@ uint64_t gp_host_misuse(char *msg, size_t n)
 
 static gp_status host_ranges_add(host_ranges *l, uintptr_t addr, uint64_t size, uint64_t handle)
 {
-    if (l->n == l->cap) {
-        size_t nc = l->cap ? 2 * l->cap : 64;
-        host_range *v = realloc(l->v, nc * sizeof *v);
-        if (!v) return gp_error_set(GP_ERR_NOMEM, "host backend: out of host memory");
-        l->v = v;
-        l->cap = nc;
-    }
+    host_range *v = gp_array_room(l->v, &l->cap, l->n, sizeof *v, 64);
+    if (!v) return gp_error_set(GP_ERR_NOMEM, "host backend: out of host memory");
+    l->v = v;
     l->v[l->n++] = (host_range){addr, size, handle, 0};
     return GP_OK;
 }

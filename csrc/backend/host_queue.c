@@ -7,16 +7,13 @@
 #include "backend.h"
 #include "checksum.h"
 #include "host_queue.h"
+#include "util.h"
 
 gp_status host_queue_push(host_queue *q, host_op op)
 {
-    if (q->n == q->cap) {
-        size_t cap = q->cap ? 2 * q->cap : 64;
-        host_op *v = realloc(q->v, cap * sizeof *v);
-        if (!v) return gp_error_set(GP_ERR_NOMEM, "host backend: out of host memory for a queued op");
-        q->v = v;
-        q->cap = cap;
-    }
+    host_op *v = gp_array_room(q->v, &q->cap, q->n, sizeof *v, 64);
+    if (!v) return gp_error_set(GP_ERR_NOMEM, "host backend: out of host memory for a queued op");
+    q->v = v;
     op.seq = ++q->seq;
     q->v[q->n++] = op;
     return GP_OK;

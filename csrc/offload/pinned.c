@@ -232,13 +232,9 @@ static gp_status gp_add_slab(gp_pinned *hs)
                             "%llu bytes of pinned slabs are held, %llu in use",
                             (unsigned long long)hs->limit, (unsigned long long)(hs->n_slabs * hs->slab_size),
                             (unsigned long long)hs->used);
-    if (hs->n_slabs == hs->cap_slabs) {
-        size_t nc = hs->cap_slabs ? 2 * hs->cap_slabs : 8;
-        gp_slab *ns = realloc(hs->slabs, nc * sizeof *ns);
-        if (!ns) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the host store");
-        hs->slabs = ns;
-        hs->cap_slabs = nc;
-    }
+    gp_slab *ns = gp_array_room(hs->slabs, &hs->cap_slabs, hs->n_slabs, sizeof *ns, 8);
+    if (!ns) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the host store");
+    hs->slabs = ns;
     gp_slab *s = &hs->slabs[hs->n_slabs];
     memset(s, 0, sizeof *s);
     if (!(s->holes = malloc(4 * sizeof *s->holes)))
@@ -311,15 +307,12 @@ static gp_status gp_hole_insert(gp_slab *s, uint64_t off, uint64_t size)
         s->holes[i].off = off;
         s->holes[i].size += size;
     } else {
-        if (s->n_holes == s->cap_holes) {
-            gp_hole *nh = realloc(s->holes, 2 * s->cap_holes * sizeof *nh);
-            if (!nh) {
-                s->free -= size; /* lost until the store goes: better than corrupt */
-                return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the host store's holes");
-            }
-            s->holes = nh;
-            s->cap_holes *= 2;
+        gp_hole *nh = gp_array_room(s->holes, &s->cap_holes, s->n_holes, sizeof *nh, 4);
+        if (!nh) {
+            s->free -= size; /* lost until the store goes: better than corrupt */
+            return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the host store's holes");
         }
+        s->holes = nh;
         memmove(&s->holes[i + 1], &s->holes[i], (s->n_holes - i) * sizeof *s->holes);
         s->holes[i] = (gp_hole){off, size};
         s->n_holes++;

@@ -294,7 +294,7 @@ static size_t gp_check_locked(gp_pool *p, char *msg, size_t n)
 
     /* The record_stream table against the blocks. */
     unsigned pending_recs = 0;
-    VIOLATION_IF(&c, p->n_recs > p->cap_recs, "%u record_stream records in room for %u", p->n_recs,
+    VIOLATION_IF(&c, p->n_recs > p->cap_recs, "%u record_stream records in room for %zu", p->n_recs,
                  p->cap_recs);
     for (unsigned i = 0; i < p->n_recs && i < p->cap_recs; i++) {
         const gp_rec *r = &p->recs[i];

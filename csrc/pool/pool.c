@@ -33,13 +33,9 @@ static uint64_t gp_block_size(const gp_pool *p, uint64_t size)
 
 static gp_status gp_refill_spare(gp_pool *p)
 {
-    if (p->n_slabs == p->cap_slabs) {
-        size_t nc = p->cap_slabs ? 2 * p->cap_slabs : 16;
-        void **s = realloc(p->slabs, nc * sizeof *s);
-        if (!s) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for block headers");
-        p->slabs = s;
-        p->cap_slabs = nc;
-    }
+    void **s = gp_array_room(p->slabs, &p->cap_slabs, p->n_slabs, sizeof *s, 16);
+    if (!s) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for block headers");
+    p->slabs = s;
     gp_block *slab = malloc(GP_SLAB_BLOCKS * sizeof *slab);
     if (!slab) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for block headers");
     p->slabs[p->n_slabs++] = slab;

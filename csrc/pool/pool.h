@@ -123,7 +123,8 @@ struct gp_pool {
     uint64_t idle_ev[GP_FENCE_STREAMS];
     size_t n_idle_ev;
     gp_rec *recs;       /* record_stream: live and pending blocks */
-    unsigned n_recs, cap_recs, n_pending;
+    unsigned n_recs, n_pending;
+    size_t cap_recs;
 
     gp_gpool gpools[GP_MAX_GPOOLS];
     unsigned n_capturing; /* streams capturing into a graph pool now */

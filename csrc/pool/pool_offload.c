@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "pool.h"
+#include "util.h"
 
 static inline uintptr_t gp_chunk_down(const gp_arena *a, uintptr_t x)
 {
@@ -28,20 +29,6 @@ static inline uintptr_t gp_chunk_down(const gp_arena *a, uintptr_t x)
 static inline uintptr_t gp_chunk_up(const gp_arena *a, uintptr_t x)
 {
     return a->base + gp_round_up(x - a->base, a->chunk);
-}
-
-/* Growable arrays for plans (host memory, under the lock: an offload is no
- * hot path). */
-static void *gp_push(void **v, size_t *n, size_t *cap, size_t elem)
-{
-    if (*n == *cap) {
-        size_t nc = *cap ? 2 * *cap : 16;
-        void *nv = realloc(*v, nc * elem);
-        if (!nv) return NULL;
-        *v = nv;
-        *cap = nc;
-    }
-    return (char *)*v + elem * (*n)++;
 }
 
 typedef struct gp_plan_build {
@@ -68,9 +55,10 @@ static gp_status gp_add_run(gp_plan_build *pb, const gp_arena *a, uintptr_t lo, 
         }
         return GP_OK;
     }
-    gp_offload_run *r = gp_push((void **)&pl->runs, &pl->n_runs, &pb->cap_runs, sizeof *r);
-    if (!r) return gp_nomem_plan();
-    *r = (gp_offload_run){.addr = lo, .size = hi - lo, .chunk = a->chunk};
+    gp_offload_run *v = gp_array_room(pl->runs, &pb->cap_runs, pl->n_runs, sizeof *v, 16);
+    if (!v) return gp_nomem_plan();
+    pl->runs = v;
+    v[pl->n_runs++] = (gp_offload_run){.addr = lo, .size = hi - lo, .chunk = a->chunk};
     pl->released += hi - lo;
     pb->last = a;
     return GP_OK;
@@ -82,9 +70,10 @@ static gp_status gp_add_range(gp_plan_build *pb, const gp_block *b, uintptr_t lo
     uintptr_t x = b->addr > lo ? b->addr : lo, e = b->addr + b->size < hi ? b->addr + b->size : hi;
     if (e <= x) return GP_OK;
     gp_offload_plan *pl = pb->pl;
-    gp_offload_range *r = gp_push((void **)&pl->ranges, &pl->n_ranges, &pb->cap_ranges, sizeof *r);
-    if (!r) return gp_nomem_plan();
-    *r = (gp_offload_range){.addr = x, .size = e - x, .tag = b->tag, .priority = b->prio};
+    gp_offload_range *v = gp_array_room(pl->ranges, &pb->cap_ranges, pl->n_ranges, sizeof *v, 16);
+    if (!v) return gp_nomem_plan();
+    pl->ranges = v;
+    v[pl->n_ranges++] = (gp_offload_range){.addr = x, .size = e - x, .tag = b->tag, .priority = b->prio};
     pl->bytes += e - x;
     return GP_OK;
 }

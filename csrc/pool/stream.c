@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "pool.h"
+#include "util.h"
 
 /* ---------------------------------------------------------------- streams */
 
@@ -256,16 +257,12 @@ gp_status gp_record_stream(gp_pool *p, void *ptr, gp_stream s)
             goto out;
         }
     } else {
-        if (p->n_recs == p->cap_recs) {
-            unsigned nc = p->cap_recs ? 2 * p->cap_recs : 16;
-            gp_rec *nr = realloc(p->recs, nc * sizeof *nr);
-            if (!nr) {
-                st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for record_stream");
-                goto out;
-            }
-            p->recs = nr;
-            p->cap_recs = nc;
+        gp_rec *nr = gp_array_room(p->recs, &p->cap_recs, p->n_recs, sizeof *nr, 16);
+        if (!nr) {
+            st = gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for record_stream");
+            goto out;
         }
+        p->recs = nr;
         r = &p->recs[p->n_recs++];
         memset(r, 0, sizeof *r);
         r->b = b;
