@@ -439,14 +439,11 @@ def test_a_tied_embedding_holds_an_offloadable_lm_head(run_py) -> None:
     # embedding's forward, the first thing a step runs, read the offloaded
     # weight (the CUDA context lost).  It trains and generates as the model
     # without offload does, lm_head away before every step.
+    pytest.importorskip("transformers")
     r = run_py("""
         import copy, torch, gpupool
         gpupool.enable()
-        try:
-            from transformers import Qwen2Config, Qwen2ForCausalLM
-        except ImportError as e:
-            print("SKIP", e)
-            raise SystemExit(0)
+        from transformers import Qwen2Config, Qwen2ForCausalLM
         torch.manual_seed(0)
         cfg = Qwen2Config(vocab_size=32768, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
                           num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True,
@@ -484,7 +481,7 @@ def test_a_tied_embedding_holds_an_offloadable_lm_head(run_py) -> None:
         torch.cuda.synchronize()
         print("OK")
     """)
-    assert "OK" in r.stdout or "SKIP" in r.stdout, r.stdout
+    assert "OK" in r.stdout, r.stdout
 
 
 def test_layers_of_a_model_moved_at_once_offload_one_by_one(run_py) -> None:
@@ -498,14 +495,11 @@ def test_layers_of_a_model_moved_at_once_offload_one_by_one(run_py) -> None:
     # converted to fp32, whose new tensors are copied apart at the next
     # offload) equal the model's without offload.  A tensor with a view elsewhere stays (`kept`), and
     # nothing moves while a CUDA graph lives.
+    pytest.importorskip("transformers")
     r = run_py("""
         import copy, torch, gpupool
         gpupool.enable()
-        try:
-            from transformers import Qwen2Config, Qwen2ForCausalLM
-        except ImportError as e:
-            print("SKIP", e)
-            raise SystemExit(0)
+        from transformers import Qwen2Config, Qwen2ForCausalLM
         torch.manual_seed(0)
         cfg = Qwen2Config(vocab_size=8192, hidden_size=768, intermediate_size=2816, num_hidden_layers=12,
                           num_attention_heads=12, num_key_value_heads=2, attn_implementation="eager")
@@ -587,7 +581,7 @@ def test_layers_of_a_model_moved_at_once_offload_one_by_one(run_py) -> None:
         torch.cuda.synchronize()
         print("OK")
     """)
-    assert "OK" in r.stdout or "SKIP" in r.stdout, r.stdout
+    assert "OK" in r.stdout, r.stdout
 
 
 def test_offloadable_modules_trained_on_a_joint_loss_under_a_limit(run_py) -> None:
@@ -924,15 +918,12 @@ def test_an_optimizer_offloaded_from_a_transformers_trainer_callback(run_py) -> 
     # gradient accumulation, a checkpoint mid-run and a resume from it.  The
     # optimizer made offloadable from a callback trains bit-identical to the
     # run without offload, its state away behind each step.
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
     r = run_py("""
         import tempfile, torch, gpupool
         gpupool.enable()
-        try:
-            import accelerate  # noqa: F401
-            from transformers import Qwen2Config, Qwen2ForCausalLM, Trainer, TrainerCallback, TrainingArguments
-        except ImportError as e:
-            print("SKIP", e)
-            raise SystemExit(0)
+        from transformers import Qwen2Config, Qwen2ForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
         g = torch.Generator().manual_seed(0)
         rows = [torch.randint(0, 4096, (int(n),), generator=g).tolist()
@@ -992,8 +983,6 @@ def test_an_optimizer_offloaded_from_a_transformers_trainer_callback(run_py) -> 
                 assert torch.equal(p, q)
         print("OK", plain_losses[-1], len(cb.away))
     """)
-    if "SKIP" in r.stdout:
-        pytest.skip(r.stdout.strip())
     assert "OK" in r.stdout
 
 
