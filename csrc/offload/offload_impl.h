@@ -49,7 +49,6 @@
  * pieces; one too small for a chunk's slot offloads raw). */
 #define GP_STAGING_HALF (80ull << 20)
 #define GP_STAGING_SHARE 16
-#define GP_RECORD_TAGS 16
 /* Streams an offload's fence may name (gp_pool_fence); more: a device sync. */
 #define GP_FENCE_MAX 32
 #define GP_CODECS_OPEN 16

@@ -66,9 +66,9 @@ PyObject *gp_py_offload(gp_pool_object *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pzIpKp", kwlist, &tags_o, &keep, &codec, &elem, &wait, &most,
                                      &refill))
         return NULL;
-    gp_tag tags[16];
+    gp_tag tags[GP_MAX_TAGS];
     size_t n;
-    if (gp_tags_from(tags_o, tags, 16, &n) < 0) return NULL;
+    if (gp_tags_from(tags_o, tags, GP_MAX_TAGS, &n) < 0) return NULL;
     gp_config cfg;
     gp_pool_config(self->pool, &cfg);
     gp_codec_id id;
@@ -89,21 +89,21 @@ PyObject *gp_py_offload(gp_pool_object *self, PyObject *args, PyObject *kw)
 
 /* restore's and prefetch's argument (a tag or a list of them), and the
  * pool's offloader (NULL: nothing was ever offloaded). */
-static int gp_tags_arg(gp_pool_object *self, PyObject *args, gp_tag tags[16], size_t *n, gp_offloader **o)
+static int gp_tags_arg(gp_pool_object *self, PyObject *args, gp_tag tags[GP_MAX_TAGS], size_t *n, gp_offloader **o)
 {
     PyObject *tags_o;
-    if (!PyArg_ParseTuple(args, "O", &tags_o) || gp_tags_from(tags_o, tags, 16, n) < 0) return -1;
+    if (!PyArg_ParseTuple(args, "O", &tags_o) || gp_tags_from(tags_o, tags, GP_MAX_TAGS, n) < 0) return -1;
     *o = gp_stack_offloader(self->stack, 0);
     return 0;
 }
 
 PyObject *gp_py_restore(gp_pool_object *self, PyObject *args)
 {
-    gp_tag tags[16];
+    gp_tag tags[GP_MAX_TAGS];
     size_t n;
     PyObject *tags_o;
     int accept_loss = 0;
-    if (!PyArg_ParseTuple(args, "O|p", &tags_o, &accept_loss) || gp_tags_from(tags_o, tags, 16, &n) < 0)
+    if (!PyArg_ParseTuple(args, "O|p", &tags_o, &accept_loss) || gp_tags_from(tags_o, tags, GP_MAX_TAGS, &n) < 0)
         return NULL;
     gp_offload_result r = {0};
     gp_status st;
@@ -117,7 +117,7 @@ PyObject *gp_py_restore(gp_pool_object *self, PyObject *args)
 
 PyObject *gp_py_prefetch(gp_pool_object *self, PyObject *args)
 {
-    gp_tag tags[16];
+    gp_tag tags[GP_MAX_TAGS];
     size_t n;
     gp_offloader *o;
     if (gp_tags_arg(self, args, tags, &n, &o) < 0) return NULL;

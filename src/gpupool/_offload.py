@@ -87,7 +87,8 @@ def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype:
 def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype: Any = None, wait: bool = True,
             max_bytes: Optional[int] = None, refill_cache: bool = False, device: Optional[int] = None,
             pool: Optional["PoolView"] = None) -> Optional[Dict[str, Any]]:
-    """Move the memory of `tag` (a name or a list of names) to host RAM.
+    """Move the memory of `tag` (a name or a list of at most 16 names) to
+    host RAM.
 
     Waits for the streams that used the memory, copies its live blocks to
     pinned host memory and gives their physical memory back to the device.
@@ -134,9 +135,10 @@ def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype:
 
 def restore(tag: Tags, *, accept_loss: bool = False, device: Optional[int] = None,
             pool: Optional["PoolView"] = None) -> Dict[str, Any]:
-    """Bring the memory of `tag` back at the same addresses (waits).  An
-    offload of several tags at once comes back whole; when it returns, no
-    memory of `tag` is offloaded.  MemoryError when the device has no room
+    """Bring the memory of `tag` (a name or a list of any number of names)
+    back at the same addresses (waits).  An offload of several tags at
+    once comes back whole; when it returns, no memory of `tag` is
+    offloaded.  MemoryError when the device has no room
     even after idle offloadable memory of `tag`'s priority or lower made
     way, the lowest priority first, then what is needed farthest ahead as
     the gaps between its uses predict (the least recently used where they
