@@ -7,11 +7,13 @@ cost, not the device, sets its pace) is captured once, while the pool holds
 --tensors live tensors of 64 KiB-4 MiB beside it. Replays are timed in
 --rounds rounds of --replays each (the device synchronised at each round's
 end); the median round gives the microseconds per replay. Under gpupool the
-model is offloadable, so each replay also holds it resident (restored
-first, were it offloaded) and asks whether the graph's own memory is away.
-Once, between two timed parts, gpupool offloads the model and the next
-replay must bring it back: that replay is timed apart. The output is checked
-against the first replay after each part.
+model is offloadable (as one module, or each layer apart with --handles
+layers, as a model streamed layer by layer is), so each replay also holds
+it resident (restored first, were it offloaded) and asks whether the
+graph's own memory is away. Once, between two timed parts, gpupool
+offloads the model and the next replay must bring it back: that replay is
+timed apart. The output is checked against the first replay after each
+part.
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--tensors", type=int, default=4000, help="live tensors beside the graph (default: 4000)")
     p.add_argument("--replays", type=int, default=2000, help="replays per timed round (default: 2000)")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds (default: 5)")
+    p.add_argument("--handles", choices=("model", "layers"), default="model",
+                   help="gpupool: the model offloadable as one module or each layer apart (default: model)")
     p.add_argument("--json", metavar="PATH", help="write the results to this JSON file")
     args = p.parse_args(argv)
     if min(args.layers, args.dim, args.replays, args.rounds) < 1 or args.tensors < 0:
@@ -49,11 +53,12 @@ def replay(args: argparse.Namespace) -> Dict[str, Any]:
     sizes = [64 << 10, 256 << 10, 1 << 20, 4 << 20]
     held = [torch.empty(sizes[i % len(sizes)], dtype=torch.uint8, device="cuda") for i in range(args.tensors)]
     model = torch.nn.Sequential(*[torch.nn.Linear(args.dim, args.dim) for _ in range(args.layers)]).cuda()
-    handle = None
+    handles = []
     if gp:
         import gpupool
 
-        handle = gpupool.offloadable(model, "replay_model")
+        parts = list(model) if args.handles == "layers" else [model]
+        handles = [gpupool.offloadable(m, f"replay_model_{i}") for i, m in enumerate(parts)]
     x = torch.randn(1, args.dim, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -81,8 +86,9 @@ def replay(args: argparse.Namespace) -> Dict[str, Any]:
 
     times = rounds()
     wake_ms = None
-    if handle is not None:
-        handle.offload()
+    if handles:
+        for h in handles:
+            h.offload()
         y.zero_()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -95,7 +101,7 @@ def replay(args: argparse.Namespace) -> Dict[str, Any]:
     peak_alloc, peak_res = peak_memory(args.mode)
     return {"us_per_replay": statistics.median(times), "us_min": min(times), "us_max": max(times),
             "replay_after_offload_ms": wake_ms, "tensors": args.tensors, "layers": args.layers,
-            "dim": args.dim, "peak_allocated": peak_alloc, "peak_reserved": peak_res,
+            "dim": args.dim, "handles": len(handles), "peak_allocated": peak_alloc, "peak_reserved": peak_res,
             "mode": args.mode, "torch": torch.__version__}
 
 
@@ -107,7 +113,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     wake = "" if r["replay_after_offload_ms"] is None else \
         f"; a replay with the model offloaded first {r['replay_after_offload_ms']:.2f} ms"
     return report(r, f"{args.mode}: {r['us_per_replay']:.2f} us per replay ({r['us_min']:.2f}..{r['us_max']:.2f}), "
-                  f"{r['tensors']} tensors live{wake}", args.json)
+                  f"{r['tensors']} tensors live, {r['handles']} offloadable{wake}", args.json)
 
 
 if __name__ == "__main__":

@@ -704,6 +704,74 @@ def test_an_optimizer_step_holds_the_offloadable_modules_it_updates() -> None:
     assert bool((m.weight == 0.5).all()) and bool((other.weight == 3.0).all())
 
 
+def test_a_step_over_many_offloadable_modules_restores_them_in_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A model made offloadable layer by layer (24 handles) and trained: the
+    # step holds each module it updates and restored them one restore each
+    # (a C call, a result and a wait apiece).  All are held first, then
+    # restored together, one call for the pool; under a limit that cannot
+    # hold them all, the step raises MemoryError and holds none (what came
+    # back before the room ran out stays, idle, as it did one by one).
+    torch = pytest.importorskip("torch")
+    from gpupool import _offloadable
+
+    p = pool(64 * MiB, codec="raw")
+    layers = [_module_over(p, f"many_step_t{i}", 256, float(i)) for i in range(24)]  # 1 MiB each
+    opt = torch.optim.SGD([m.weight for m in layers], lr=1.0)
+    for m in layers:
+        m.weight.grad = torch.ones(256, 1024)
+        m.handle.offload()
+    calls: list = []
+    real = _offloadable.restore
+
+    def counted(tag: object, **kw: object) -> object:
+        calls.append([tag] if isinstance(tag, str) else list(tag))  # type: ignore[arg-type]
+        return real(tag, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_offloadable, "restore", counted)
+    opt.step()
+    assert calls == [[f"many_step_t{i}" for i in range(24)]], calls
+    for i, m in enumerate(layers):
+        assert p.lookup(m.weight.data_ptr()).state == "used"
+        assert bool((m.weight == i - 1.0).all()), i
+        assert m.handle._holds == 0, i  # (released by the step's post hook)
+    # A limit below the 24 MiB they need together: none stays held.
+    for m in layers:
+        m.handle.offload()
+    p.set_limit(16 * MiB)
+    with pytest.raises(MemoryError):
+        opt.step()
+    assert all(m.handle._holds == 0 for m in layers)
+    p.set_limit(None)
+    opt.step()
+    for i, m in enumerate(layers):
+        assert bool((m.weight == i - 2.0).all()), i
+        m.handle.remove()
+
+
+def test_restore_and_prefetch_take_more_tags_than_one_offload() -> None:
+    # An offload moves at most 16 tags at once (one record each); restoring
+    # or prefetching what several offloads took is not so bound, but the
+    # bindings refused more than 16 tags for those too.
+    p = pool(64 * MiB, codec="raw")
+    tags = [f"many_t{i}" for i in range(24)]
+    blocks = [p.alloc(MiB, tag=t) for t in tags]
+    for i, (a, t) in enumerate(zip(blocks, tags)):
+        fill(a, MiB, 70 + i)
+        gpupool.offload(t, pool=p)
+    gpupool.prefetch(tags, pool=p)
+    gpupool.restore(tags, pool=p)
+    for i, a in enumerate(blocks):
+        assert p.lookup(a).state == "used" and same(a, MiB, 70 + i), i
+    with pytest.raises(ValueError, match="at most 16"):
+        gpupool.offload(tags[:17], pool=p)
+    assert all(p.lookup(a).state == "used" for a in blocks)
+    gpupool.offload(tags[:16], pool=p)
+    gpupool.restore(tags, pool=p)
+    for i, a in enumerate(blocks):
+        assert same(a, MiB, 70 + i), i
+        p.free(a)
+
+
 def test_a_move_to_where_the_module_already_is_leaves_it_offloaded() -> None:
     # model.to(device) before use (pipelines, trainers, loops) converts
     # nothing, yet it restored an offloaded module in full; under a limit

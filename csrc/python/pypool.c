@@ -54,6 +54,22 @@ static void pool_dealloc(PoolObject *self)
     PyObject_Free(self);
 }
 
+/* Objects over one stack are one pool (device_pool() wraps the device's
+ * anew at each call): equal, with one hash, so that callers can group by
+ * pool. */
+static PyObject *pool_richcompare(PyObject *a, PyObject *b, int op)
+{
+    if ((op != Py_EQ && op != Py_NE) || !PyObject_TypeCheck(b, &gp_pool_type)) Py_RETURN_NOTIMPLEMENTED;
+    int same = ((PoolObject *)a)->stack == ((PoolObject *)b)->stack;
+    return PyBool_FromLong(op == Py_EQ ? same : !same);
+}
+
+static Py_hash_t pool_hash(PyObject *o)
+{
+    Py_hash_t h = (Py_hash_t)((uintptr_t)((PoolObject *)o)->stack >> 4); /* (allocations are 16-aligned) */
+    return h == -1 ? -2 : h;
+}
+
 /* o as an integer in [lo, hi] (at most 2**64-1), into *out; else -1 with
  * the exception naming `what`, the value and the range: "K" and
  * PyLong_AsUnsignedLongLong's masking variants silently cut 2**64 + 1 to 1. */
@@ -673,5 +689,7 @@ PyTypeObject gp_pool_type = {
     .tp_doc = "A gpupool pool. Pool(capacity, options=None) makes one over the host backend.",
     .tp_new = host_pool_new,
     .tp_dealloc = (destructor)pool_dealloc,
+    .tp_richcompare = pool_richcompare,
+    .tp_hash = pool_hash,
     .tp_methods = pool_methods,
 };

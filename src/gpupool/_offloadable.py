@@ -157,18 +157,37 @@ class OffloadHandle:
             self._release()
             raise
 
+    @staticmethod
+    def _hold_resident_all(handles: List["OffloadHandle"]) -> List["OffloadHandle"]:
+        """Each handle held (see :meth:`OffloadHandle._hold`), then all of them
+        restored with one restore per pool: a replay over a graph of 24
+        per-layer modules, or an optimizer's step over their parameters, makes
+        one call and one wait, not one each.  Held together, none of them can
+        displace another to make room.  Returns the handles (each to release);
+        none is held when a restore raises."""
+        held: List[OffloadHandle] = []
+        try:
+            for h in handles:
+                h._hold()
+                held.append(h)
+            # (By the pool itself, not its view: each handle has a view of
+            # its own, and views of one pool compare equal.)
+            pools: Dict[Any, Tuple["PoolView", List[str]]] = {}
+            for h in held:
+                pools.setdefault(h._pool._pool, (h._pool, []))[1].append(h.tag)
+            for pool, tags in pools.values():
+                _not_capturing(pool, tags)
+                restore(tags, pool=pool)
+        except BaseException:
+            for h in held:
+                h._release()
+            raise
+        return held
+
     def _resident(self) -> None:
-        """Restored (waits for a prefetch).  Inside a CUDA graph capture a
-        restore, which copies and waits, would invalidate the capture (its
-        error names no cause): offloaded memory raises a RuntimeError
-        that says what to do instead.  (Another thread's capture, in a
-        mode that lets this one work, is not this one's.)"""
-        torch = sys.modules.get("torch")
-        if (capturing() and torch is not None and torch.cuda.is_current_stream_capturing()
-                and self._pool.stats()["tags"].get(self.tag, {}).get("offloaded", 0)):
-            raise RuntimeError(f"gpupool: {self.tag!r} is offloaded while a CUDA graph is being captured, and a "
-                               "capture cannot restore it (a restore copies and waits): restore it "
-                               "(handle.restore()) before the capture")
+        """Restored (waits for a prefetch), unless a capture forbids it
+        (:func:`_not_capturing`)."""
+        _not_capturing(self._pool, [self.tag])
         self.restore()
 
     def _hold_while(self, obj: Any) -> Optional[weakref.finalize]:
@@ -589,6 +608,22 @@ def _eager(hook: Any) -> Any:
     return disable(hook) if disable is not None else hook
 
 
+def _not_capturing(pool: "PoolView", tags: List[str]) -> None:
+    """Inside a CUDA graph capture a restore, which copies and waits, would
+    invalidate the capture (its error names no cause): offloaded memory of
+    `tags` raises a RuntimeError that says what to do instead.  (Another
+    thread's capture, in a mode that lets this one work, is not this
+    one's.)"""
+    torch = sys.modules.get("torch")
+    if capturing() and torch is not None and torch.cuda.is_current_stream_capturing():
+        stats = pool.stats()["tags"]
+        away = [t for t in tags if stats.get(t, {}).get("offloaded", 0)]
+        if away:
+            raise RuntimeError(f"gpupool: {away[0]!r} is offloaded while a CUDA graph is being captured, and a "
+                               "capture cannot restore it (a restore copies and waits): restore it "
+                               "(handle.restore()) before the capture")
+
+
 def _step_pre(opt: Any, args: Any, kwargs: Any) -> None:
     _step_post(opt, args, kwargs)
     with OffloadHandle._chain_lock:
@@ -596,16 +631,7 @@ def _step_pre(opt: Any, args: Any, kwargs: Any) -> None:
     if not modules:
         return
     params = {q.data_ptr() for g in getattr(opt, "param_groups", ()) for q in plain_tensors(g["params"])}
-    held: List[OffloadHandle] = []
-    try:
-        for h in modules:
-            if not params.isdisjoint(h._key or ()):
-                h._hold_resident()
-                held.append(h)
-    except BaseException:
-        for h in held:
-            h._release()
-        raise
+    held = OffloadHandle._hold_resident_all([h for h in modules if not params.isdisjoint(h._key or ())])
     if held:
         with OffloadHandle._chain_lock:
             _step_holds[opt] = held

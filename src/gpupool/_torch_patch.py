@@ -352,9 +352,10 @@ def _release(device: int, key: int) -> None:
 
 # The users of each capture open now (any thread's: autograd's threads run
 # the backward hooks of a capture's backward pass).  A user is an object
-# with _hold_resident() and _release() (an OffloadHandle whose hooks ran
-# inside the capture): the graph holds it resident through each replay,
-# which runs none of its hooks.
+# with _hold_resident_all(users) and _release() (an OffloadHandle whose hooks ran
+# inside the capture): the graph holds them all resident through each
+# replay, which runs none of their hooks, with one restore
+# (OffloadHandle._hold_resident_all) rather than one each.
 _open_captures: "List[weakref.WeakSet[Any]]" = []
 _users_lock = threading.Lock()
 
@@ -434,11 +435,9 @@ def _graph_hooks(cls: Any) -> Dict[str, Callable[..., Any]]:
             away = where[1].capture_away(where[2])
             if away:
                 restore(away, device=where[0])
-        held: List[Any] = []
+        users = list(getattr(self, "_gpupool_users", ()))
+        held: List[Any] = users[0]._hold_resident_all(users) if users else []
         try:
-            for user in list(getattr(self, "_gpupool_users", ())):
-                user._hold_resident()
-                held.append(user)
             return orig_replay(self, *args, **kwargs)
         finally:
             for user in held:
