@@ -138,14 +138,15 @@ def restore(tag: Tags, *, accept_loss: bool = False, device: Optional[int] = Non
     """Bring the memory of `tag` (a name or a list of any number of names)
     back at the same addresses (waits).  An offload of several tags at
     once comes back whole; when it returns, no memory of `tag` is
-    offloaded.  MemoryError when the device has no room
-    even after idle offloadable memory of `tag`'s priority or lower made
-    way, the lowest priority first, then what is needed farthest ahead as
-    the gaps between its uses predict (the least recently used where they
-    say nothing yet).  Tags asked for together that cannot fit together
-    fail so, instead of displacing each other.  RuntimeError when the host
-    copy is corrupt.  In both cases the memory stays offloaded and its
-    bytes safe on the host.
+    offloaded.  MemoryError when the device has no room even after idle
+    offloadable memory of `tag`'s priority or lower made way, the lowest
+    priority first, then what is needed farthest ahead as the gaps between
+    its uses predict (the least recently used where they say nothing yet).
+    Tags asked for together that cannot fit together fail so, instead of
+    displacing each other.  RuntimeError when the host copy is corrupt.  In
+    both cases the memory of the offload that failed stays offloaded and
+    its bytes safe on the host (memory of other offloads that `tag` names
+    and that came back before it stays restored).
 
     An offload that failed and that the device refused to undo leaves some
     bytes lost (its error says how many): restoring that memory raises

@@ -351,11 +351,10 @@ def _release(device: int, key: int) -> None:
 
 
 # The users of each capture open now (any thread's: autograd's threads run
-# the backward hooks of a capture's backward pass).  A user is an object
-# with _hold_resident_all(users) and _release() (an OffloadHandle whose hooks ran
-# inside the capture): the graph holds them all resident through each
-# replay, which runs none of their hooks, with one restore
-# (OffloadHandle._hold_resident_all) rather than one each.
+# the backward hooks of a capture's backward pass).  A user is an
+# OffloadHandle whose hooks ran inside the capture: the graph holds its
+# users resident through each replay, which runs none of their hooks, all
+# with one restore (OffloadHandle._hold_resident_all, then _release each).
 _open_captures: "List[weakref.WeakSet[Any]]" = []
 _users_lock = threading.Lock()
 
