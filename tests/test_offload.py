@@ -706,8 +706,8 @@ def test_an_optimizer_step_holds_the_offloadable_modules_it_updates() -> None:
 
 def test_a_step_over_many_offloadable_modules_restores_them_in_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
     # A model made offloadable layer by layer (24 handles) and trained: the
-    # step holds each module it updates and restored them one restore each
-    # (a C call, a result and a wait apiece).  All are held first, then
+    # step held each module it updates and restored it, one restore call
+    # per module (a C call, a result and a wait apiece).  All are held first, then
     # restored together, one call for the pool; under a limit that cannot
     # hold them all, the step raises MemoryError and holds none (what came
     # back before the room ran out stays, idle, as it did one by one).
