@@ -86,6 +86,18 @@ def test_captured_graph_offloads_and_replays_identical(run_py) -> None:
     assert "OK" in r.stdout
 
 
+# The warm-up before a capture, as PyTorch's documentation has it: three
+# passes of model `m` on input `x` on a side stream.
+_WARM_UP = """\
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s), torch.no_grad():
+            for _ in range(3):
+                m(x)
+        torch.cuda.current_stream().wait_stream(s)
+"""
+
+
 def test_a_graph_holds_the_offloadable_modules_its_capture_ran(run_py) -> None:
     # A replay runs none of a module's hooks: a graph captured over an
     # offloadable module read its weights where they had been, offloaded
@@ -105,12 +117,7 @@ def test_a_graph_holds_the_offloadable_modules_its_capture_ran(run_py) -> None:
         ho = gpupool.offloadable(other, "graph_other")
         with gpupool.tag("graph_mem"):
             x = torch.randn(256, 2048, device="cuda")
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s), torch.no_grad():
-            for _ in range(3):
-                m(x)
-        torch.cuda.current_stream().wait_stream(s)
+""" + _WARM_UP + """\
         with torch.no_grad():
             ref = m(x).cpu()
         g = torch.cuda.CUDAGraph()
@@ -185,12 +192,7 @@ def test_a_replay_and_a_step_over_per_layer_modules_restore_them_in_one_call(run
         m = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(24)]).cuda()
         hs = [gpupool.offloadable(layer, f"layer_{i}") for i, layer in enumerate(m)]
         x = torch.randn(8, 256, device="cuda")
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s), torch.no_grad():
-            for _ in range(3):
-                m(x)
-        torch.cuda.current_stream().wait_stream(s)
+""" + _WARM_UP + """\
         with torch.no_grad():
             ref = m(x).clone()
         g = torch.cuda.CUDAGraph()
