@@ -111,12 +111,9 @@ typedef struct gp_offload_result {
                             reported (the device refused the copies)        */
 } gp_offload_result;
 
-/* The most tags one offload takes (its record names them); a restore or
- * prefetch takes any number. */
-#define GP_RECORD_TAGS 16
-
-/* Offload the live blocks of `tags` (at most GP_RECORD_TAGS, else
- * GP_ERR_INVALID).  GP_ERR_LIMIT when the host limit
+/* Offload the live blocks of `tags` (any number; a tag named twice counts
+ * once), as one record: a restore of any of them brings back all of them.
+ * GP_ERR_LIMIT when the host limit
  * cannot hold them, GP_ERR_INVALID for a bad tag or while a graph captures,
  * GP_ERR_BACKEND for a device error; in every failure the tags are resident
  * as before.  Offloading a tag whose memory is already offloaded offloads

@@ -804,9 +804,6 @@ static gp_status gp_offload_steps(gp_offloader *o, const gp_tag *tags, size_t n_
 {
     double t0 = gp_now();
     memset(res, 0, sizeof *res);
-    if (n_tags > GP_RECORD_TAGS)
-        return gp_error_set(GP_ERR_INVALID, "gpupool: offload of %zu tags at once (at most %d)", n_tags,
-                            GP_RECORD_TAGS);
     gp_status st = gp_streams(o);
     gp_out x = {.o = o, .opts = opts, .lane = {{.s = o->streams[0], .piece = -1}, {.s = o->streams[1], .piece = -1}}};
     if (st != GP_OK || (st = gp_pool_offload_begin_upto(o->pool, tags, n_tags, opts->most, &x.pl)) != GP_OK) return st;

@@ -96,7 +96,6 @@ typedef enum gp_record_state {
 /* One offload: what it released and where its bytes are. */
 typedef struct gp_record {
     struct gp_record *next;
-    gp_tag tags[GP_RECORD_TAGS];
     unsigned n_tags;
     gp_offload_run *runs;
     size_t n_runs;
@@ -109,6 +108,7 @@ typedef struct gp_record {
     uint32_t swap;      /* the swap that made it (gp_offload_swap_out), 0: none */
     gp_codec *codec;    /* the codec of its pieces (NULL: raw)        */
     gp_record_state state;
+    gp_tag tags[];      /* the distinct tags offloaded, in the order given */
 } gp_record;
 
 /* A set of tags (what a restore may not displace, what it wants). */

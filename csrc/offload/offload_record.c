@@ -46,10 +46,16 @@ static gp_status gp_pieces_of(const gp_offload_plan *pl, gp_record *r, uint64_t 
 
 gp_record *gp_record_new(const gp_tag *tags, size_t n_tags, const gp_offload_plan *pl, uint64_t piece_max)
 {
-    gp_record *r = calloc(1, sizeof *r);
+    /* A tag named twice is stored once: at most GP_MAX_TAGS, however many
+     * the caller passed. */
+    gp_record *r = calloc(1, sizeof *r + (n_tags < GP_MAX_TAGS ? n_tags : GP_MAX_TAGS) * sizeof *tags);
     if (!r) return NULL;
-    memcpy(r->tags, tags, n_tags * sizeof *tags);
-    r->n_tags = (unsigned)n_tags;
+    gp_tagset seen = {{0}};
+    for (size_t i = 0; i < n_tags; i++)
+        if (!gp_tagset_has(&seen, tags[i])) {
+            gp_tagset_add(&seen, tags[i]);
+            r->tags[r->n_tags++] = tags[i];
+        }
     r->offloaded = pl->offloaded;
     r->released = pl->released;
     r->state = GP_REC_NEW;
@@ -380,7 +386,16 @@ static void gp_check_record(gp_offloader *o, const gp_record *r, int clean, gp_o
               : r->state != GP_REC_OFFLOADED && r->state != GP_REC_PREFETCHING && r->state != GP_REC_RESTORING)
         gp_bad(c, "record %p is on the %s list in state %d", (const void *)r, clean ? "clean" : "records'",
                (int)r->state);
-    if (!r->n_tags || r->n_tags > GP_RECORD_TAGS) gp_bad(c, "record %p has %u tags", (const void *)r, r->n_tags);
+    gp_tagset seen = {{0}};
+    for (unsigned i = 0; i < r->n_tags; i++) {
+        if (r->tags[i] >= GP_MAX_TAGS || gp_tagset_has(&seen, r->tags[i])) {
+            gp_bad(c, "record %p: tag %u at %u is out of range or named twice", (const void *)r,
+                   (unsigned)r->tags[i], i);
+            break;
+        }
+        gp_tagset_add(&seen, r->tags[i]);
+    }
+    if (!r->n_tags) gp_bad(c, "record %p has no tag", (const void *)r);
     uint64_t released = 0, host = 0, copied = 0, lost = 0;
     for (size_t i = 0; i < r->n_runs; i++) {
         const gp_offload_run *run = &r->runs[i];

@@ -2,39 +2,60 @@
  * offload_swap.c -- a whole pool out to the host and back (offload.h): what
  * a tenant does when the group swaps it out while it is parked.
  *
- * A swap is made of ordinary offload records (at most GP_RECORD_TAGS tags
- * each), marked with the swap's id, so that everything an offload promises
- * (checksums, undo, the integrity check) holds for it, and so that a swap
- * in restores what the swap took and nothing the user offloaded before.
+ * A swap is one ordinary offload record of all its tags, marked with the
+ * swap's id, so that everything an offload promises (checksums, undo, the
+ * integrity check) holds for it, and so that a swap in restores what the
+ * swap took and nothing the user offloaded before.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "offload_impl.h"
 
-static void gp_res_add(gp_offload_result *sum, const gp_offload_result *r)
+/* Whether a prefetch of a record is queued or running (o->lock is held;
+ * each record's move broadcasts o->cond). */
+static int gp_prefetching(const gp_offloader *o)
 {
-    sum->bytes += r->bytes;
-    sum->copied += r->copied;
-    sum->host_bytes += r->host_bytes;
-    sum->released += r->released;
-    sum->kept += r->kept;
-    sum->lost += r->lost;
-    sum->codec = r->codec;
+    for (const gp_record *r = o->records; r; r = r->next)
+        if (r->state == GP_REC_PREFETCHING) return 1;
+    return 0;
 }
 
 /* The tags of the pool with live memory on the device, but the offloader's
- * own (its checksums and staging serve the swap).  Returns how many. */
-static size_t gp_swap_tags(gp_offloader *o, gp_tag *tags)
+ * own (its checksums and staging serve the swap); returns how many.  In
+ * *elem_size the dtype hint of most of those bytes (a registered tag's
+ * element size, 0 for none): the swap's record compresses with it. */
+static size_t gp_swap_tags(gp_offloader *o, gp_tag *tags, unsigned *elem_size)
 {
+    *elem_size = 0;
     gp_tag own;
     if (gp_tag_intern("gpupool", &own) != GP_OK) own = GP_MAX_TAGS;
     gp_figures *f = malloc(sizeof *f);
     if (!f) return 0;
     gp_pool_figures(o->pool, f, 0);
-    size_t n = 0;
-    for (unsigned t = 0; t < f->n_tags; t++)
-        if (t != own && f->tags[t].allocated > f->tags[t].offloaded) tags[n++] = (gp_tag)t;
+    /* Live bytes per hint, the first hints seen (a model has few dtypes). */
+    enum { HINTS = 8 };
+    unsigned hint[HINTS];
+    uint64_t bytes[HINTS], most = 0;
+    size_t n = 0, k = 0;
+    pthread_mutex_lock(&o->lock);
+    for (unsigned t = 0; t < f->n_tags; t++) {
+        if (t == own || f->tags[t].allocated <= f->tags[t].offloaded) continue;
+        tags[n++] = (gp_tag)t;
+        size_t j = 0;
+        while (j < k && hint[j] != o->reg[t].elem_size) j++;
+        if (j == k && k < HINTS) {
+            hint[k] = o->reg[t].elem_size;
+            bytes[k++] = 0;
+        }
+        if (j == k) continue;
+        bytes[j] += f->tags[t].allocated - f->tags[t].offloaded;
+        if (bytes[j] > most) {
+            most = bytes[j];
+            *elem_size = hint[j];
+        }
+    }
+    pthread_mutex_unlock(&o->lock);
     free(f);
     return n;
 }
@@ -75,39 +96,37 @@ gp_status gp_offload_swap_out(gp_offloader *o, const char *codec, uint32_t *id, 
     gp_tag *tags = malloc(GP_MAX_TAGS * sizeof *tags);
     if (!tags) return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for a swap");
     /* Background offloads first (what they take is theirs to give back),
-     * and the prefetches queued behind them. */
+     * and every prefetch queued: one that ran after the swap out would map
+     * memory the tenant gave up, and may displace idle tags to make its
+     * room, which the swap in would not bring back. */
     pthread_mutex_lock(&o->lock);
-    while (o->n_background || o->n_deferred) pthread_cond_wait(&o->cond, &o->lock);
+    while (o->n_background || o->n_deferred || gp_prefetching(o)) pthread_cond_wait(&o->cond, &o->lock);
     pthread_mutex_unlock(&o->lock);
     /* Every kernel queued on the pool's memory, on any stream, is done
      * before its bytes are read (the tenant launches nothing meanwhile). */
     st = gp_pool_synchronize(o->pool);
     gp_op_lock(o);
     uint32_t me = ++o->swaps ? o->swaps : ++o->swaps;
-    size_t n = st == GP_OK ? gp_swap_tags(o, tags) : 0;
-    for (size_t at = 0; at < n && st == GP_OK; at += GP_RECORD_TAGS) {
-        size_t k = n - at < GP_RECORD_TAGS ? n - at : GP_RECORD_TAGS;
-        gp_offload_opts opts = {.keep = 1, .codec = (int)kind};
-        pthread_mutex_lock(&o->lock);
-        for (size_t i = 0; i < k; i++) /* the dtype hint of a registered tag */
-            if (o->reg[tags[at + i]].elem_size) opts.elem_size = o->reg[tags[at + i]].elem_size;
-        pthread_mutex_unlock(&o->lock);
-        gp_offload_result r = {0};
+    gp_offload_opts opts = {.keep = 1, .codec = (int)kind};
+    size_t n = st == GP_OK ? gp_swap_tags(o, tags, &opts.elem_size) : 0;
+    if (n) {
+        /* One record of every tag: blocks of different tags share chunks,
+         * which only an offload of both gives back. */
         pthread_mutex_lock(&o->lock);
         const gp_record *before = o->records;
         pthread_mutex_unlock(&o->lock);
-        st = gp_offload_locked(o, tags + at, k, &opts, &r);
-        if (st == GP_ERR_INVALID && !r.bytes) { /* (its blocks were all freed meanwhile) */
+        st = gp_offload_locked(o, tags, n, &opts, res);
+        if (st == GP_ERR_INVALID && !res->bytes) { /* (its blocks were all freed meanwhile) */
             gp_error_clear();
             st = GP_OK;
-            continue;
         }
-        if (st != GP_OK) break;
+        /* The newest record (published under `op`) is the swap's: none when
+         * all its blocks were kept, or the offload was undone; one that
+         * failed and could not be undone is brought back below (or says
+         * what it lost). */
         pthread_mutex_lock(&o->lock);
-        if (o->records != before) o->records->swap = me; /* (the newest: published under `op`; none
-                                                            when all its blocks were kept) */
+        if (o->records != before) o->records->swap = me;
         pthread_mutex_unlock(&o->lock);
-        gp_res_add(res, &r);
     }
     if (st != GP_OK) {
         /* Whole or not at all: what it took comes back. */

@@ -87,8 +87,7 @@ def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype:
 def offload(tag: Tags, *, codec: Optional[str] = None, keep: bool = True, dtype: Any = None, wait: bool = True,
             max_bytes: Optional[int] = None, refill_cache: bool = False, device: Optional[int] = None,
             pool: Optional["PoolView"] = None) -> Optional[Dict[str, Any]]:
-    """Move the memory of `tag` (a name or a list of at most 16 names) to
-    host RAM.
+    """Move the memory of `tag` (a name or a list of names) to host RAM.
 
     Waits for the streams that used the memory, copies its live blocks to
     pinned host memory and gives their physical memory back to the device.

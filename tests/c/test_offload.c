@@ -3,7 +3,9 @@
  * offload and restore keep addresses and bytes and give device memory back;
  * dropped contents; the host limit fails cleanly; a corrupted host copy is
  * caught and the memory stays offloaded; prefetch; the pressure callback
- * offloads idle lower-priority tags only; several tags at once; raw pieces
+ * offloads idle lower-priority tags only; several tags at once, and many
+ * (one record; a swap too, with the dtype hint of most bytes, after the
+ * prefetches queued); raw pieces
  * fill the pinned slabs; a restore
  * maps its chunks in the order its copies need them; a restore's host copy
  * taken by the next offload of the same bytes; the pool's integrity after
@@ -836,8 +838,144 @@ static void test_clean_bounded(void)
     done(p);
 }
 
+/* Many tags in one offload: one record (a tag named twice counts once), so
+ * restoring any one brings back all of them, in the foreground and in the
+ * background.  A swap of them is one record too: blocks of different tags
+ * share chunks, which a swap cut in records of 16 tags (an offload took
+ * no more) left on the device. */
+enum { MANY = 40 };
+
+static void test_many_tags(void)
+{
+    gp_backend *be;
+    gp_pool *p = pool_with(64 * MiB, &be);
+    gp_offloader *o;
+    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    gp_tag t[MANY + 2];
+    void *b[MANY];
+    for (int i = 0; i < MANY; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "many%d", i);
+        CHECK(gp_tag_intern(name, &t[i]) == GP_OK);
+        /* (Before the blocks: nothing live to pin ahead for.) */
+        if (i % 3 < 2) CHECK(gp_offload_register(o, t[i], GP_PRIO_NORMAL, i % 3 ? 4 : 2) == GP_OK);
+    }
+    t[MANY] = t[3];
+    t[MANY + 1] = t[0];
+    for (int i = 0; i < MANY; i++) {
+        b[i] = gp_alloc(p, 100 * KiB + (size_t)i * 4099, NULL, t[i], GP_PRIO_NORMAL, NULL);
+        fill(b[i], 100 * KiB + (size_t)i * 4099, 200 + (unsigned)i);
+    }
+    gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
+    gp_offload_result r, rr;
+    gp_offload_stats s0, s1;
+    for (int bg = 0; bg < 2; bg++) {
+        gp_offload_stats_get(o, &s0);
+        CHECK((bg ? gp_offload_tags_background(o, t, MANY + 2, &opts) : gp_offload_tags(o, t, MANY + 2, &opts, &r)) ==
+              GP_OK);
+        CHECK(gp_restore_tags(o, &t[MANY - 1], 1, 0, &rr) == GP_OK && offload_ok(o));
+        gp_offload_stats_get(o, &s1);
+        CHECK(s1.n_offload == s0.n_offload + 1 && s1.n_restore == s0.n_restore + 1);
+        for (int i = 0; i < MANY; i++) CHECK(state_of(p, b[i]) == GP_BLOCK_USED);
+        for (int i = 0; i < MANY; i++) CHECK(same(b[i], 100 * KiB + (size_t)i * 4099, 200 + (unsigned)i));
+    }
+    uint32_t id;
+    gp_offload_stats_get(o, &s0);
+    CHECK(gp_offload_swap_out(o, "raw", &id, &r) == GP_OK && id && offload_ok(o));
+    gp_offload_stats_get(o, &s1);
+    CHECK(s1.n_offload == s0.n_offload + 1 && r.kept == 0);
+    for (int i = 0; i < MANY; i++) CHECK(state_of(p, b[i]) == GP_BLOCK_OFFLOADED);
+    CHECK(gp_offload_swap_in(o, id, &rr) == GP_OK && offload_ok(o));
+    for (int i = 0; i < MANY; i++) {
+        CHECK(state_of(p, b[i]) == GP_BLOCK_USED && same(b[i], 100 * KiB + (size_t)i * 4099, 200 + (unsigned)i));
+        CHECK(gp_free(p, b[i]) == GP_OK);
+    }
+    gp_pool_empty_cache(p);
+    offloader_done(o, p, be);
+}
+
+#ifdef GP_HAVE_ZSTD
+/* The host bytes of two tags compressed by a swap (elem 0) or by an offload
+ * with that dtype hint: 3 MiB of fp32 squares registered with element size
+ * 4 and 1 MiB of bf16 registered with 2, every byte back after. */
+static uint64_t hinted_bytes(unsigned elem)
+{
+    gp_backend *be;
+    gp_pool *p = pool_with(64 * MiB, &be);
+    gp_offloader *o;
+    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    const gp_tag tags[2] = {T_W, T_O};
+    const uint64_t size[2] = {3 * MiB, MiB};
+    void *b[2];
+    unsigned char *want[2];
+    for (int i = 0; i < 2; i++) {
+        CHECK(gp_offload_register(o, tags[i], GP_PRIO_NORMAL, i ? 2 : 4) == GP_OK);
+        b[i] = gp_alloc(p, size[i], NULL, tags[i], GP_PRIO_NORMAL, NULL);
+        want[i] = malloc(size[i]);
+        data_rng = 31 + (uint64_t)i;
+        data_fill(want[i], size[i], i ? DATA_BF16 : DATA_FP32SQ);
+        memcpy(b[i], want[i], size[i]);
+    }
+    gp_offload_result r, rr;
+    uint32_t id = 0;
+    if (elem) {
+        gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_ZSTD, .elem_size = elem};
+        CHECK(gp_offload_tags(o, tags, 2, &opts, &r) == GP_OK && gp_restore_tags(o, tags, 1, 0, &rr) == GP_OK);
+    } else {
+        CHECK(gp_offload_swap_out(o, "zstd", &id, &r) == GP_OK && gp_offload_swap_in(o, id, &rr) == GP_OK);
+    }
+    for (int i = 0; i < 2; i++) {
+        CHECK(memcmp(b[i], want[i], size[i]) == 0 && gp_free(p, b[i]) == GP_OK);
+        free(want[i]);
+    }
+    gp_pool_empty_cache(p);
+    offloader_done(o, p, be);
+    return r.host_bytes;
+}
+
+/* A swap compresses with the dtype hint of most of its bytes (it took the
+ * last registered tag's, however little that tag held). */
+static void test_swap_hint(void)
+{
+    uint64_t swap = hinted_bytes(0), four = hinted_bytes(4), two = hinted_bytes(2);
+    CHECK(swap == four && four != two);
+}
+#endif
+
+/* A swap out waits for the prefetches queued: one that ran after it mapped
+ * memory the swapped tenant had given up, and could displace idle tags to
+ * make its room, which the swap in then left away.  The maps are slow, so
+ * the prefetch is still under way when the swap starts. */
+static void test_swap_after_prefetch(void)
+{
+    gp_backend *inner;
+    slow_maps *s;
+    gp_pool *p = slow_pool(64 * MiB, 2000, &s, &inner);
+    gp_offloader *o;
+    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    void *a = gp_alloc(p, 8 * MiB, NULL, T_W, GP_PRIO_NORMAL, NULL);
+    void *b = gp_alloc(p, 2 * MiB, NULL, T_O, GP_PRIO_NORMAL, NULL);
+    fill(a, 8 * MiB, 61);
+    fill(b, 2 * MiB, 62);
+    gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
+    gp_offload_result r, rr;
+    CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK && gp_prefetch_tags(o, &T_W, 1) == GP_OK);
+    uint32_t id;
+    CHECK(gp_offload_swap_out(o, "raw", &id, &r) == GP_OK && id);
+    CHECK(state_of(p, a) == GP_BLOCK_OFFLOADED && state_of(p, b) == GP_BLOCK_OFFLOADED && r.bytes == 10 * MiB);
+    CHECK(gp_offload_swap_in(o, id, &rr) == GP_OK && rr.bytes == r.bytes);
+    CHECK(state_of(p, a) == GP_BLOCK_USED && same(a, 8 * MiB, 61) && gp_free(p, a) == GP_OK);
+    CHECK(state_of(p, b) == GP_BLOCK_USED && same(b, 2 * MiB, 62) && gp_free(p, b) == GP_OK);
+    CHECK(pool_consistent(p, inner) == 0 && offload_ok(o));
+    gp_offloader_destroy(o);
+    pthread_mutex_destroy(&s->lock);
+    done(p);
+}
+
 static void suite(void)
 {
+    test_swap_after_prefetch();
+    test_many_tags();
     test_round_trip();
     test_drop_limit_corrupt();
     test_prefetch_multi();
@@ -856,6 +994,7 @@ static void suite(void)
 #ifdef GP_HAVE_ZSTD
     test_fills_slabs(GP_CODEC_AUTO);
     test_clean(GP_CODEC_AUTO);
+    test_swap_hint();
 #endif
 }
 

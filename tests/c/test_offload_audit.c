@@ -13,6 +13,11 @@
  *   fault pairs       two failures at once, on streams that run their work
  *                     late: an undo that fails too, or a drain that fails,
  *                     lets no memory go with work still queued on it
+ *   swap walk         the same for a swap out and a swap in (one record of
+ *                     tags with and without dtype hints, beside memory the
+ *                     user offloaded): a swap out that fails is undone or
+ *                     says what it left away, a swap in that fails is asked
+ *                     again, and every byte comes back
  *   prefetch during   a prefetch issued while a restore runs: the restore
  *   a restore         returns only once every record of its tags is back,
  *                     and nobody restores a record another thread frees
@@ -275,6 +280,135 @@ static void test_fault_pairs(void)
     }
     printf("offload fault pairs (deferred streams): %u points, %u gave up\n", points, gave_up);
     CHECK(points > 100 && gave_up > 0);
+    deferred_streams = 0;
+}
+
+/* ------------------------------------------------------------ swap walk */
+
+enum { SWN = 5 };
+
+/* A swap out and in of SWN tags (two with dtype hints, three without,
+ * sharing chunks) next to a block of T_B the user offloaded before, with
+ * the nf faults armed on the swap out, or on the swap in (`on_in`).  A
+ * swap out that fails is undone: every block resident as before, or, when
+ * the undo failed too, offloaded with what was lost said; a swap in that
+ * fails is asked again.  Every byte comes back, and the user's offload
+ * stays the user's.  calls: as walk_one's. */
+static void swap_one(const char *codec, int on_in, const fault *f, size_t nf, uint64_t *calls)
+{
+    gp_backend *be;
+    gp_pool *p;
+    gp_offloader *o = offloader_with(64 * MiB, &p, &be);
+    gp_tag t[SWN + 1];
+    void *b[SWN + 1];
+    uint64_t size[SWN + 1];
+    unsigned char *want[SWN + 1];
+    for (int i = 0; i <= SWN; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "audit_swap%d", i);
+        if (i == SWN) t[i] = T_B;
+        else CHECK(gp_tag_intern(name, &t[i]) == GP_OK);
+        /* (Before the blocks: nothing live to pin ahead for.) */
+        if (i < 2) CHECK(gp_offload_register(o, t[i], GP_PRIO_NORMAL, i ? 4 : 2) == GP_OK);
+    }
+    for (int i = 0; i <= SWN; i++) {
+        size[i] = 300 * KiB + (uint64_t)i * 200 * KiB + (uint64_t)i;
+        b[i] = gp_alloc(p, size[i], NULL, t[i], GP_PRIO_NORMAL, NULL);
+        want[i] = malloc(size[i]);
+        data_rng = 91 + (uint64_t)i;
+        data_fill(want[i], size[i], i == 1 ? DATA_FP32SQ : DATA_BF16);
+        memcpy(b[i], want[i], size[i]);
+    }
+    gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
+    gp_offload_result r, rr;
+    CHECK(gp_offload_tags(o, &T_B, 1, &opts, &r) == GP_OK);
+    uint32_t id = 0;
+    if (on_in) CHECK(gp_offload_swap_out(o, codec, &id, &r) == GP_OK && id);
+    gp_host_counters c0, c1;
+    gp_host_counters_get(be, &c0);
+    uint64_t misuse = gp_host_misuse(NULL, 0);
+    for (size_t i = 0; i < nf; i++) gp_host_fail(be, f[i].fn, f[i].nth, GP_ERR_BACKEND, f[i].mode);
+    gp_status st = on_in ? gp_offload_swap_in(o, id, &r) : gp_offload_swap_out(o, codec, &id, &r);
+    char msg[1024], what[256];
+    snprintf(msg, sizeof msg, "%s", gp_last_error());
+    faults_text(f, nf, what, sizeof what);
+    gp_host_counters_get(be, &c1);
+    gp_host_fail_none(be);
+    CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
+    CHECK(nf || st == GP_OK);
+    CHECK(on_in || (st == GP_OK) == (id != 0));
+    if (st == GP_OK && !on_in)
+        for (int i = 0; i <= SWN; i++) CHECK(state_of(p, b[i]) == GP_BLOCK_OFFLOADED);
+    uint64_t lost = 0;
+    if (st != GP_OK && !on_in) {
+        /* Undone, or said to be still away (an undo that failed too). */
+        int away = all_offloaded(p, b, SWN);
+        CHECK(strstr(msg, away ? "restoring what it had taken failed too" : "was undone") != NULL);
+        if (!strstr(msg, away ? "restoring what it had taken failed too" : "was undone"))
+            fprintf(stderr, "  swap out, %s: %d blocks away: %s\n", what, away, msg);
+        gp_status rs = gp_restore_tags(o, t, SWN, 0, &rr);
+        if (rs != GP_OK && strstr(gp_last_error(), "were lost")) {
+            rs = gp_restore_tags(o, t, SWN, 1, &rr);
+            lost = rr.lost;
+        }
+        CHECK(rs == GP_OK && (!lost || away));
+    } else if (id) {
+        gp_status si = gp_offload_swap_in(o, id, &rr);
+        if (si != GP_OK) fprintf(stderr, "  swap %s, %s: the swap in after: %s\n", on_in ? "in" : "out", what,
+                                 gp_last_error());
+        CHECK(si == GP_OK);
+    }
+    /* The user's offload is still away, and comes back by its tag. */
+    CHECK(state_of(p, b[SWN]) == GP_BLOCK_OFFLOADED && gp_restore_tags(o, &T_B, 1, 0, &rr) == GP_OK);
+    uint64_t diff = 0;
+    for (int i = 0; i <= SWN; i++) {
+        CHECK(state_of(p, b[i]) == GP_BLOCK_USED);
+        diff += differing(b[i], want[i], size[i]);
+    }
+    CHECK(diff <= lost);
+    if (diff > lost)
+        fprintf(stderr, "  swap %s, %s: %llu bytes wrong, %llu said lost: %s\n", on_in ? "in" : "out", what,
+                (unsigned long long)diff, (unsigned long long)lost, msg);
+    CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
+    for (int i = 0; i <= SWN; i++) {
+        CHECK(gp_free(p, b[i]) == GP_OK);
+        free(want[i]);
+    }
+    gp_pool_empty_cache(p);
+    offloader_done(o, p, be);
+    char why[256] = "";
+    CHECK(gp_host_misuse(why, sizeof why) == misuse);
+    if (gp_host_misuse(NULL, 0) != misuse)
+        fprintf(stderr, "  swap %s, %s%s: misuse: %s\n", on_in ? "in" : "out", what,
+                deferred_streams ? ", deferred" : "", why);
+    for (int i = 0; calls && i < GP_HOST_FN_COUNT; i++) calls[i] = c1.calls[i] - c0.calls[i];
+}
+
+/* One failure at every call of every function a swap out or in makes. */
+static void test_swap_walk(void)
+{
+    const gp_host_fn fns[] = {GP_HOST_COPY,  GP_HOST_UNMAP,     GP_HOST_MAP,        GP_HOST_EVENT_RECORD,
+                              GP_HOST_EVENT_WAIT, GP_HOST_CHECKSUM, GP_HOST_SYNCHRONIZE, GP_HOST_HOST_ALLOC,
+                              GP_HOST_GATHER, GP_HOST_HOST_POPULATE, GP_HOST_HOST_REGISTER};
+    const char *codecs[] = {"raw",
+#ifdef GP_HAVE_ZSTD
+                            "zstd",
+#endif
+    };
+    for (deferred_streams = 0; deferred_streams < 2; deferred_streams++) {
+        unsigned points = 0;
+        for (size_t k = 0; k < sizeof codecs / sizeof codecs[0]; k++)
+            for (int on_in = 0; on_in < 2; on_in++) {
+                uint64_t calls[GP_HOST_FN_COUNT];
+                swap_one(codecs[k], on_in, NULL, 0, calls);
+                for (size_t f = 0; f < sizeof fns / sizeof fns[0]; f++)
+                    for (uint64_t nth = 1; nth <= calls[fns[f]]; nth++)
+                        for (int mode = 0; mode < 2; mode++, points++)
+                            swap_one(codecs[k], on_in, &(fault){fns[f], nth, mode}, 1, NULL);
+            }
+        printf("swap fault walk%s: %u points\n", deferred_streams ? " (deferred streams)" : "", points);
+        CHECK(points > 100);
+    }
     deferred_streams = 0;
 }
 
@@ -846,6 +980,7 @@ int main(int argc, char **argv)
         {"first_error", test_first_error},    {"prefetch", test_prefetch_during_restore},
         {"refused_maps", test_prefetch_failed}, {"freed_corrupt", test_freed_corrupt}, {"walk", test_fault_walk},
         {"pairs", test_fault_pairs},           {"words", test_status_and_words},
+        {"swaps", test_swap_walk},
         {"lost_prefetched", test_lost_then_prefetched}, {"equal", test_restore_displaces_an_equal},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)

@@ -20,7 +20,9 @@
  * allocator threads take memory at high priority on a small device, so
  * that the pressure callback offloads idle registered tags.
  * Every few hundred milliseconds the threads park and the offloader's and
- * the pool's checks run (gp_offload_check, gp_pool_check, backend misuse).
+ * the pool's checks run (gp_offload_check, gp_pool_check, backend misuse),
+ * around a swap of the whole pool out and back in (a parked tenant's),
+ * over whatever records the others left (faults armed, in that mode).
  *
  * "deferred" mode: the backend's streams run their work as late as a GPU's
  * may (backend_host.h), so a return that the offloader's copies had not
@@ -59,7 +61,7 @@ static int faults_mode;
 static double deadline;
 static atomic_int stop, parked, pause_req, running;
 static atomic_long n_bad, n_verified_bytes, n_offload, n_offload_fail, n_restore, n_restore_fail, n_prefetch,
-    n_background, n_lost_restores, n_pressure_allocs, n_checks;
+    n_background, n_lost_restores, n_pressure_allocs, n_checks, n_swaps, n_swap_fail;
 static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t hold[OWNERS];
 /* Set (under hold) when an offload of the tag may have dropped its
@@ -76,6 +78,11 @@ static int dropped[OWNERS];
  * record comes back whole or not at all, and those restored before the
  * failure stay restored), so that its next take refills them. */
 static atomic_int maybe_lost[OWNERS];
+
+/* Swap outs that failed and could not be undone, whose record was then
+ * restored accepting the loss: the allocators' blocks filled before one
+ * may differ. */
+static atomic_long lost_swaps;
 
 /* A restore is about to accept lost bytes on behalf of `except`'s
  * (-1: nobody's) fellow owners. */
@@ -152,6 +159,7 @@ typedef struct oblock {
     char *ptr;
     uint64_t size, seed;
     int kind;
+    long lost; /* (an allocator's block: lost_swaps when it was filled) */
 } oblock;
 
 typedef struct owner {
@@ -405,7 +413,8 @@ static void *allocator_main(void *arg)
         oblock *s = &b[r % HUNGRY];
         if (s->ptr) {
             uint64_t d = pat_diff(s->ptr, s->size, s->seed, PAT_SPARSE, 1);
-            if (d) bad("allocator: its block %p changed (%llu bytes)", (void *)s->ptr, (unsigned long long)d);
+            if (d && s->lost == atomic_load(&lost_swaps))
+                bad("allocator: its block %p changed (%llu bytes)", (void *)s->ptr, (unsigned long long)d);
             gp_free(pool, s->ptr);
             s->ptr = NULL;
         } else {
@@ -418,6 +427,7 @@ static void *allocator_main(void *arg)
                 continue;
             }
             s->seed = ++seq;
+            s->lost = atomic_load(&lost_swaps);
             pat_fill(s->ptr, s->size, s->seed, PAT_SPARSE);
         }
         nap((long)(xs(&x) % 800));
@@ -447,6 +457,64 @@ static void *faults_main(void *arg)
 
 /* ------------------------------------------------------------------- run */
 
+/* A swap out and in, every other thread parked (as a tenant's is), over
+ * whatever records the others left.  Out, no live bytes stay on the device
+ * but the offloader's own and those it says it kept (their chunks hold
+ * some of its own): a prefetch queued before the park has run first; in,
+ * every byte it took is back before the threads go
+ * on, as a tenant's must be.  A swap out that fails is undone, or says its
+ * record stayed (its undo failed too): then that record comes back
+ * accepting the loss, which the owners and the allocators are told of.  A swap
+ * in that fails is asked again, the faults disarmed after three tries. */
+static void swap_round(void)
+{
+    uint32_t id;
+    gp_offload_result out, in, r;
+    gp_error_clear();
+    gp_status st = gp_offload_swap_out(off, NULL, &id, &out);
+    atomic_fetch_add(&n_swaps, 1);
+    if (st != GP_OK) {
+        atomic_fetch_add(&n_swap_fail, 1);
+        if (!may_fail(st)) bad("a swap out failed with %s: %s", gp_status_str(st), gp_last_error());
+        if (!strstr(gp_last_error(), "restoring what it had taken failed too")) return;
+        /* The allocators' tag is in no other record: its restore brings
+         * back the swap's (which fits: it was on the device).  Without
+         * the allocators' blocks the record has only the owners', which
+         * their own restores find. */
+        accepting_for_others(-1);
+        atomic_fetch_add(&lost_swaps, 1);
+        gp_host_fail_none(be);
+        if (gp_restore_tags(off, &hungry_tag, 1, 1, &r) != GP_OK)
+            bad("after a swap out that stayed, the restore accepting its loss failed: %s", gp_last_error());
+        return;
+    }
+    static gp_figures f;
+    gp_pool_figures(pool, &f, 0);
+    gp_tag own;
+    CHECK(gp_tag_intern("gpupool", &own) == GP_OK);
+    uint64_t on_device = 0;
+    for (unsigned t = 0; t < f.n_tags; t++)
+        if (t != own && f.tags[t].allocated > f.tags[t].offloaded)
+            on_device += f.tags[t].allocated - f.tags[t].offloaded;
+    if (on_device > out.kept)
+        bad("a swap out returned OK, %llu bytes of its tags are on the device, %llu kept (sharing chunks with "
+            "the offloader's own)", (unsigned long long)on_device, (unsigned long long)out.kept);
+    memset(&in, 0, sizeof in);
+    for (int k = 0; k < 10; k++) {
+        if (k == 3) gp_host_fail_none(be);
+        gp_error_clear();
+        st = gp_offload_swap_in(off, id, &r);
+        in.bytes += r.bytes;
+        if (st == GP_OK) break;
+        atomic_fetch_add(&n_swap_fail, 1);
+        if (!may_fail(st)) bad("a swap in failed with %s: %s", gp_status_str(st), gp_last_error());
+    }
+    if (st != GP_OK) bad("a swap in failed 10 times, the last with no fault armed: %s", gp_last_error());
+    else if (in.bytes != out.bytes)
+        bad("a swap out took %llu bytes, its swap in brought back %llu", (unsigned long long)out.bytes,
+            (unsigned long long)in.bytes);
+}
+
 static void quiet_check(void)
 {
     atomic_store(&pause_req, 1);
@@ -462,6 +530,13 @@ static void quiet_check(void)
     uint64_t m = gp_host_misuse(msg, sizeof msg);
     if (first) misuse0 = m, first = 0;
     else if (m != misuse0) bad("backend misuse: %s", msg);
+    if (atomic_load(&running)) { /* (not before the threads start, nor at the end) */
+        swap_round();
+        if ((v = gp_offload_check(off, msg, sizeof msg)))
+            bad("after a swap: gp_offload_check: %zu problems, the first: %s", v, msg);
+        if ((v = gp_pool_check(pool, msg, sizeof msg)))
+            bad("after a swap: gp_pool_check: %zu problems, the first: %s", v, msg);
+    }
     atomic_fetch_add(&n_checks, 1);
     atomic_store(&pause_req, 0);
 }
@@ -538,13 +613,14 @@ int main(int argc, char **argv)
     gp_offload_stats_get(off, &os);
     printf("offload stress%s: %.1f s, %ld offloads (%ld failed), %ld background, %ld restores (%ld failed, %ld "
            "accepting losses), %ld prefetches, %ld high-priority allocations, %llu under pressure, %ld MiB "
-           "checked, %ld quiet checks\n",
+           "checked, %ld quiet checks, %ld swaps (%ld swap outs or ins failed)\n",
            faults_mode ? " with faults" : "", seconds, atomic_load(&n_offload), atomic_load(&n_offload_fail),
            atomic_load(&n_background), atomic_load(&n_restore), atomic_load(&n_restore_fail),
            atomic_load(&n_lost_restores), atomic_load(&n_prefetch), atomic_load(&n_pressure_allocs),
-           (unsigned long long)os.n_pressure, atomic_load(&n_verified_bytes) >> 20, atomic_load(&n_checks));
+           (unsigned long long)os.n_pressure, atomic_load(&n_verified_bytes) >> 20, atomic_load(&n_checks),
+           atomic_load(&n_swaps), atomic_load(&n_swap_fail));
     CHECK(atomic_load(&n_bad) == 0);
-    CHECK(os.n_offload > 0 && os.n_restore > 0);
+    CHECK(os.n_offload > 0 && os.n_restore > 0 && atomic_load(&n_swaps) > 0);
     gp_offloader_destroy(off);
     CHECK(pool_consistent(pool, be) == 0);
     gp_pool_destroy(pool);
