@@ -14,9 +14,10 @@
  * while the worker thread copies, closed by the restore or sync a program
  * would make), retags (of resident and offloaded blocks), registration and
  * use of tags (the pressure callback offloads registered idle ones when an
- * allocation or a restore runs short), explicit reclaims, corrupted host
- * bytes (gp_offload_corrupt_for_test), and injected backend failures
- * (copy, map, unmap, events, host_alloc, checksum, ... once or from then on).
+ * allocation or a restore runs short), explicit reclaims, swaps of the
+ * whole pool out and back in (a parked tenant's), corrupted host bytes
+ * (gp_offload_corrupt_for_test), and injected backend failures (copy, map,
+ * unmap, events, host_alloc, checksum, ... once or from then on).
  *
  * The model: every live block with its tag, size, pattern seed, and the
  * record (one offload) that holds it while offloaded; a record knows its
@@ -672,11 +673,71 @@ static void op_background(reader *r)
     if (k >> 7) do_restore(mask, 1, 1, "restore after a background offload");
 }
 
+/* A swap out of the whole pool and, when it went, its swap in: what a
+ * parked tenant goes through.  Out, every resident block is offloaded, or
+ * kept (a chunk it shares with the offloader's own memory); a failure is
+ * undone, or says it could not be (its record stays, with what it lost).
+ * In, what it took comes back as it was. */
+static void op_swap(reader *r)
+{
+    static const char *const codecs[] = {"raw", "auto",
+#ifdef GP_HAVE_ZSTD
+                                         "zstd",
+#endif
+    };
+    uint8_t k = u8(r);
+    if (M.window) return;
+    int was[MAXB];
+    for (int i = 0; i < M.n; i++) was[i] = M.b[i].rec < 0;
+    uint32_t id = 0;
+    gp_offload_result out, in;
+    gp_error_clear();
+    gp_status st = gp_offload_swap_out(M.o, codecs[k % (sizeof codecs / sizeof codecs[0])], &id, &out);
+    TRACE("  swap out (%s): %s %s (bytes %llu kept %llu)\n", codecs[k % (sizeof codecs / sizeof codecs[0])],
+          gp_status_str(st), st ? gp_last_error() : "", (unsigned long long)out.bytes, (unsigned long long)out.kept);
+    M.touched = (1u << NT) - 1;
+    const char *stayed = st != GP_OK ? strstr(gp_last_error(), "it stays offloaded and ") : NULL;
+    if (st != GP_OK)
+        EXPECT((st == GP_ERR_LIMIT && M.host_limit && says("GPUPOOL_HOST_LIMIT")) || (faulty() && says("injected")),
+               "swap out gave %s: %s", gp_status_str(st), gp_last_error());
+    EXPECT((st == GP_OK) == (id != 0), "swap out gave %s and the id %u", gp_status_str(st), id);
+    int rec = -1;
+    uint64_t moved = 0;
+    for (int i = 0; i < M.n; i++) {
+        mblk *b = &M.b[i];
+        if (!was[i] || state_of(b) != GP_BLOCK_OFFLOADED) continue;
+        EXPECT(st == GP_OK || (stayed && says("restoring what it had taken failed too")),
+               "a swap out that failed (%s) left the block %p of tag %d offloaded without saying so", gp_last_error(),
+               (void *)b->ptr, b->tag);
+        if (rec < 0) {
+            unsigned long long lost = stayed ? strtoull(stayed + strlen("it stays offloaded and "), NULL, 10) : 0;
+            rec = new_rec((1u << NT) - 1, 1, lost ? LOST_SURE : LOST_NO);
+        }
+        b->rec = rec;
+        moved += b->size;
+    }
+    if (st != GP_OK) return;
+    EXPECT(out.bytes == moved, "swap out: %llu bytes moved, the blocks say %llu", (unsigned long long)out.bytes,
+           (unsigned long long)moved);
+    gp_error_clear();
+    st = gp_offload_swap_in(M.o, id, &in);
+    TRACE("  swap in: %s %s (bytes %llu)\n", gp_status_str(st), st ? gp_last_error() : "",
+          (unsigned long long)in.bytes);
+    EXPECT(st == GP_OK || (faulty() && says("injected")), "swap in gave %s: %s", gp_status_str(st), gp_last_error());
+    EXPECT(st != GP_OK || in.bytes == out.bytes, "swap in brought back %llu bytes, the swap out took %llu",
+           (unsigned long long)in.bytes, (unsigned long long)out.bytes);
+    observe("a swap in", 0, NULL, GP_OK); /* (what came back, checked with its record's flags) */
+    int left = 0;
+    for (int i = 0; i < M.n; i++) left |= rec >= 0 && M.b[i].rec == rec;
+    EXPECT(st != GP_OK || !left, "swap in returned OK, a block it took stays offloaded");
+    if (rec >= 0 && !left) M.r[rec].used = 0;
+}
+
 /* The operations, by opcode (the byte modulo their count). */
 #define OPS(X)                                                                                 \
     X(alloc) X(alloc) X(alloc) X(free) X(free) X(write) X(offload) X(offload) X(offload)        \
     X(restore) X(restore) X(restore) X(prefetch) X(background) X(retag) X(register) X(register) \
-    X(use) X(reclaim) X(corrupt) X(fault)
+    X(use) X(reclaim) X(corrupt) X(fault) X(swap)
 
 typedef void (*op_fn)(reader *);
 #define OP_ENTRY(name) {op_##name, #name},
