@@ -99,6 +99,13 @@ typedef struct fault {
     int mode; /* GP_HOST_FAIL_ONCE or _FROM */
 } fault;
 
+/* What the walks fail: every backend function an offload, a restore or a
+ * swap calls. */
+static const gp_host_fn walk_fns[] = {GP_HOST_COPY,        GP_HOST_UNMAP,      GP_HOST_MAP,
+                                      GP_HOST_EVENT_RECORD, GP_HOST_EVENT_WAIT, GP_HOST_CHECKSUM,
+                                      GP_HOST_SYNCHRONIZE, GP_HOST_HOST_ALLOC, GP_HOST_GATHER,
+                                      GP_HOST_HOST_POPULATE, GP_HOST_HOST_REGISTER};
+
 /* "copy call 3 (once) + synchronize call 1 (from)", for the reports. */
 static const char *faults_text(const fault *f, size_t nf, char *buf, size_t n)
 {
@@ -204,9 +211,6 @@ static void walk_one(walk_case wc, const fault *f, size_t nf, uint64_t *calls, i
 
 static void test_fault_walk(void)
 {
-    const gp_host_fn fns[] = {GP_HOST_COPY,  GP_HOST_UNMAP,     GP_HOST_MAP,        GP_HOST_EVENT_RECORD,
-                              GP_HOST_EVENT_WAIT, GP_HOST_CHECKSUM, GP_HOST_SYNCHRONIZE, GP_HOST_HOST_ALLOC,
-                              GP_HOST_GATHER, GP_HOST_HOST_POPULATE, GP_HOST_HOST_REGISTER};
     walk_case cases[] = {{GP_CODEC_RAW, 1}, {GP_CODEC_RAW, 0}, {GP_CODEC_RAW, 1, 1, 0}, {GP_CODEC_RAW, 1, 1, 1},
 #ifdef GP_HAVE_ZSTD
                          {GP_CODEC_AUTO, 1}, {GP_CODEC_AUTO, 1, 1, 0},
@@ -222,10 +226,10 @@ static void test_fault_walk(void)
             uint64_t calls[GP_HOST_FN_COUNT];
             int g;
             walk_one(cases[k], NULL, 0, calls, &g);
-            for (size_t f = 0; f < sizeof fns / sizeof fns[0]; f++)
-                for (uint64_t nth = 1; nth <= calls[fns[f]]; nth++)
+            for (size_t f = 0; f < sizeof walk_fns / sizeof walk_fns[0]; f++)
+                for (uint64_t nth = 1; nth <= calls[walk_fns[f]]; nth++)
                     for (int mode = 0; mode < 2; mode++) {
-                        walk_one(cases[k], &(fault){fns[f], nth, mode}, 1, NULL, &g);
+                        walk_one(cases[k], &(fault){walk_fns[f], nth, mode}, 1, NULL, &g);
                         points++;
                         gave_up += (unsigned)g;
                     }
@@ -387,9 +391,6 @@ static void swap_one(const char *codec, int on_in, const fault *f, size_t nf, ui
 /* One failure at every call of every function a swap out or in makes. */
 static void test_swap_walk(void)
 {
-    const gp_host_fn fns[] = {GP_HOST_COPY,  GP_HOST_UNMAP,     GP_HOST_MAP,        GP_HOST_EVENT_RECORD,
-                              GP_HOST_EVENT_WAIT, GP_HOST_CHECKSUM, GP_HOST_SYNCHRONIZE, GP_HOST_HOST_ALLOC,
-                              GP_HOST_GATHER, GP_HOST_HOST_POPULATE, GP_HOST_HOST_REGISTER};
     const char *codecs[] = {"raw",
 #ifdef GP_HAVE_ZSTD
                             "zstd",
@@ -401,10 +402,10 @@ static void test_swap_walk(void)
             for (int on_in = 0; on_in < 2; on_in++) {
                 uint64_t calls[GP_HOST_FN_COUNT];
                 swap_one(codecs[k], on_in, NULL, 0, calls);
-                for (size_t f = 0; f < sizeof fns / sizeof fns[0]; f++)
-                    for (uint64_t nth = 1; nth <= calls[fns[f]]; nth++)
+                for (size_t f = 0; f < sizeof walk_fns / sizeof walk_fns[0]; f++)
+                    for (uint64_t nth = 1; nth <= calls[walk_fns[f]]; nth++)
                         for (int mode = 0; mode < 2; mode++, points++)
-                            swap_one(codecs[k], on_in, &(fault){fns[f], nth, mode}, 1, NULL);
+                            swap_one(codecs[k], on_in, &(fault){walk_fns[f], nth, mode}, 1, NULL);
             }
         printf("swap fault walk%s: %u points\n", deferred_streams ? " (deferred streams)" : "", points);
         CHECK(points > 100);
