@@ -98,14 +98,22 @@ gp_status gp_offload_swap_out(gp_offloader *o, const char *codec, uint32_t *id, 
     /* Background offloads first (what they take is theirs to give back),
      * and every prefetch queued: one that ran after the swap out would map
      * memory the tenant gave up, and may displace idle tags to make its
-     * room, which the swap in would not bring back. */
-    pthread_mutex_lock(&o->lock);
-    while (o->n_background || o->n_deferred || gp_prefetching(o)) pthread_cond_wait(&o->cond, &o->lock);
-    pthread_mutex_unlock(&o->lock);
-    /* Every kernel queued on the pool's memory, on any stream, is done
-     * before its bytes are read (the tenant launches nothing meanwhile). */
-    st = gp_pool_synchronize(o->pool);
-    gp_op_lock(o);
+     * room, which the swap in would not bring back.  They run under `op`:
+     * waited for without it, and looked for again once it is taken. */
+    for (;;) {
+        pthread_mutex_lock(&o->lock);
+        while (o->n_background || o->n_deferred || gp_prefetching(o)) pthread_cond_wait(&o->cond, &o->lock);
+        pthread_mutex_unlock(&o->lock);
+        /* Every kernel queued on the pool's memory, on any stream, is done
+         * before its bytes are read (the tenant launches nothing meanwhile). */
+        st = gp_pool_synchronize(o->pool);
+        gp_op_lock(o);
+        pthread_mutex_lock(&o->lock);
+        int queued = o->n_background || o->n_deferred || gp_prefetching(o);
+        pthread_mutex_unlock(&o->lock);
+        if (!queued || st != GP_OK) break;
+        gp_op_unlock(o);
+    }
     uint32_t me = ++o->swaps ? o->swaps : ++o->swaps;
     gp_offload_opts opts = {.keep = 1, .codec = (int)kind};
     size_t n = st == GP_OK ? gp_swap_tags(o, tags, &opts.elem_size) : 0;
