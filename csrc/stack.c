@@ -24,11 +24,10 @@ struct gp_stack {
     gp_stack *prev, *next;         /* the process's stacks (g_list)    */
     int listed;
     /* Swapped out whole (the tenant's, arbiter.h): set from the start of a
-     * swap out until the swap in is done; swap_lock is held by a swap out
-     * under way.  Every allocation checks it on entry and before it
-     * returns (the gate). */
+     * swap out until the swap in is done.  Every allocation checks it on
+     * entry and before it returns (the gate).  The swap out and in run
+     * under the arbiter's `swapping`, which the gate waits for. */
     _Atomic int away;
-    pthread_mutex_t swap_lock;
     uint32_t swap_id;
 };
 
@@ -101,20 +100,19 @@ static gp_status gp_stack_swap_out(void *arg, uint64_t *released, uint64_t *back
     gp_stack *s = arg;
     gp_offloader *o = gp_stack_offloader(s, 1);
     if (!o) return gp_error_set(GP_ERR_BACKEND, "gpupool: no offloader to swap with: %s", gp_last_error());
-    pthread_mutex_lock(&s->swap_lock);
     atomic_store(&s->away, 1);
     gp_offload_result res;
     gp_config cfg;
     gp_pool_config(s->pool, &cfg);
     uint32_t id = 0;
     gp_status st = gp_offload_swap_out(o, cfg.codec, &id, &res); /* (GPUPOOL_CODEC: auto by default) */
-    if (st == GP_OK) {
+    if (id) { /* (also a failed one whose undo failed: what it left away comes back by the swap in) */
         s->swap_id = id;
         *back = res.released;
-        *released = res.released + gp_pool_trim(s->pool, UINT64_MAX);
+        *released = res.released;
+        if (st == GP_OK) *released += gp_pool_trim(s->pool, UINT64_MAX);
     }
-    if (st != GP_OK || !res.released) atomic_store(&s->away, 0); /* (nothing went: nothing comes back) */
-    pthread_mutex_unlock(&s->swap_lock);
+    if (!res.released) atomic_store(&s->away, 0); /* (nothing went: nothing comes back) */
     gp_stack_publish(s);
     return st;
 }
@@ -132,13 +130,16 @@ static gp_status gp_stack_swap_in(void *arg)
     return st;
 }
 
-/* The gate: a swap out under way ends first, then the tenant is brought
- * back (by whichever thread of the process comes first). */
+/* The gate: a swap out under way ends first (gp_arbiter_swap_in waits for
+ * it), then the tenant is brought back (by whichever thread of the process
+ * comes first). */
 static gp_status gp_stack_back(gp_stack *s)
 {
-    pthread_mutex_lock(&s->swap_lock);
-    pthread_mutex_unlock(&s->swap_lock);
-    return gp_arbiter_swap_in(s->arb);
+    gp_status st = gp_arbiter_swap_in(s->arb);
+    if (st == GP_OK) return st;
+    char why[1024];
+    snprintf(why, sizeof why, "%s", gp_last_error());
+    return gp_error_set(st, "gpupool: this tenant was swapped out and could not come back: %s", why);
 }
 
 /* The pool's pressure callback once the offloader exists: its reclaim (as
@@ -194,13 +195,11 @@ gp_status gp_stack_create(gp_backend *be, const char *device_id, const gp_config
         return gp_error_set(GP_ERR_NOMEM, "gpupool: out of host memory for the allocator stack");
     }
     pthread_mutex_init(&s->off_lock, NULL);
-    pthread_mutex_init(&s->swap_lock, NULL);
     if (cfg->log == GP_LOG_ALL) st = gp_backend_logged(be, &be);
     if (st == GP_OK && cfg->tenant[0]) st = gp_stack_tenant(&be, device_id, cfg, &s->arb);
     if (st == GP_OK) st = gp_pool_create(be, cfg, &s->pool);
     if (st != GP_OK) { /* (each step destroyed what it was given) */
         pthread_mutex_destroy(&s->off_lock);
-        pthread_mutex_destroy(&s->swap_lock);
         free(s);
         return st;
     }
@@ -230,7 +229,6 @@ void gp_stack_destroy(gp_stack *s)
     gp_offloader_destroy(atomic_load(&s->off));
     gp_pool_destroy(s->pool); /* the adaptors and the backend, and the tenant's leaving */
     pthread_mutex_destroy(&s->off_lock);
-    pthread_mutex_destroy(&s->swap_lock);
     free(s);
 }
 
@@ -297,15 +295,16 @@ void *gp_stack_alloc(gp_stack *s, size_t size, gp_stream stream, gp_tag tag, int
     if (ctx) gp_set_context(0);
     uint64_t room = gp_arbiter_swap_room(s->arb);
     if (room) gp_offload_prepare(gp_stack_offloader(s, 0), room);
-    if (atomic_load_explicit(&s->away, memory_order_relaxed)) {
-        gp_status st = gp_stack_back(s);
-        if (st != GP_OK) {
+    gp_status back;
+    if (atomic_load_explicit(&s->away, memory_order_relaxed) && (back = gp_stack_back(s)) != GP_OK) {
+        if (r) {
             char why[1024];
             snprintf(why, sizeof why, "%s", gp_last_error());
-            if (r) gp_free(s->pool, r);
-            *status = gp_error_set(st, "gpupool: this tenant was swapped out and could not come back: %s", why);
-            return NULL;
+            gp_free(s->pool, r);
+            gp_error_set(back, "%s", why); /* (the free may have set errors of its own) */
         }
+        *status = back;
+        return NULL;
     }
     return r;
 }

@@ -218,11 +218,16 @@ void gp_offload_stats_get(gp_offloader *o, gp_offload_stats *out);
  * device, and returns the swap's id in *id (> 0) once it is done: the
  * memory it released is unmapped.  Memory offloaded before, by the user,
  * is not part of it, and comes back only when the user restores it.  On
- * failure (host limit: GP_ERR_LIMIT; a device error) nothing stays
- * swapped: what it had offloaded is restored, and *id is 0.
+ * failure (host limit: GP_ERR_LIMIT; a device error) what it had
+ * offloaded is restored and *id is 0; where the device refuses that too,
+ * *id names the swap all the same and res->released counts the device
+ * bytes still away (the error says so): the pool is swapped out until
+ * gp_offload_swap_in brings it back.
  * gp_offload_swap_in restores every offload the swap made, at the same
  * addresses, displacing nothing; on failure what came back stays back,
- * the rest stays swapped (call it again).  Each fills res with its sums. */
+ * the rest stays swapped (call it again).  Bytes a failed swap out lost
+ * never come back by it: it fails naming them until the blocks that held
+ * them are freed.  Each fills res with its sums. */
 gp_status gp_offload_swap_out(gp_offloader *o, const char *codec, uint32_t *id, gp_offload_result *res);
 gp_status gp_offload_swap_in(gp_offloader *o, uint32_t id, gp_offload_result *res);
 /* Pin host memory in the background until `bytes` are free for offloads

@@ -934,10 +934,11 @@ static gp_status gp_in_live(gp_in *x)
      * the caller's consent. */
     char tags[256];
     if (x->lost && !x->accept_loss)
-        return gp_error_set(GP_ERR_BACKEND, "gpupool: %" PRIu64 " bytes of tag %s were lost when an offload of it "
-                            "failed and could not be undone; restoring it would bring them back uninitialised, so "
-                            "it stays offloaded: restore with accept_loss to take it back so (or free its memory)",
-                            x->lost, gp_tags_text(r, tags, sizeof tags));
+        return gp_error_set(GP_ERR_BACKEND, "gpupool: %" PRIu64 " bytes of tag %s were lost when %s failed and "
+                            "could not be undone; restoring it would bring them back uninitialised, so it stays "
+                            "offloaded: restore with accept_loss to take it back so (or free its memory)",
+                            x->lost, gp_tags_text(r, tags, sizeof tags),
+                            r->swap ? "a swap out of the process's memory" : "an offload of it");
     return GP_OK;
 }
 

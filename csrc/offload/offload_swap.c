@@ -60,6 +60,17 @@ static size_t gp_swap_tags(gp_offloader *o, gp_tag *tags, unsigned *elem_size)
     return n;
 }
 
+/* The device bytes of swap `id` that are offloaded (`op` is held). */
+static uint64_t gp_swap_away(gp_offloader *o, uint32_t id)
+{
+    uint64_t away = 0;
+    pthread_mutex_lock(&o->lock);
+    for (const gp_record *r = o->records; r; r = r->next)
+        if (r->swap == id && r->state == GP_REC_OFFLOADED) away += r->released;
+    pthread_mutex_unlock(&o->lock);
+    return away;
+}
+
 /* Restore the records of swap `id` that are offloaded (`op` is held). */
 static gp_status gp_swap_back_locked(gp_offloader *o, uint32_t id, gp_offload_result *res)
 {
@@ -142,6 +153,14 @@ gp_status gp_offload_swap_out(gp_offloader *o, const char *codec, uint32_t *id, 
         snprintf(why, sizeof why, "%s", gp_last_error());
         gp_offload_result back = {0};
         gp_status st2 = gp_swap_back_locked(o, me, &back);
+        memset(res, 0, sizeof *res);
+        if (st2 != GP_OK) {
+            /* What stays away is the swap's all the same: the caller
+             * treats the pool as swapped out (nothing of it may run
+             * before gp_offload_swap_in brings it back). */
+            *id = me;
+            res->released = gp_swap_away(o, me);
+        }
         gp_op_unlock(o);
         free(tags);
         if (st2 != GP_OK)

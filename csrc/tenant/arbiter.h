@@ -100,10 +100,15 @@ void gp_arbiter_set_reclaim(gp_arbiter *a, gp_reclaim_fn fn, void *arg);
  * offloader).  `out` gives back every byte it can -- all device work
  * waited for, every live block offloaded, the cache unmapped -- and
  * returns GP_OK with the bytes released and those `in` will map again
- * (*back: the cache it gave up does not come back), or an error (nothing swapped,
- * every byte where it was: the host limit is full, a device error).  `in`
+ * (*back: the cache it gave up does not come back), or an error: with
+ * *back 0, nothing swapped, every byte where it was (the host limit is
+ * full, a device error); with *back > 0, the device refused to put back
+ * what it had taken, and the tenant is swapped out all the same.  `in`
  * brings it all back at the same addresses; an error there is retried.
- * Both run on the parked thread with no lock held; NULL: never swapped. */
+ * Both run with the arbiter's own `swapping` held and no other lock (`out`
+ * on the parked thread, `in` on the first thread of the process to call
+ * gp_arbiter_swap_in, which waits for a swap out under way); NULL: never
+ * swapped. */
 typedef gp_status (*gp_swap_out_fn)(void *arg, uint64_t *released, uint64_t *back);
 typedef gp_status (*gp_swap_in_fn)(void *arg);
 void gp_arbiter_set_swap(gp_arbiter *a, gp_swap_out_fn out, gp_swap_in_fn in, void *arg);

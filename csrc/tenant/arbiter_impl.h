@@ -127,7 +127,8 @@ struct gp_arbiter {
     gp_swap_out_fn swap_out;    /* (under `answering`)                    */
     gp_swap_in_fn swap_in;
     void *swap_arg;
-    pthread_mutex_t swapping;   /* one swap in at a time                   */
+    pthread_mutex_t swapping;   /* one swap out or in at a time (after
+                                   `answering` where both are taken)       */
     _Atomic int away;           /* swapped out, not yet back                 */
     uint64_t away_since, away_lease; /* when it went, and its lease then   */
     _Atomic uint64_t run_since; /* without yield points: when it last ran on
@@ -227,8 +228,10 @@ void gp_arb_wait_sleep(gp_arbiter *a, gp_wait *w, uint32_t gen, uint64_t until);
 void gp_arb_wait_end(gp_arbiter *a, gp_wait *w, int ok);
 
 /* arbiter_swap.c */
-/* The swap out of an ask at GP_RECLAIM_SWAP (`answering` is held):
- * GP_OK with the bytes released, the tenant away. */
+/* The swap out of an ask at GP_RECLAIM_SWAP (`answering` is held, then
+ * `swapping`): GP_OK with the bytes released, the tenant away; an error
+ * with the tenant away too where what it took could not be put back
+ * (a->away says which), or with nothing away. */
 gp_status gp_arb_swap_out(gp_arbiter *a, uint64_t *released);
 /* The tenant got its room at `now`: equals swap it no sooner than its
  * keep (under the lock). */

@@ -212,8 +212,9 @@ uint64_t gp_arb_answer(gp_arbiter *a, uint64_t gift, int defer, uint64_t since)
     uint64_t given = 0;
     int away = 0;
     if (swap) {
-        if (gp_arb_swap_out(a, &given) == GP_OK) away = 1;
-        else level = GP_RECLAIM_OFFLOAD, given = 0, gp_error_clear(); /* (the host limit: what it can) */
+        if (gp_arb_swap_out(a, &given) != GP_OK) gp_error_clear(); /* (its figures keep the status) */
+        away = atomic_load(&a->away);
+        if (!away) level = GP_RECLAIM_OFFLOAD, given = 0; /* (the host limit: what it can) */
     }
     if (!away && bytes && a->reclaim) given = a->reclaim(a->reclaim_arg, bytes, level);
     else if (!away && bytes && pool) given = gp_pool_trim(pool, bytes);

@@ -71,30 +71,42 @@ gp_status gp_arb_swap_out(gp_arbiter *a, uint64_t *released)
     gp_arb_slot *me = &r->slots[a->slot];
     uint64_t t0 = gp_now_ns(), back = 0;
     *released = 0;
+    /* Away from before its first byte goes until what went is counted:
+     * a thread of the process at the gate meanwhile waits for `swapping`
+     * and then finds it away, or back. */
+    pthread_mutex_lock(&a->swapping);
+    atomic_store(&a->away, 1);
     gp_status st = a->swap_out(a->swap_arg, released, &back);
     uint64_t t1 = gp_now_ns();
-    gp_status lk = gp_arb_lock(r);
-    if (lk != GP_OK) return st == GP_OK ? lk : st; /* (a swap that went out comes back in gp_arbiter_swap_in) */
-    if (st != GP_OK) {
-        me->swap_status = (int32_t)st;
-    } else if (back) { /* (a pool with nothing live gave its cache only) */
-        /* Its lease would keep the room it gave: it goes, and comes back
-         * with the tenant. */
-        a->away_lease = me->lease;
-        me->lease = 0;
-        me->swapped = back;
-        me->swap_status = 0;
-        me->n_swap_out++;
-        me->swap_ns += t1 - t0;
-        if (t1 - t0 > me->swap_max_ns) me->swap_max_ns = t1 - t0;
-        me->swap_cost_ns = t1 - t0;
-        /* Behind the one it went for: its wait to come back, and the
-         * wait it was in, are newer than that one's. */
-        me->want_since = 0;
+    /* A failed swap whose undo failed too left `back` away: the tenant is
+     * swapped out all the same (its swap in brings it back, or fails
+     * naming why), not running on with its memory gone. */
+    if (back) {
         a->away_since = t1;
-        atomic_store(&a->away, 1);
+        a->away_lease = 0;
+    } else {
+        atomic_store(&a->away, 0);
     }
-    gp_arb_unlock(r);
+    if (gp_arb_lock(r) == GP_OK) { /* (else its figures stay as they were; it comes back all the same) */
+        if (st != GP_OK) me->swap_status = (int32_t)st;
+        if (back) { /* (a pool with nothing live gave its cache only) */
+            /* Its lease would keep the room it gave: it goes, and comes
+             * back with the tenant. */
+            a->away_lease = me->lease;
+            me->lease = 0;
+            me->swapped = back;
+            if (st == GP_OK) me->swap_status = 0;
+            me->n_swap_out++;
+            me->swap_ns += t1 - t0;
+            if (t1 - t0 > me->swap_max_ns) me->swap_max_ns = t1 - t0;
+            me->swap_cost_ns = t1 - t0;
+            /* Behind the one it went for: its wait to come back, and the
+             * wait it was in, are newer than that one's. */
+            me->want_since = 0;
+        }
+        gp_arb_unlock(r);
+    }
+    pthread_mutex_unlock(&a->swapping);
     return st;
 }
 

@@ -1173,14 +1173,25 @@ static int swapped_out(int pid, gp_tenant_info *out)
     return 0;
 }
 
+/* How a swap victim's swap out goes (swap_victim's `arg`). */
+enum {
+    SWAP_WHOLE,   /* it goes and comes back whole                      */
+    SWAP_UNDONE,  /* every copy fails from the first: undone, it stays  */
+    SWAP_AWAY,    /* an unmap fails once it has given memory back, and
+                     the device refuses maps from then on: the undo
+                     fails, what it took stays away                    */
+};
+
 /* A low tenant holding 20 MiB of stamped live memory, allocating now and
  * then: swapped out for a high one, back at its next allocation with
- * every byte.  `arg`: nonzero to fail its swap out's copies (every one,
- * from the first) -- it then stays whole, and the high one times out
- * naming it. */
+ * every byte.  SWAP_UNDONE: it stays whole, and the high one times out
+ * naming it.  SWAP_AWAY: it is swapped out all the same; its allocations
+ * fail saying it could not come back while the device refuses maps, and
+ * once the device takes them again it comes back with every byte.  No
+ * allocation of it returns with any of its memory away. */
 static int swap_victim(int ctl, int out, void *arg)
 {
-    int faults = *(int *)arg, wrong = 0;
+    int how = *(int *)arg, wrong = 0, fails = 0;
     gp_config cfg;
     gp_config_default(&cfg);
     cfg.chunk = cfg.large_chunk = 1 * MiB;
@@ -1197,32 +1208,57 @@ static int swap_victim(int ctl, int out, void *arg)
         if (!(x[i] = A(p, 5 * MiB, NULL))) return 4;
         stamp(x[i], 5 * MiB, (unsigned)i);
     }
-    if (faults) gp_host_fail(be, GP_HOST_COPY, 1, GP_ERR_BACKEND, GP_HOST_FAIL_FROM);
-    say(out, 1);
-    while (!stopped(ctl, 5)) {
-        void *y = A(p, 64 * KiB, NULL); /* its allocations are where it parks */
-        if (y) F(p, y);
+    void *y = A(p, 64 * KiB, NULL); /* (its loop's block cached: it maps nothing) */
+    if (!y) return 4;
+    F(p, y);
+    if (how == SWAP_UNDONE) gp_host_fail(be, GP_HOST_COPY, 1, GP_ERR_BACKEND, GP_HOST_FAIL_FROM);
+    if (how == SWAP_AWAY) {
+        gp_host_fail(be, GP_HOST_UNMAP, 2, GP_ERR_BACKEND, GP_HOST_FAIL_ONCE);
+        gp_host_fail(be, GP_HOST_MAP, 1, GP_ERR_BACKEND, GP_HOST_FAIL_FROM);
     }
-    if (faults) gp_host_fail(be, GP_HOST_COPY, 0, GP_OK, GP_HOST_FAIL_ONCE);
+    say(out, 1);
+    int away_seen = 0;
+    while (!stopped(ctl, 5)) {
+        gp_status st;
+        y = A(p, 64 * KiB, &st); /* its allocations are where it parks */
+        gp_stats s;
+        gp_pool_stats(gp_stack_pool(p), &s, 0);
+        if (y) {
+            away_seen += s.offloaded != 0;
+            F(p, y);
+        } else if (how == SWAP_AWAY && strstr(gp_last_error(), "could not come back") && s.offloaded) {
+            /* Said, and true: the device takes maps again. */
+            fails++;
+            gp_host_fail_none(be);
+        } else {
+            fprintf(stderr, "swap_victim: %s\n", gp_last_error());
+            wrong++;
+        }
+    }
+    gp_host_fail_none(be);
+    if ((y = A(p, 64 * KiB, NULL))) F(p, y); /* (the call after the last failed one: back) */
+    else wrong++;
     for (int i = 0; i < 4; i++) wrong += !stamped(x[i], 5 * MiB, (unsigned)i);
     gp_stats s;
     gp_pool_stats(gp_stack_pool(p), &s, 0);
     wrong += s.offloaded != 0;
+    if (away_seen) fprintf(stderr, "swap_victim: %d allocations returned with memory away\n", away_seen);
+    wrong += away_seen;
     for (int i = 0; i < 4; i++) F(p, x[i]);
-    return swap_done(out, p, 0, wrong);
+    return swap_done(out, p, fails, wrong);
 }
 
 static void test_swap_for_higher(void)
 {
-    for (int faults = 0; faults <= 1; faults++) {
+    for (int how = SWAP_WHOLE; how <= SWAP_AWAY; how++) {
         new_group();
-        child l = spawn(swap_victim, &faults);
+        child l = spawn(swap_victim, &how);
         CHECK(hear(&l, 10000) == 1);
-        gp_stack *h = tenant(g_group, HIGH, "32MiB", faults ? 1000 : 5000);
+        gp_stack *h = tenant(g_group, HIGH, "32MiB", how == SWAP_UNDONE ? 1000 : 5000);
         gp_status st;
         void *x = A(h, 24 * MiB, &st); /* 12 free: the low one must go whole */
-        if (!x) fprintf(stderr, "swap_for_higher: %s\n", gp_last_error());
-        if (!faults) {
+        if (!x) fprintf(stderr, "swap_for_higher %d: %s\n", how, gp_last_error());
+        if (how != SWAP_UNDONE) {
             CHECK(x != NULL);
             gp_tenant_info tl;
             CHECK(swapped_out(l.pid, &tl) && tl.n_swap_out == 1 && tl.swapped >= 20 * MiB && tl.held < 4 * MiB);
@@ -1232,12 +1268,14 @@ static void test_swap_for_higher(void)
             CHECK(x == NULL && st == GP_ERR_OOM);
             CHECK(strstr(gp_last_error(), "its last swap out failed") != NULL);
         }
+        nap_ms(50); /* (SWAP_AWAY: its swap in waits for the room, failing once there) */
         if (x) F(h, x);
         gp_pool_trim(gp_stack_pool(h), UINT64_MAX);
+        nap_ms(how == SWAP_AWAY ? 500 : 0);
         stop(&l);
-        uint64_t out = hear(&l, 10000), in = hear(&l, 1000);
-        CHECK(out == (faults ? 0 : 1) && in == out);
-        CHECK(hear(&l, 1000) == 0); /* failures */
+        uint64_t out = hear(&l, 10000), in = hear(&l, 1000), fails = hear(&l, 1000);
+        CHECK(out == (how == SWAP_UNDONE ? 0 : 1) && in == out);
+        CHECK(fails == (how == SWAP_AWAY)); /* an allocation said it could not come back */
         CHECK(hear(&l, 1000) == 0); /* wrong bytes: none, and nothing left offloaded */
         CHECK(finish(&l, 10000) == 0);
         done(h);
@@ -1250,8 +1288,8 @@ static void test_swap_for_higher(void)
 static void test_killed_while_swapped(void)
 {
     new_group();
-    int faults = 0;
-    child l = spawn(swap_victim, &faults);
+    int how = SWAP_WHOLE;
+    child l = spawn(swap_victim, &how);
     CHECK(hear(&l, 10000) == 1);
     gp_stack *h = tenant(g_group, HIGH, "32MiB", 5000);
     void *x = A(h, 24 * MiB, NULL);
@@ -1351,6 +1389,73 @@ static void test_swap_threads(void)
     CHECK(hear(&l, 1000) == 0 && hear(&l, 1000) == 0);
     CHECK(finish(&l, 10000) == 0);
     done(h);
+    CHECK(!registry_exists());
+}
+
+/* A swap in asked while the swap out is under way (another thread of the
+ * process at the gate) waits for it and brings the memory back: it does
+ * not return with the memory away.  (Before, the tenant was marked away
+ * only once its swap out had returned: a thread at the gate in between
+ * found it not away and ran on without its memory.) */
+typedef struct mid_swap {
+    _Atomic int gone;     /* the memory is away                          */
+    _Atomic int asked;    /* the other thread has asked for it back      */
+} mid_swap;
+
+static gp_status mid_swap_out(void *arg, uint64_t *released, uint64_t *back)
+{
+    mid_swap *m = arg;
+    atomic_store(&m->gone, 1);
+    for (uint64_t end = now_ms() + 2000; !atomic_load(&m->asked) && now_ms() < end;) nap_ms(1);
+    nap_ms(100); /* (the other thread's swap in runs meanwhile, or waits) */
+    *released = *back = 1 * MiB;
+    return GP_OK;
+}
+
+static gp_status mid_swap_in(void *arg)
+{
+    atomic_store(&((mid_swap *)arg)->gone, 0);
+    return GP_OK;
+}
+
+typedef struct gate_ask {
+    gp_arbiter *a;
+    mid_swap *m;
+    int away_after; /* the memory was away when its swap in returned */
+    gp_status st;
+} gate_ask;
+
+static void *gate_ask_thread(void *arg)
+{
+    gate_ask *g = arg;
+    while (!atomic_load(&g->m->gone)) nap_ms(1);
+    atomic_store(&g->m->asked, 1);
+    g->st = gp_arbiter_swap_in(g->a);
+    g->away_after = atomic_load(&g->m->gone);
+    return NULL;
+}
+
+static void test_swap_in_during_swap_out(void)
+{
+    gp_arbiter_params pr = {.group = new_group(), .device = "host", .priority = LOW, .total = 64 * MiB};
+    gp_arbiter *a;
+    CHECK(gp_arbiter_open(&pr, &a) == GP_OK);
+    mid_swap m = {0, 0};
+    gp_arbiter_set_swap(a, mid_swap_out, mid_swap_in, &m);
+    gate_ask g = {a, &m, -1, GP_ERR_INVALID};
+    pthread_t th;
+    pthread_create(&th, NULL, gate_ask_thread, &g);
+    uint64_t released = 0;
+    pthread_mutex_lock(&a->answering);
+    CHECK(gp_arb_swap_out(a, &released) == GP_OK && released == 1 * MiB);
+    pthread_mutex_unlock(&a->answering);
+    pthread_join(th, NULL);
+    CHECK(g.st == GP_OK && g.away_after == 0);
+    CHECK(gp_arbiter_swap_in(a) == GP_OK && !atomic_load(&m.gone) && !atomic_load(&a->away));
+    gp_group_info gi;
+    gp_tenant_info t[4];
+    CHECK(read_group(&gi, t, 4) && gi.n_tenants == 1 && t[0].n_swap_out == 1 && t[0].n_swap_in == 1);
+    gp_arbiter_close(a);
     CHECK(!registry_exists());
 }
 
@@ -1687,6 +1792,7 @@ int main(int argc, char **argv)
     RUN(test_swap_for_higher);
     RUN(test_killed_while_swapped);
     RUN(test_swap_threads);
+    RUN(test_swap_in_during_swap_out);
     RUN(test_swap_room_ready);
     g_swap = 0;
     RUN(test_registry_is_ours);

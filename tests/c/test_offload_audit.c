@@ -295,7 +295,8 @@ enum { SWN = 5 };
  * sharing chunks) next to a block of T_B the user offloaded before, with
  * the nf faults armed on the swap out, or on the swap in (`on_in`).  A
  * swap out that fails is undone: every block resident as before, or, when
- * the undo failed too, offloaded with what was lost said; a swap in that
+ * the undo failed too, offloaded with what was lost said and the swap's
+ * id to bring it back by (a loss needs the caller's consent); a swap in that
  * fails is asked again.  Every byte comes back, and the user's offload
  * stays the user's.  calls: as walk_one's. */
 static void swap_one(const char *codec, int on_in, const fault *f, size_t nf, uint64_t *calls)
@@ -340,22 +341,30 @@ static void swap_one(const char *codec, int on_in, const fault *f, size_t nf, ui
     gp_host_fail_none(be);
     CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
     CHECK(nf || st == GP_OK);
-    CHECK(on_in || (st == GP_OK) == (id != 0));
     if (st == GP_OK && !on_in)
         for (int i = 0; i <= SWN; i++) CHECK(state_of(p, b[i]) == GP_BLOCK_OFFLOADED);
     uint64_t lost = 0;
     if (st != GP_OK && !on_in) {
-        /* Undone, or said to be still away (an undo that failed too). */
-        int away = all_offloaded(p, b, SWN);
+        /* Undone (no id), or said to be still away (an undo that failed
+         * too): then the id names it, its swap in brings it back, and
+         * where bytes were lost it refuses, naming the swap, until the
+         * caller accepts the loss by a restore of the tags. */
+        int away = all_offloaded(p, b, SWN) != 0;
         CHECK(strstr(msg, away ? "restoring what it had taken failed too" : "was undone") != NULL);
         if (!strstr(msg, away ? "restoring what it had taken failed too" : "was undone"))
-            fprintf(stderr, "  swap out, %s: %d blocks away: %s\n", what, away, msg);
-        gp_status rs = gp_restore_tags(o, t, SWN, 0, &rr);
+            fprintf(stderr, "  swap out, %s: blocks away %d: %s\n", what, away, msg);
+        CHECK((id != 0) == away && (r.released != 0) == away);
+        if ((id != 0) != away || (r.released != 0) != away)
+            fprintf(stderr, "  swap out, %s: away %d, id %u, released %llu: %s\n", what, away, id,
+                    (unsigned long long)r.released, msg);
+        gp_status rs = away ? gp_offload_swap_in(o, id, &rr) : gp_restore_tags(o, t, SWN, 0, &rr);
         if (rs != GP_OK && strstr(gp_last_error(), "were lost")) {
+            CHECK(away && strstr(gp_last_error(), "a swap out of the process's memory") != NULL);
             rs = gp_restore_tags(o, t, SWN, 1, &rr);
             lost = rr.lost;
         }
         CHECK(rs == GP_OK && (!lost || away));
+        if (rs != GP_OK) fprintf(stderr, "  swap out, %s: bringing it back: %s\n", what, gp_last_error());
     } else if (id) {
         gp_status si = gp_offload_swap_in(o, id, &rr);
         if (si != GP_OK) fprintf(stderr, "  swap %s, %s: the swap in after: %s\n", on_in ? "in" : "out", what,

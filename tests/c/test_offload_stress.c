@@ -463,7 +463,8 @@ static void *faults_main(void *arg)
  * some of its own): a prefetch queued before the park has run first; in,
  * every byte it took is back before the threads go
  * on, as a tenant's must be.  A swap out that fails is undone, or says its
- * record stayed (its undo failed too): then that record comes back
+ * record stayed (its undo failed too, with the swap's id and the bytes
+ * away, as a swap's): then that record comes back
  * accepting the loss, which the owners and the allocators are told of.  A swap
  * in that fails is asked again, the faults disarmed after three tries. */
 static void swap_round(void)
@@ -476,7 +477,11 @@ static void swap_round(void)
     if (st != GP_OK) {
         atomic_fetch_add(&n_swap_fail, 1);
         if (!may_fail(st)) bad("a swap out failed with %s: %s", gp_status_str(st), gp_last_error());
-        if (!strstr(gp_last_error(), "restoring what it had taken failed too")) return;
+        int stayed = strstr(gp_last_error(), "restoring what it had taken failed too") != NULL;
+        if (stayed != (id != 0) || stayed != (out.released != 0))
+            bad("a swap out that failed %s gave the id %u and %llu bytes away: %s", stayed ? "and stayed" : "undone",
+                id, (unsigned long long)out.released, gp_last_error());
+        if (!stayed) return;
         /* The allocators' tag is in no other record: its restore brings
          * back the swap's (which fits: it was on the device).  Without
          * the allocators' blocks the record has only the owners', which
