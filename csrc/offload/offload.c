@@ -330,19 +330,6 @@ gp_status gp_restore_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, in
     gp_status st = gp_want_locked(o, tags, n_tags, &w);
     if (st != GP_OK) return st;
     st = gp_bg_failure(o); /* (a background offload's, reported here) */
-    if (st != GP_OK) {
-        /* Reported once a prefetch of the tags under way has finished too:
-         * nothing of them moves after the call returns. */
-        char why[512];
-        snprintf(why, sizeof why, "%s", gp_last_error());
-        for (int held = 1; held;) {
-            held = 0;
-            for (const gp_record *q = o->records; q && !held; q = q->next)
-                held = q->state != GP_REC_OFFLOADED && gp_record_wanted(q, &w);
-            if (held) pthread_cond_wait(&o->cond, &o->lock);
-        }
-        gp_error_set(st, "%s", why);
-    }
     /* Then every record of the tags, each taken by this thread (one that a
      * prefetch or another restore holds is waited for: it comes back
      * restored, or offloaded again for this one to try). */
@@ -364,6 +351,22 @@ gp_status gp_restore_tags(gp_offloader *o, const gp_tag *tags, size_t n_tags, in
         st = gp_restore_held(o, r, &w, accept_loss, res);
         pthread_mutex_lock(&o->lock);
         if (st != GP_OK) gp_record_move(o, r, GP_REC_RESTORING, GP_REC_OFFLOADED);
+    }
+    if (st != GP_OK) {
+        /* Reported once a prefetch (or another restore) of the tags under
+         * way has finished too: nothing of them moves after the call
+         * returns.  (A failure of one record left the prefetch of
+         * another running: its blocks came back after the failed restore
+         * had returned.) */
+        char why[1024];
+        snprintf(why, sizeof why, "%s", gp_last_error());
+        for (int held = 1; held;) {
+            held = 0;
+            for (const gp_record *q = o->records; q && !held; q = q->next)
+                held = q->state != GP_REC_OFFLOADED && gp_record_wanted(q, &w);
+            if (held) pthread_cond_wait(&o->cond, &o->lock);
+        }
+        gp_error_set(st, "%s", why);
     }
     pthread_mutex_unlock(&o->lock);
     gp_want_free(&w);

@@ -972,9 +972,45 @@ static void test_swap_after_prefetch(void)
     done(p);
 }
 
+/* A restore of two tags whose one record fails (a corrupt host copy)
+ * while a prefetch of the other is under way returns only once that
+ * prefetch has ended: nothing of its tags moves after it returns.  (It
+ * returned at the failure, and the other tag's blocks came back after.) */
+static void test_failed_restore_waits_for_prefetch(void)
+{
+    gp_backend *inner;
+    slow_maps *s;
+    gp_pool *p = slow_pool(64 * MiB, 20000, &s, &inner);
+    gp_offloader *o;
+    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    void *a = gp_alloc(p, 8 * MiB, NULL, T_W, GP_PRIO_NORMAL, NULL);
+    void *b = gp_alloc(p, 2 * MiB, NULL, T_O, GP_PRIO_NORMAL, NULL);
+    fill(a, 8 * MiB, 71);
+    fill(b, 2 * MiB, 72);
+    gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
+    gp_offload_result r;
+    CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK && gp_offload_tags(o, &T_O, 1, &opts, &r) == GP_OK);
+    CHECK(gp_offload_corrupt_for_test(o, T_O) == GP_OK);
+    CHECK(gp_prefetch_tags(o, &T_W, 1) == GP_OK); /* 8 maps of 20 ms */
+    gp_tag both[2] = {T_W, T_O};
+    CHECK(gp_restore_tags(o, both, 2, 0, &r) == GP_ERR_BACKEND && strstr(gp_last_error(), "corrupt") != NULL);
+    int a_then = state_of(p, a);
+    nanosleep(&(struct timespec){0, 300 * 1000 * 1000}, NULL);
+    CHECK(state_of(p, a) == a_then && a_then == GP_BLOCK_USED && same(a, 8 * MiB, 71));
+    CHECK(state_of(p, b) == GP_BLOCK_OFFLOADED);
+    CHECK(gp_offload_corrupt_for_test(o, T_O) == GP_OK); /* (flips it back) */
+    CHECK(gp_restore_tags(o, &T_O, 1, 0, &r) == GP_OK && same(b, 2 * MiB, 72));
+    CHECK(gp_free(p, a) == GP_OK && gp_free(p, b) == GP_OK);
+    CHECK(pool_consistent(p, inner) == 0 && offload_ok(o));
+    gp_offloader_destroy(o);
+    pthread_mutex_destroy(&s->lock);
+    done(p);
+}
+
 static void suite(void)
 {
     test_swap_after_prefetch();
+    test_failed_restore_waits_for_prefetch();
     test_many_tags();
     test_round_trip();
     test_drop_limit_corrupt();
