@@ -1,8 +1,8 @@
 /*
  * offload_test.h -- what the offload tests share: patterned bytes, a host
  * pool with small chunks (a few MiB span many), the offloader's integrity
- * check, a block's state, and a host backend whose maps are slow (as the
- * driver's are) and recorded in order.
+ * check, a block's state, a host backend whose maps are slow (as the
+ * driver's are) and recorded in order, and two filled blocks over it.
  */
 #ifndef GP_OFFLOAD_TEST_H
 #define GP_OFFLOAD_TEST_H
@@ -120,6 +120,37 @@ static inline gp_pool *slow_pool(uint64_t capacity, long delay_us, slow_maps **o
     s->delay_us = delay_us;
     *out = s;
     return pool_over(&s->w.be);
+}
+
+/* Two filled blocks over a slow pool with an offloader of two threads:
+ * `a` of 8 MiB under tag ta (filled with seed) and `b` of b_size under tb
+ * (seed + 1); the tests of restores and prefetches racing each other. */
+typedef struct slow_two {
+    gp_backend *inner;
+    slow_maps *s;
+    gp_pool *p;
+    gp_offloader *o;
+    void *a, *b;
+} slow_two;
+
+static inline void slow_two_make(slow_two *x, uint64_t capacity, long delay_us, gp_tag ta, gp_tag tb,
+                                 uint64_t b_size, unsigned seed)
+{
+    x->p = slow_pool(capacity, delay_us, &x->s, &x->inner);
+    CHECK(gp_offloader_create(x->p, 0, 2, NULL, &x->o) == GP_OK);
+    x->a = gp_alloc(x->p, 8 * MiB, NULL, ta, GP_PRIO_NORMAL, NULL);
+    x->b = gp_alloc(x->p, b_size, NULL, tb, GP_PRIO_NORMAL, NULL);
+    fill(x->a, 8 * MiB, seed);
+    fill(x->b, b_size, seed + 1);
+}
+
+/* Its end once the test has freed its blocks: the offloader, the pool. */
+static inline void slow_two_done(slow_two *x)
+{
+    CHECK(pool_consistent(x->p, x->inner) == 0 && offload_ok(x->o));
+    gp_offloader_destroy(x->o);
+    pthread_mutex_destroy(&x->s->lock);
+    done(x->p);
 }
 
 #endif

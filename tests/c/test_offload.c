@@ -948,28 +948,19 @@ static void test_swap_hint(void)
  * the prefetch is still under way when the swap starts. */
 static void test_swap_after_prefetch(void)
 {
-    gp_backend *inner;
-    slow_maps *s;
-    gp_pool *p = slow_pool(64 * MiB, 2000, &s, &inner);
-    gp_offloader *o;
-    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
-    void *a = gp_alloc(p, 8 * MiB, NULL, T_W, GP_PRIO_NORMAL, NULL);
-    void *b = gp_alloc(p, 2 * MiB, NULL, T_O, GP_PRIO_NORMAL, NULL);
-    fill(a, 8 * MiB, 61);
-    fill(b, 2 * MiB, 62);
+    slow_two x;
+    slow_two_make(&x, 64 * MiB, 2000, T_W, T_O, 2 * MiB, 61);
+    gp_offloader *o = x.o;
     gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
     gp_offload_result r, rr;
     CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK && gp_prefetch_tags(o, &T_W, 1) == GP_OK);
     uint32_t id;
     CHECK(gp_offload_swap_out(o, "raw", &id, &r) == GP_OK && id);
-    CHECK(state_of(p, a) == GP_BLOCK_OFFLOADED && state_of(p, b) == GP_BLOCK_OFFLOADED && r.bytes == 10 * MiB);
+    CHECK(state_of(x.p, x.a) == GP_BLOCK_OFFLOADED && state_of(x.p, x.b) == GP_BLOCK_OFFLOADED && r.bytes == 10 * MiB);
     CHECK(gp_offload_swap_in(o, id, &rr) == GP_OK && rr.bytes == r.bytes);
-    CHECK(state_of(p, a) == GP_BLOCK_USED && same(a, 8 * MiB, 61) && gp_free(p, a) == GP_OK);
-    CHECK(state_of(p, b) == GP_BLOCK_USED && same(b, 2 * MiB, 62) && gp_free(p, b) == GP_OK);
-    CHECK(pool_consistent(p, inner) == 0 && offload_ok(o));
-    gp_offloader_destroy(o);
-    pthread_mutex_destroy(&s->lock);
-    done(p);
+    CHECK(state_of(x.p, x.a) == GP_BLOCK_USED && same(x.a, 8 * MiB, 61) && gp_free(x.p, x.a) == GP_OK);
+    CHECK(state_of(x.p, x.b) == GP_BLOCK_USED && same(x.b, 2 * MiB, 62) && gp_free(x.p, x.b) == GP_OK);
+    slow_two_done(&x);
 }
 
 /* A restore of two tags whose one record fails (a corrupt host copy)
@@ -978,15 +969,9 @@ static void test_swap_after_prefetch(void)
  * returned at the failure, and the other tag's blocks came back after.) */
 static void test_failed_restore_waits_for_prefetch(void)
 {
-    gp_backend *inner;
-    slow_maps *s;
-    gp_pool *p = slow_pool(64 * MiB, 20000, &s, &inner);
-    gp_offloader *o;
-    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
-    void *a = gp_alloc(p, 8 * MiB, NULL, T_W, GP_PRIO_NORMAL, NULL);
-    void *b = gp_alloc(p, 2 * MiB, NULL, T_O, GP_PRIO_NORMAL, NULL);
-    fill(a, 8 * MiB, 71);
-    fill(b, 2 * MiB, 72);
+    slow_two x;
+    slow_two_make(&x, 64 * MiB, 20000, T_W, T_O, 2 * MiB, 71);
+    gp_offloader *o = x.o;
     gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
     gp_offload_result r;
     CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK && gp_offload_tags(o, &T_O, 1, &opts, &r) == GP_OK);
@@ -994,17 +979,14 @@ static void test_failed_restore_waits_for_prefetch(void)
     CHECK(gp_prefetch_tags(o, &T_W, 1) == GP_OK); /* 8 maps of 20 ms */
     gp_tag both[2] = {T_W, T_O};
     CHECK(gp_restore_tags(o, both, 2, 0, &r) == GP_ERR_BACKEND && strstr(gp_last_error(), "corrupt") != NULL);
-    int a_then = state_of(p, a);
+    int a_then = state_of(x.p, x.a);
     nanosleep(&(struct timespec){0, 300 * 1000 * 1000}, NULL);
-    CHECK(state_of(p, a) == a_then && a_then == GP_BLOCK_USED && same(a, 8 * MiB, 71));
-    CHECK(state_of(p, b) == GP_BLOCK_OFFLOADED);
+    CHECK(state_of(x.p, x.a) == a_then && a_then == GP_BLOCK_USED && same(x.a, 8 * MiB, 71));
+    CHECK(state_of(x.p, x.b) == GP_BLOCK_OFFLOADED);
     CHECK(gp_offload_corrupt_for_test(o, T_O) == GP_OK); /* (flips it back) */
-    CHECK(gp_restore_tags(o, &T_O, 1, 0, &r) == GP_OK && same(b, 2 * MiB, 72));
-    CHECK(gp_free(p, a) == GP_OK && gp_free(p, b) == GP_OK);
-    CHECK(pool_consistent(p, inner) == 0 && offload_ok(o));
-    gp_offloader_destroy(o);
-    pthread_mutex_destroy(&s->lock);
-    done(p);
+    CHECK(gp_restore_tags(o, &T_O, 1, 0, &r) == GP_OK && same(x.b, 2 * MiB, 72));
+    CHECK(gp_free(x.p, x.a) == GP_OK && gp_free(x.p, x.b) == GP_OK);
+    slow_two_done(&x);
 }
 
 static void suite(void)

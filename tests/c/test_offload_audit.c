@@ -442,15 +442,11 @@ static void *prefetch_later(void *arg)
 static void test_prefetch_during_restore(void)
 {
     for (int round = 0; round < 3; round++) {
-        gp_backend *inner;
-        slow_maps *s;
-        gp_pool *p = slow_pool(256 * MiB, 2000, &s, &inner); /* (a restore of 8 MiB maps for 16 ms) */
-        gp_offloader *o;
-        CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
-        void *a = gp_alloc(p, 8 * MiB, NULL, T_A, GP_PRIO_NORMAL, NULL);
-        void *b = gp_alloc(p, 4 * MiB, NULL, T_B, GP_PRIO_NORMAL, NULL);
-        fill(a, 8 * MiB, 1);
-        fill(b, 4 * MiB, 2);
+        slow_two x;
+        slow_two_make(&x, 256 * MiB, 2000, T_A, T_B, 4 * MiB, 1); /* (a restore of 8 MiB maps for 16 ms) */
+        gp_pool *p = x.p;
+        gp_offloader *o = x.o;
+        void *a = x.a, *b = x.b;
         gp_tag ab[2] = {T_A, T_B};
         gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_RAW};
         gp_offload_result r;
@@ -479,13 +475,10 @@ static void test_prefetch_during_restore(void)
         pthread_join(th, NULL);
         CHECK(gp_restore_tags(o, &T_A, 1, 0, &r) == GP_OK); /* (waits for the prefetch, if one was queued) */
         CHECK(same(a, 8 * MiB, 1) && same(a2, 8 * MiB, 3));
-        CHECK(offload_ok(o) && pool_consistent(p, inner) == 0);
         gp_free(p, a);
         gp_free(p, b);
         gp_free(p, a2);
-        gp_offloader_destroy(o);
-        pthread_mutex_destroy(&s->lock);
-        done(p);
+        slow_two_done(&x);
     }
 }
 
