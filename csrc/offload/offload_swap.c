@@ -12,10 +12,12 @@
 
 #include "offload_impl.h"
 
-/* Whether a prefetch of a record is queued or running (o->lock is held;
- * each record's move broadcasts o->cond). */
-static int gp_prefetching(const gp_offloader *o)
+/* Whether a background offload or a prefetch of a record is queued or
+ * running (o->lock is held; each job's end and each record's move
+ * broadcast o->cond). */
+static int gp_queued(const gp_offloader *o)
 {
+    if (o->n_background || o->n_deferred) return 1;
     for (const gp_record *r = o->records; r; r = r->next)
         if (r->state == GP_REC_PREFETCHING) return 1;
     return 0;
@@ -113,14 +115,14 @@ gp_status gp_offload_swap_out(gp_offloader *o, const char *codec, uint32_t *id, 
      * waited for without it, and looked for again once it is taken. */
     for (;;) {
         pthread_mutex_lock(&o->lock);
-        while (o->n_background || o->n_deferred || gp_prefetching(o)) pthread_cond_wait(&o->cond, &o->lock);
+        while (gp_queued(o)) pthread_cond_wait(&o->cond, &o->lock);
         pthread_mutex_unlock(&o->lock);
         /* Every kernel queued on the pool's memory, on any stream, is done
          * before its bytes are read (the tenant launches nothing meanwhile). */
         st = gp_pool_synchronize(o->pool);
         gp_op_lock(o);
         pthread_mutex_lock(&o->lock);
-        int queued = o->n_background || o->n_deferred || gp_prefetching(o);
+        int queued = gp_queued(o);
         pthread_mutex_unlock(&o->lock);
         if (!queued || st != GP_OK) break;
         gp_op_unlock(o);
