@@ -1,6 +1,7 @@
 """What the fp32 fine-tune loses to PCIe traffic beside it, gpupool's offload or not.
 
-    python -m benchmarks.interference [--reps 3] [--runs none,native,h2d,d2h,both,d2d,host,trip,offload,cap,alternate] [--quick]
+    python -m benchmarks.interference [--reps 3] [--quick]
+        [--runs none,native,expandable,reserve,h2d,d2h,both,d2d,host,trip,offload,cap,alternate]
     python -m benchmarks.interference --runs none,offload,cap --base DIR   # this build against another
     python -m benchmarks.interference --runs none,offload,cap --lengths 128..1024 --steps 30 --cap 18
     python -m benchmarks.interference --runs none,alternate,offload --steps 40
@@ -23,9 +24,11 @@ optimizer's state to pinned host memory and back, in 256 MiB pieces, then
 a wait for the next step) -- with nothing of gpupool in the copies' path;
 and the recipe with the optimizer offloaded (``offload``), and so at the
 cap where every PyTorch mode runs out of memory (``cap``).  ``native`` runs
-the recipe under PyTorch's own allocator with nothing beside it: the
-threads' CPU time and the phases of the step without offload under both
-allocators, side by side.  ``alternate`` offloads the state behind every
+the recipe under PyTorch's own allocator with nothing beside it (and
+``expandable`` with its expandable segments; ``reserve`` under gpupool with
+the whole pool mapped at start, so that no step calls the driver): the
+threads' CPU time and the phases of the step without offload under each
+allocator, side by side.  ``alternate`` offloads the state behind every
 other step only (gpupool's own hooks, their offload skipped every other
 step): each step the state had left behind is compared with its
 neighbours that ran without, a fraction of a second apart in the same
@@ -88,6 +91,8 @@ _OFF = ("--offload-optimizer",)
 RUNS: Dict[str, Any] = {
     "none": (None, (), (), "gpupool"),
     "native": (None, (), (), "native"),
+    "expandable": (None, (), (), "expandable"),
+    "reserve": (None, (), (), "gpupool-reserve"),
     "h2d": ("h2d", (), (), "gpupool"),
     "d2h": ("d2h", (), (), "gpupool"),
     "both": ("both", (), (), "gpupool"),
@@ -151,7 +156,8 @@ def _thread_cpu() -> Dict[str, int]:
 
 # gpupool's counters read at the first and last timed step: what crossed PCIe
 # and what the pool's calls cost the allocating threads, per step.
-_COUNTERS = ("bytes_out", "bytes_in", "n_map", "n_unmap", "n_sync_pool", "ns_slow", "n_pressure")
+_COUNTERS = ("bytes_out", "bytes_in", "n_map", "n_unmap", "n_sync_pool", "ns_slow", "n_pressure", "n_alloc",
+             "n_stream_waits", "n_sync", "ns_lock_wait")
 
 
 def _pool_counters() -> Dict[str, int]:
@@ -448,8 +454,9 @@ def summarize(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str]:
     by = {r: [x for x in results if x["run"] == r and "tokens_per_s" in x] for r in runs}
     lines = ["| run | tokens/s median (min..max) | vs none | main CPU ms/step | autograd CPU ms/step | copier GB/s "
              "| peak reserved GiB (min..max) | offload GB out/in per step | maps/unmaps/waits/pressure per step "
-             "| ms past the cache per step | forward/backward/optimizer ms per step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| ms past the cache per step | allocs/cross-stream waits/syncs per step | ms lock wait per step "
+             "| forward/backward/optimizer ms per step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         xs = by[r]
         none = [x["tokens_per_s"] for x in results
@@ -457,7 +464,7 @@ def summarize(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str]:
         base = med(none)
         failed = sum(1 for x in results if x["run"] == r and "error" in x)
         if not xs:
-            lines.append(f"| {r} | failed ({failed}) | | | | | | | | | |")
+            lines.append(f"| {r} | failed ({failed}) |" + " |" * 11)
             continue
         tps = [x["tokens_per_s"] for x in xs]
         m = med(tps)
@@ -477,6 +484,8 @@ def summarize(results: List[Dict[str, Any]], runs: Sequence[str]) -> List[str]:
                      f" | {each('pool_per_step', 'bytes_out', 'bytes_in', scale=1e9, fmt='{:.2f}')}"
                      f" | {each('pool_per_step', 'n_map', 'n_unmap', 'n_sync_pool', 'n_pressure')}"
                      f" | {each('pool_per_step', 'ns_slow', scale=1e6)}"
+                     f" | {each('pool_per_step', 'n_alloc', 'n_stream_waits', 'n_sync', fmt='{:.0f}')}"
+                     f" | {each('pool_per_step', 'ns_lock_wait', scale=1e6, fmt='{:.2f}')}"
                      f" | {each('phases_ms', 'forward', 'backward', 'optimizer')} |")
     return lines
 

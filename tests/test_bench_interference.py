@@ -33,7 +33,7 @@ def test_table_medians_ratios_and_failures() -> None:
     results = [_run("none", t) for t in (100.0, 120.0, 110.0)]
     results += [_run("h2d", t, 90.0, 48.0, g) for t, g in ((88.0, 11.5), (99.0, 12.0), (77.0, 11.0))]
     moved = {"bytes_out": 3.7e9, "bytes_in": 3.6e9, "n_map": 50, "n_unmap": 40.5, "n_sync_pool": 2, "n_pressure": 0.5,
-             "ns_slow": 15e6}
+             "ns_slow": 15e6, "n_alloc": 4000, "n_stream_waits": 3, "n_sync": 1, "ns_lock_wait": 2.5e6}
     phases = [{"forward": 60.0, "backward": 120.0, "optimizer": 3.0, "step": 183.0},
               {"forward": 80.0, "backward": 150.0, "optimizer": 4.0, "step": 234.0},
               {"forward": 70.0, "backward": 130.0, "optimizer": 2.0, "step": 202.0}]
@@ -41,12 +41,13 @@ def test_table_medians_ratios_and_failures() -> None:
     results += [{"run": "offload", "error": "out of memory"}]
     rows = summarize(results, ["none", "h2d", "offload", "both"])
     assert rows[2] == ("| none | 110 (100..120) | 1.000x (0.909..1.091) | 80.0 | 160.0 |  | 10.00 (10.00..10.00)"
-                       " |  |  |  |  |")
+                       " |  |  |  |  |  |  |")
     assert rows[3] == ("| h2d | 88 (77..99) | 0.800x (0.700..0.900) | 90.0 | 180.0 | 48.0 | 11.50 (11.00..12.00)"
-                       " |  |  |  |  |")
+                       " |  |  |  |  |  |  |")
     assert rows[4].startswith("| offload | 80 (80..80) [1 failed] | 0.727x")
-    assert rows[4].endswith("| 3.70/3.60 | 50.0/40.5/2.0/0.5 | 15.0 | 70.0/130.0/3.0 |")
-    assert rows[5] == "| both | failed (0) | | | | | | | | | |"
+    assert rows[4].endswith("| 3.70/3.60 | 50.0/40.5/2.0/0.5 | 15.0 | 4000/3/1 | 2.50 | 70.0/130.0/3.0 |")
+    assert rows[5] == "| both | failed (0) | | | | | | | | | | | |"
+    assert all(r.count("|") == rows[0].count("|") for r in rows)
 
 
 def test_bad_options_are_named() -> None:
