@@ -1,6 +1,7 @@
 """Summarise a torch profiler Chrome trace: does the offloader's traffic run under compute?
 
     python -m benchmarks.timeline trace.json [--width 100]
+    python -m benchmarks.timeline a.json --against b.json [--top 25]
 
 ``examples/qwen_lora_finetune.py --trace trace.json`` records one. For each
 step (the ``step N`` ranges the example marks) it prints the step's span on
@@ -15,6 +16,12 @@ stream's idle gaps over 1 ms with the host ranges of gpupool's hooks
     h2d      ......................<<<<<<<<<<<<.......
 
 One column is 1/width of the step; a mark means busy for part of it.
+
+``--against`` compares the device's work of two traces of the same steps
+(say the example under two allocators): the kernels each ran and their
+time on the device in all, then the kernels whose time differs most.
+Where the counts and the times match, what separates the two runs is not
+the device's work.
 """
 from __future__ import annotations
 
@@ -88,6 +95,7 @@ def load(path: str) -> Dict[str, Any]:
         events = json.load(f)
     events = events.get("traceEvents", events) if isinstance(events, dict) else events
     kernels: Dict[Any, List[Span]] = {}
+    by_name: Dict[str, List[float]] = {}  # kernel name -> [count, microseconds]
     copies: Dict[str, List[Tuple[float, float, int]]] = {"d2h": [], "h2d": []}
     steps: Dict[str, List[Span]] = {}
     hooks: List[Tuple[str, float, float]] = []
@@ -98,6 +106,9 @@ def load(path: str) -> Dict[str, Any]:
         span = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
         if cat == "kernel":
             kernels.setdefault(e.get("args", {}).get("stream", e.get("tid")), []).append(span)
+            tally = by_name.setdefault(name, [0, 0.0])
+            tally[0] += 1
+            tally[1] += span[1] - span[0]
         elif cat == "gpu_memcpy":
             kind = "d2h" if "DtoH" in name else "h2d" if "HtoD" in name else None
             if kind:
@@ -111,7 +122,29 @@ def load(path: str) -> Dict[str, Any]:
     if not kernels:
         raise SystemExit(f"{path}: no kernels in the trace (was it recorded with the CUDA activity?)")
     compute = max(kernels, key=lambda s: length(union(kernels[s])))
-    return {"compute": union(kernels[compute]), "stream": compute, "copies": copies, "steps": steps, "hooks": hooks}
+    return {"compute": union(kernels[compute]), "stream": compute, "copies": copies, "steps": steps, "hooks": hooks,
+            "by_name": by_name}
+
+
+def compare(a: Dict[str, Any], b: Dict[str, Any], top: int = 25, names: Tuple[str, str] = ("a", "b")) -> str:
+    """The kernels of traces `a` and `b` (of `load`): count and device time of
+    each, then the `top` kernels whose time differs most (ms in a, in b, b - a)."""
+    out = []
+    for label, t in zip(names, (a, b)):
+        n = sum(c for c, _ in t["by_name"].values())
+        us = sum(d for _, d in t["by_name"].values())
+        out.append(f"{label}: {n} kernels, {us / 1e3:.1f} ms on the device")
+
+    def us(t: Dict[str, Any], k: str) -> float:
+        return t["by_name"].get(k, (0, 0.0))[1]
+
+    ks = sorted(set(a["by_name"]) | set(b["by_name"]), key=lambda k: (-abs(us(b, k) - us(a, k)), k))[:top]
+    out.append(f"kernels whose time differs most (ms in {names[0]}, in {names[1]}, difference; count in each):")
+    for k in ks:
+        ca, cb = a["by_name"].get(k, (0, 0.0))[0], b["by_name"].get(k, (0, 0.0))[0]
+        out.append(f"  {us(a, k) / 1e3:9.2f} {us(b, k) / 1e3:9.2f} {(us(b, k) - us(a, k)) / 1e3:+8.2f}  "
+                   f"{ca}/{cb}  {k[:100]}")
+    return "\n".join(out)
 
 
 def summarize(t: Dict[str, Any], width: int = 100) -> str:
@@ -163,8 +196,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.timeline", description=__doc__.split("\n\n")[0])
     p.add_argument("trace", help="a Chrome trace of torch.profiler (export_chrome_trace)")
     p.add_argument("--width", type=int, default=100, help="columns of a step's bars (default: 100)")
+    p.add_argument("--against", metavar="TRACE", help="compare the kernels of the trace with this one's")
+    p.add_argument("--top", type=int, default=25, help="with --against: the kernels listed (default: 25)")
     a = p.parse_args(argv)
-    print(summarize(load(a.trace), a.width))
+    if a.top < 0:
+        p.error(f"--top {a.top}: a count of kernels, 0 or more")
+    if a.against:
+        print(compare(load(a.trace), load(a.against), a.top, (a.trace, a.against)))
+    else:
+        print(summarize(load(a.trace), a.width))
     return 0
 
 
