@@ -972,6 +972,80 @@ def test_a_module_outside_that_shares_its_memory_holds_the_offloadable_one(run_p
     assert "OK" in r.stdout
 
 
+def test_data_parallel_holds_the_offloadable_modules_it_replicates(run_py) -> None:
+    # nn.DataParallel over several GPUs copies its module's tensors to the
+    # other devices (replicate) before any hook of the module runs, and its
+    # first replica computes on the module's own tensors; the module's hooks
+    # do nothing on replicas.  An offloaded module read unmapped memory there
+    # (a segfault here, the CUDA context lost on a GPU).  DataParallel's
+    # forward now holds the offloadable modules inside through the forward
+    # and, from the output's gradient, through the backward pass.  Here
+    # DataParallel's own forward runs over two CPU "devices": scatter,
+    # replicate, parallel_apply and gather do on the CPU what they do across
+    # GPUs (the second replica's weight is a copy, read at replicate).
+    pytest.importorskip("torch")
+    r = run_py(_FRESH + textwrap.dedent("""
+        def trainable_over(tag, value):
+            m = torch.nn.Linear(1024, 1024, bias=False)
+            w = floats(1024 * 1024, tag, "low").view(1024, 1024).copy_(value)
+            m.weight = torch.nn.Parameter(w)
+            return m
+
+        lin = trainable_over("dp_made_t", torch.full((1024, 1024), 0.25))
+        model = torch.nn.Sequential(lin, torch.nn.Tanh())
+        ref = torch.nn.Sequential(torch.nn.Linear(1024, 1024, bias=False), torch.nn.Tanh())
+        ref[0].weight = torch.nn.Parameter(torch.full((1024, 1024), 0.25))
+        dp = torch.nn.DataParallel(model)  # (no CUDA here: made as a pass-through, set to two devices below)
+        dp.device_ids, dp.output_device, dp.src_device_obj = [0, 1], 0, torch.device("cpu")
+        w = lin.weight.data_ptr()
+        seen = []
+
+        def scatter(inputs, kwargs, ids):
+            return [(c,) for c in inputs[0].chunk(len(ids))], [{} for _ in ids]
+
+        def replicate(module, ids):
+            replicas = []
+            for i in range(len(ids)):
+                r = module[0]._replicate_for_data_parallel()
+                r._parameters = {"weight": module[0].weight if i == 0 else module[0].weight.clone(), "bias": None}
+                replicas.append(torch.nn.Sequential(r, torch.nn.Tanh()))
+            return replicas
+
+        def parallel_apply(replicas, inputs, kwargs):
+            seen.append(p.lookup(w).state)
+            try:  # held: the pool cannot take the module for this allocation
+                p.alloc(60 << 20, tag="dp_hungry_t")
+                seen.append("allocated")
+            except MemoryError:
+                seen.append("refused")
+            return [r(*x, **k) for r, x, k in zip(replicas, inputs, kwargs)]
+
+        dp.scatter, dp.replicate, dp.parallel_apply = scatter, replicate, parallel_apply
+        dp.gather = lambda outputs, device: torch.cat(outputs)
+        h = gpupool.offloadable(model, "dp_t", pool=p)
+        for step in range(3):
+            x = torch.linspace(-1, 1, 8 * 1024).view(8, 1024).mul(step + 1).requires_grad_()
+            h.offload()
+            assert p.lookup(w).state == "offloaded"
+            out = dp(x)
+            assert seen[-2:] == ["used", "refused"], seen
+            h.offload()  # (as pressure may, between the forward and the backward)
+            out.square().sum().backward()
+            xr = x.detach().clone().requires_grad_()
+            ref(xr).square().sum().backward()
+            assert torch.allclose(out, ref(x.detach()), atol=1e-5)
+            assert torch.allclose(x.grad, xr.grad, atol=1e-4) and torch.allclose(lin.weight.grad, ref[0].weight.grad, atol=1e-3)
+            assert h._holds == 0
+        assert h.offload()["bytes"] == 4 << 20  # idle after: nothing left held
+        # One device: DataParallel calls the module itself, whose own hooks restore it.
+        dp.device_ids = [0]
+        assert torch.allclose(dp(torch.ones(2, 1024)), ref(torch.ones(2, 1024)), atol=1e-5)
+        h.remove()
+        print("OK")
+    """))
+    assert "OK" in r.stdout, (r.stdout, r.stderr)
+
+
 def test_module_apply_holds_an_offloadable_module_and_keeps_what_fn_keeps_apart(run_py) -> None:
     # Module.apply(fn) (a weight initialisation, a re-scaling) runs user
     # code over every submodule where no hook saw it: on an offloaded

@@ -789,6 +789,45 @@ def test_copies_and_data_parallel_across_two_gpus_of_one_process(run_py) -> None
 
 
 @gpu
+def test_data_parallel_over_an_offloaded_module(run_py) -> None:
+    # nn.DataParallel copies its module's weights to the second GPU before
+    # any hook of the module runs, and its first replica computes on the
+    # module's own weights: offloaded, they were read unmapped (the CUDA
+    # context lost).  Offloaded before each forward and again between the
+    # forward and the backward, the module trains as one without offload.
+    torch = pytest.importorskip("torch")
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, this machine has {torch.cuda.device_count()}")
+    r = run_py("""
+    import copy, torch, gpupool
+    gpupool.enable()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 16)).cuda()
+    plain = copy.deepcopy(model)
+    h = gpupool.offloadable(model, "dp_model")
+    w = model[0].weight.data_ptr()
+    dp, dp_plain = torch.nn.DataParallel(model, device_ids=[0, 1]), torch.nn.DataParallel(plain, device_ids=[0, 1])
+    opt, opt_plain = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(plain.parameters(), lr=0.1)
+    for step, n in enumerate((64, 40, 96, 64)):  # varying batch sizes
+        x = torch.randn(n, 512, device="cuda")
+        assert h.offload()["bytes"] > 0
+        loss = dp(x).square().mean()
+        h.offload()  # (as pressure may, between the forward and the backward)
+        loss.backward()
+        dp_plain(x).square().mean().backward()
+        opt.step(); opt_plain.step(); opt.zero_grad(); opt_plain.zero_grad()
+    for a, b in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert gpupool.device_pool(0).lookup(w).tag == "dp_model"
+    gpupool.check(0)
+    torch.cuda.synchronize()
+    print("ok")
+    """)
+    assert "ok" in r.stdout, (r.stdout, r.stderr)
+
+
+@gpu
 def test_peer_benchmark_runs_in_gpupool_and_native(tmp_path) -> None:
     # The figures of the grant (every mapping of a device at once) and of
     # copies between devices come from this workload; each copy is checked in it.

@@ -491,7 +491,11 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       its forward and its part of the backward pass: such modules are
       looked for when this is called (one walk of the interpreter's
       objects, about 65 ms with a Qwen2 0.5B model loaded), so a tie made
-      later is not seen.  A CUDA graph captured through
+      later is not seen.  ``nn.DataParallel`` over several GPUs, which
+      copies its module's tensors to the other GPUs before any hook of the
+      module runs, holds the offloadable modules whose tensors its module
+      holds through its forward and its part of the backward pass (its
+      forward is wrapped once a module is offloadable).  A CUDA graph captured through
       ``torch.cuda.graph`` over the module (its hooks ran inside the
       capture) restores it before each replay and holds it while the replay
       is queued; a capture while it is offloaded raises RuntimeError
@@ -570,6 +574,7 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
         with OffloadHandle._chain_lock:
             OffloadHandle._chain.append(weakref.ref(h))
         _hold_modules_in_steps()
+        _hold_in_data_parallel()
     h._use(False)
     return h
 
@@ -869,8 +874,6 @@ def _sharer_hooks(h: OffloadHandle, sharer: Any) -> None:
     """Hooks that hold `h` resident while `sharer` runs its forward, and
     again from the gradient of its output to the end of that backward pass
     (a hold each, counted, so that they nest with the module's own use)."""
-    import torch
-
     ref = weakref.ref(sharer)
     taken = threading.local()  # (per thread: the holds its forwards took; a pre-hook that raised took none)
 
@@ -884,20 +887,77 @@ def _sharer_hooks(h: OffloadHandle, sharer: Any) -> None:
             return
         taken.n -= 1
         h._release()
-        graph = [t for t in _flat(out) if getattr(t, "grad_fn", None) is not None]
-        if not (torch.is_grad_enabled() and graph):
-            return
-
-        def on_grad(grad: Any) -> Any:
-            h._hold_resident()
-            torch.autograd.Variable._execution_engine.queue_callback(h._release)
-            return grad
-
-        graph[0].register_hook(on_grad)
+        _hold_in_backward([h], out)
 
     # (always_call: a forward that raised releases its hold too)
     h._hooks += [sharer.register_forward_pre_hook(pre, prepend=True),
                  sharer.register_forward_hook(post, always_call=True)]
+
+
+def _hold_in_backward(handles: List[OffloadHandle], out: Any) -> None:
+    """Where `out`, a forward's output, recorded a graph: `handles` held
+    resident again from the gradient of its output to the end of that
+    backward pass, which reads what the forward saved of their tensors."""
+    import torch
+
+    graph = [t for t in _flat(out) if getattr(t, "grad_fn", None) is not None]
+    if not (torch.is_grad_enabled() and graph):
+        return
+
+    def on_grad(grad: Any) -> Any:
+        held = OffloadHandle._hold_resident_all(handles)
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: [h._release() for h in held])
+        return grad
+
+    graph[0].register_hook(on_grad)
+
+
+# nn.DataParallel over several GPUs copies its module's tensors to the other
+# devices (replicate) before any hook of the module runs, and its replica on
+# the first device computes on the module's own tensors; the replicas are
+# copies of the module, on which the module's hooks do nothing.  An
+# offloadable module inside read offloaded memory there (the CUDA context
+# lost).  So DataParallel's forward (patched with the first offloadable
+# module) holds the offloadable modules whose tensors its module holds
+# through the forward and its part of the backward pass.
+_dp_forward: List[Any] = []  # DataParallel's own forward, once patched
+
+
+def _hold_in_data_parallel() -> None:
+    torch = sys.modules.get("torch")
+    dp = getattr(getattr(torch, "nn", None), "DataParallel", None)
+    with OffloadHandle._chain_lock:
+        if _dp_forward or dp is None:
+            return
+        own = dp.forward
+        _dp_forward.append(own)
+
+    def forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
+        handles = _handles_within(self.module) if len(getattr(self, "device_ids", ()) or ()) > 1 else []
+        if not handles:
+            return own(self, *inputs, **kwargs)
+        held = OffloadHandle._hold_resident_all(handles)
+        try:
+            out = own(self, *inputs, **kwargs)
+        finally:
+            for h in held:
+                h._release()
+        _hold_in_backward(held, out)
+        return out
+
+    forward.__wrapped__ = own  # type: ignore[attr-defined]
+    forward.__doc__ = own.__doc__
+    dp.forward = forward
+
+
+def _handles_within(module: Any) -> List[OffloadHandle]:
+    """The offloadable modules' handles any of whose tensors `module` holds."""
+    with OffloadHandle._chain_lock:
+        handles = [h for h in (r() for r in OffloadHandle._chain) if h is not None and h._key]
+    if not handles:
+        return []
+    ptrs = {t.data_ptr() for t in plain_tensors([*module.parameters(), *module.buffers()])}
+    return [h for h in handles if not ptrs.isdisjoint(h._key)]
 
 
 def _state_dict_hooks(h: OffloadHandle, obj: Any, keep: Any, load_post: Any, mine: Any = None) -> List[Any]:
