@@ -1046,6 +1046,58 @@ def test_data_parallel_holds_the_offloadable_modules_it_replicates(run_py) -> No
     assert "OK" in r.stdout, (r.stdout, r.stderr)
 
 
+def test_ddp_buffer_sync_holds_the_offloadable_modules_of_its_buffers(run_py) -> None:
+    # DistributedDataParallel broadcasts its module's buffers before each
+    # forward (broadcast_buffers=True, its default), before any hook of the
+    # module runs: a BatchNorm's running statistics offloaded were read
+    # unmapped there (a segfault here, the CUDA context lost on a GPU).
+    # Its buffer sync now holds the offloadable modules whose buffers it
+    # syncs.  One rank of gloo on the CPU; the module offloaded before each
+    # forward trains as a plain one, its running statistics too.
+    pytest.importorskip("torch")
+    r = run_py(_FRESH + textwrap.dedent("""
+        import os
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method="file://" + os.path.abspath("store"), rank=0, world_size=1)
+
+        def model(stats):
+            lin = torch.nn.Linear(1024, 1024, bias=False)
+            bn = torch.nn.BatchNorm1d(1024, affine=False)
+            bn.num_batches_tracked = None
+            if stats:  # weights and statistics in the pool's memory
+                lin.weight = torch.nn.Parameter(floats(1024 * 1024, "ddp_made_t", "low").view(1024, 1024))
+                bn.running_mean = floats(1024, "ddp_made_t", "low")
+                bn.running_var = floats(1024, "ddp_made_t", "low")
+            with torch.no_grad():
+                lin.weight.copy_(torch.linspace(-0.01, 0.01, 1024 * 1024).view(1024, 1024))
+                bn.running_mean.zero_()
+                bn.running_var.fill_(1.0)
+            return torch.nn.Sequential(lin, bn)
+
+        m, ref = model(True), model(False)
+        ddp = torch.nn.parallel.DistributedDataParallel(m)
+        assert ddp.will_sync_module_buffers()
+        h = gpupool.offloadable(m, "ddp_t", pool=p)
+        mean = m[1].running_mean.data_ptr()
+        for step in range(3):
+            x = torch.linspace(-1, 1, 16 * 1024).view(16, 1024).mul(step + 1)
+            h.offload()
+            assert p.lookup(mean).state == "offloaded"
+            ddp(x).square().sum().backward()
+            ref(x).square().sum().backward()
+            assert h._holds == 0
+        assert torch.allclose(m[1].running_mean, ref[1].running_mean, atol=1e-6)
+        assert torch.allclose(m[1].running_var, ref[1].running_var, atol=1e-5)
+        assert torch.allclose(m[0].weight.grad, ref[0].weight.grad, rtol=1e-4, atol=1e-4)
+        assert h.offload()["bytes"] > 0  # idle after: nothing left held
+        h.remove()
+        dist.destroy_process_group()
+        print("OK")
+    """))
+    assert "OK" in r.stdout, (r.stdout, r.stderr)
+
+
 def test_module_apply_holds_an_offloadable_module_and_keeps_what_fn_keeps_apart(run_py) -> None:
     # Module.apply(fn) (a weight initialisation, a re-scaling) runs user
     # code over every submodule where no hook saw it: on an offloaded

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import functools
 import sys
 import threading
 import types
@@ -494,8 +495,10 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       later is not seen.  ``nn.DataParallel`` over several GPUs, which
       copies its module's tensors to the other GPUs before any hook of the
       module runs, holds the offloadable modules whose tensors its module
-      holds through its forward and its part of the backward pass (its
-      forward is wrapped once a module is offloadable).  A CUDA graph captured through
+      holds through its forward and its part of the backward pass, and
+      ``DistributedDataParallel``'s sync of its module's buffers (before
+      each forward, with ``broadcast_buffers=True``) holds those whose
+      buffers it syncs (both wrapped once a module is offloadable).  A CUDA graph captured through
       ``torch.cuda.graph`` over the module (its hooks ran inside the
       capture) restores it before each replay and holds it while the replay
       is queued; a capture while it is offloaded raises RuntimeError
@@ -912,28 +915,38 @@ def _hold_in_backward(handles: List[OffloadHandle], out: Any) -> None:
     graph[0].register_hook(on_grad)
 
 
-# nn.DataParallel over several GPUs copies its module's tensors to the other
-# devices (replicate) before any hook of the module runs, and its replica on
-# the first device computes on the module's own tensors; the replicas are
-# copies of the module, on which the module's hooks do nothing.  An
-# offloadable module inside read offloaded memory there (the CUDA context
-# lost).  So DataParallel's forward (patched with the first offloadable
-# module) holds the offloadable modules whose tensors its module holds
-# through the forward and its part of the backward pass.
-_dp_forward: List[Any] = []  # DataParallel's own forward, once patched
+# Data-parallel wrappers read their module's tensors where none of its hooks
+# runs.  nn.DataParallel over several GPUs copies them to the other devices
+# (replicate) before the module's forward, and its replica on the first
+# device computes on the module's own tensors; the replicas are copies, on
+# which the module's hooks do nothing.  DistributedDataParallel broadcasts
+# the module's buffers from one rank before each forward (its default
+# broadcast_buffers=True).  An offloadable module inside was read offloaded
+# (the CUDA context lost).  So, once a module is offloadable, DataParallel's
+# forward holds the offloadable modules whose tensors its module holds
+# through the forward and its part of the backward pass, and DDP's buffer
+# sync holds those whose buffers it syncs while it runs.
+_wrapped: List[Tuple[Any, str, Any]] = []  # (class, attribute, its own) for each wrapped
 
 
 def _hold_in_data_parallel() -> None:
-    torch = sys.modules.get("torch")
-    dp = getattr(getattr(torch, "nn", None), "DataParallel", None)
+    nn = getattr(sys.modules.get("torch"), "nn", None)
     with OffloadHandle._chain_lock:
-        if _dp_forward or dp is None:
+        if _wrapped or nn is None:
             return
-        own = dp.forward
-        _dp_forward.append(own)
+        ddp = getattr(getattr(nn, "parallel", None), "DistributedDataParallel", None)
+        for cls, name, wrap in ((getattr(nn, "DataParallel", None), "forward", _dp_forward),
+                                (ddp, "_sync_module_buffers", _ddp_buffer_sync)):
+            own = getattr(cls, name, None)
+            if own is not None:
+                setattr(cls, name, functools.wraps(own)(wrap(own)))
+                _wrapped.append((cls, name, own))
 
+
+def _dp_forward(own: Any) -> Any:
     def forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
-        handles = _handles_within(self.module) if len(getattr(self, "device_ids", ()) or ()) > 1 else []
+        several = len(getattr(self, "device_ids", None) or ()) > 1
+        handles = _handles_of([*self.module.parameters(), *self.module.buffers()]) if several else []
         if not handles:
             return own(self, *inputs, **kwargs)
         held = OffloadHandle._hold_resident_all(handles)
@@ -945,18 +958,31 @@ def _hold_in_data_parallel() -> None:
         _hold_in_backward(held, out)
         return out
 
-    forward.__wrapped__ = own  # type: ignore[attr-defined]
-    forward.__doc__ = own.__doc__
-    dp.forward = forward
+    return forward
 
 
-def _handles_within(module: Any) -> List[OffloadHandle]:
-    """The offloadable modules' handles any of whose tensors `module` holds."""
+def _ddp_buffer_sync(own: Any) -> Any:
+    def sync(self: Any, *args: Any, **kwargs: Any) -> Any:
+        handles = _handles_of(getattr(self, "modules_buffers", None) or [])
+        if not handles:
+            return own(self, *args, **kwargs)
+        held = OffloadHandle._hold_resident_all(handles)
+        try:
+            return own(self, *args, **kwargs)
+        finally:
+            for h in held:
+                h._release()
+
+    return sync
+
+
+def _handles_of(tensors: List[Any]) -> List[OffloadHandle]:
+    """The offloadable modules' handles that any of `tensors` belongs to."""
     with OffloadHandle._chain_lock:
         handles = [h for h in (r() for r in OffloadHandle._chain) if h is not None and h._key]
     if not handles:
         return []
-    ptrs = {t.data_ptr() for t in plain_tensors([*module.parameters(), *module.buffers()])}
+    ptrs = {t.data_ptr() for t in plain_tensors(tensors)}
     return [h for h in handles if not ptrs.isdisjoint(h._key)]
 
 
