@@ -1046,14 +1046,16 @@ def test_data_parallel_holds_the_offloadable_modules_it_replicates(run_py) -> No
     assert "OK" in r.stdout, (r.stdout, r.stderr)
 
 
-def test_ddp_buffer_sync_holds_the_offloadable_modules_of_its_buffers(run_py) -> None:
+def test_ddp_holds_the_offloadable_modules_it_broadcasts(run_py) -> None:
     # DistributedDataParallel broadcasts its module's buffers before each
     # forward (broadcast_buffers=True, its default), before any hook of the
     # module runs: a BatchNorm's running statistics offloaded were read
     # unmapped there (a segfault here, the CUDA context lost on a GPU).
     # Its buffer sync now holds the offloadable modules whose buffers it
-    # syncs.  One rank of gloo on the CPU; the module offloaded before each
-    # forward trains as a plain one, its running statistics too.
+    # syncs, and its making (a broadcast of the module's parameters and
+    # buffers) those of its module.  One rank of gloo on the CPU; the module
+    # offloaded before DDP is made and before each forward trains as a
+    # plain one, its running statistics too.
     pytest.importorskip("torch")
     r = run_py(_FRESH + textwrap.dedent("""
         import os
@@ -1076,10 +1078,11 @@ def test_ddp_buffer_sync_holds_the_offloadable_modules_of_its_buffers(run_py) ->
             return torch.nn.Sequential(lin, bn)
 
         m, ref = model(True), model(False)
-        ddp = torch.nn.parallel.DistributedDataParallel(m)
-        assert ddp.will_sync_module_buffers()
         h = gpupool.offloadable(m, "ddp_t", pool=p)
         mean = m[1].running_mean.data_ptr()
+        h.offload()  # (DDP's making broadcasts the module's tensors too)
+        ddp = torch.nn.parallel.DistributedDataParallel(m)
+        assert ddp.will_sync_module_buffers() and h._holds == 0
         for step in range(3):
             x = torch.linspace(-1, 1, 16 * 1024).view(16, 1024).mul(step + 1)
             h.offload()

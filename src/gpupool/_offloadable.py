@@ -498,7 +498,9 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       holds through its forward and its part of the backward pass, and
       ``DistributedDataParallel``'s sync of its module's buffers (before
       each forward, with ``broadcast_buffers=True``) holds those whose
-      buffers it syncs (both wrapped once a module is offloadable).  A CUDA graph captured through
+      buffers it syncs, as its making (which broadcasts the module's
+      tensors) holds those of its module (wrapped once a module is
+      offloadable).  A CUDA graph captured through
       ``torch.cuda.graph`` over the module (its hooks ran inside the
       capture) restores it before each replay and holds it while the replay
       is queued; a capture while it is offloaded raises RuntimeError
@@ -921,11 +923,13 @@ def _hold_in_backward(handles: List[OffloadHandle], out: Any) -> None:
 # device computes on the module's own tensors; the replicas are copies, on
 # which the module's hooks do nothing.  DistributedDataParallel broadcasts
 # the module's buffers from one rank before each forward (its default
-# broadcast_buffers=True).  An offloadable module inside was read offloaded
-# (the CUDA context lost).  So, once a module is offloadable, DataParallel's
-# forward holds the offloadable modules whose tensors its module holds
-# through the forward and its part of the backward pass, and DDP's buffer
-# sync holds those whose buffers it syncs while it runs.
+# broadcast_buffers=True), and its module's parameters and buffers when it
+# is made.  An offloadable module inside was read offloaded (the CUDA
+# context lost).  So, once a module is offloadable, DataParallel's forward
+# holds the offloadable modules whose tensors its module holds through the
+# forward and its part of the backward pass, DDP's making holds those of
+# its module, and DDP's buffer sync those whose buffers it syncs while it
+# runs.
 _wrapped: List[Tuple[Any, str, Any]] = []  # (class, attribute, its own) for each wrapped
 
 
@@ -936,7 +940,7 @@ def _hold_in_data_parallel() -> None:
             return
         ddp = getattr(getattr(nn, "parallel", None), "DistributedDataParallel", None)
         for cls, name, wrap in ((getattr(nn, "DataParallel", None), "forward", _dp_forward),
-                                (ddp, "_sync_module_buffers", _ddp_buffer_sync)):
+                                (ddp, "__init__", _ddp_init), (ddp, "_sync_module_buffers", _ddp_buffer_sync)):
             own = getattr(cls, name, None)
             if own is not None:
                 setattr(cls, name, functools.wraps(own)(wrap(own)))
@@ -959,6 +963,19 @@ def _dp_forward(own: Any) -> Any:
         return out
 
     return forward
+
+
+def _ddp_init(own: Any) -> Any:
+    def init(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
+        tensors = [*module.parameters(), *module.buffers()] if hasattr(module, "parameters") else []
+        held = OffloadHandle._hold_resident_all(_handles_of(tensors))
+        try:
+            own(self, module, *args, **kwargs)
+        finally:
+            for h in held:
+                h._release()
+
+    return init
 
 
 def _ddp_buffer_sync(own: Any) -> Any:
