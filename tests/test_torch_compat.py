@@ -746,21 +746,32 @@ def test_peer_access_is_answered_through_the_vtable(run_py) -> None:
     assert "ok" in run_py(PEER_ACCESS_THROUGH_VTABLE).stdout
 
 
+def _two_gpus() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, this machine has {torch.cuda.device_count()}")
+
+
+# The start of a script over two GPUs of one process: gpupool first, exact
+# float32 matmuls (results compared with the CPU's or another run's).
+# Indented as the scripts it starts, which run_py dedents.
+TWO_GPUS = """
+    import torch, gpupool
+    gpupool.enable()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+"""
+
+
 @gpu
 def test_copies_and_data_parallel_across_two_gpus_of_one_process(run_py) -> None:
     # One process driving two GPUs (nn.DataParallel, which transformers'
     # Trainer uses when it sees several; tensor.to("cuda:1")) failed with
     # "CUDA error: invalid argument": the second device could not reach
     # memory gpupool maps for the first.  Every byte checked against the CPU.
-    torch = pytest.importorskip("torch")
-    if torch.cuda.device_count() < 2:
-        pytest.skip(f"needs 2 GPUs, this machine has {torch.cuda.device_count()}")
-    r = run_py("""
-    import torch, gpupool
-    gpupool.enable()
+    _two_gpus()
+    r = run_py(TWO_GPUS + """
     from gpupool import _C
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.manual_seed(0)
     x = torch.randn(1000, 300, device="cuda:0")
     ref = x.cpu()
     assert torch.equal(x.to("cuda:1").cpu(), ref)             # contiguous: the allocator's copy
@@ -795,14 +806,9 @@ def test_data_parallel_over_an_offloaded_module(run_py) -> None:
     # module's own weights: offloaded, they were read unmapped (the CUDA
     # context lost).  Offloaded before each forward and again between the
     # forward and the backward, the module trains as one without offload.
-    torch = pytest.importorskip("torch")
-    if torch.cuda.device_count() < 2:
-        pytest.skip(f"needs 2 GPUs, this machine has {torch.cuda.device_count()}")
-    r = run_py("""
-    import copy, torch, gpupool
-    gpupool.enable()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.manual_seed(0)
+    _two_gpus()
+    r = run_py(TWO_GPUS + """
+    import copy
     model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 16)).cuda()
     plain = copy.deepcopy(model)
     h = gpupool.offloadable(model, "dp_model")
@@ -831,9 +837,7 @@ def test_data_parallel_over_an_offloaded_module(run_py) -> None:
 def test_peer_benchmark_runs_in_gpupool_and_native(tmp_path) -> None:
     # The figures of the grant (every mapping of a device at once) and of
     # copies between devices come from this workload; each copy is checked in it.
-    torch = pytest.importorskip("torch")
-    if torch.cuda.device_count() < 2:
-        pytest.skip(f"needs 2 GPUs, this machine has {torch.cuda.device_count()}")
+    _two_gpus()
     from conftest import ROOT, child_env
 
     out = tmp_path / "peer.json"
