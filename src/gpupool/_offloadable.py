@@ -8,12 +8,13 @@ import collections
 import contextlib
 import copy
 import functools
+import itertools
 import sys
 import threading
 import types
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from . import _C
 from ._context import Priority, priority_value, tag_id, tag_lifetime
@@ -950,7 +951,7 @@ def _hold_in_data_parallel() -> None:
 def _dp_forward(own: Any) -> Any:
     def forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
         several = len(getattr(self, "device_ids", None) or ()) > 1
-        handles = _handles_of([*self.module.parameters(), *self.module.buffers()]) if several else []
+        handles = _handles_of(itertools.chain(self.module.parameters(), self.module.buffers())) if several else []
         if not handles:
             return own(self, *inputs, **kwargs)
         held = OffloadHandle._hold_resident_all(handles)
@@ -967,7 +968,7 @@ def _dp_forward(own: Any) -> Any:
 
 def _ddp_init(own: Any) -> Any:
     def init(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
-        tensors = [*module.parameters(), *module.buffers()] if hasattr(module, "parameters") else []
+        tensors = itertools.chain(module.parameters(), module.buffers()) if hasattr(module, "parameters") else ()
         held = OffloadHandle._hold_resident_all(_handles_of(tensors))
         try:
             own(self, module, *args, **kwargs)
@@ -993,8 +994,9 @@ def _ddp_buffer_sync(own: Any) -> Any:
     return sync
 
 
-def _handles_of(tensors: List[Any]) -> List[OffloadHandle]:
-    """The offloadable modules' handles that any of `tensors` belongs to."""
+def _handles_of(tensors: Iterable[Any]) -> List[OffloadHandle]:
+    """The offloadable modules' handles that any of `tensors` belongs to
+    (`tensors` not looked at while no module is offloadable)."""
     with OffloadHandle._chain_lock:
         handles = [h for h in (r() for r in OffloadHandle._chain) if h is not None and h._key]
     if not handles:
