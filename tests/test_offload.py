@@ -1101,6 +1101,41 @@ def test_ddp_holds_the_offloadable_modules_it_broadcasts(run_py) -> None:
     assert "OK" in r.stdout, (r.stdout, r.stderr)
 
 
+def test_an_ema_holds_the_offloadable_module_it_averages(run_py) -> None:
+    # torch.optim.swa_utils.AveragedModel (an EMA of the weights) reads the
+    # model it averages in update_parameters, where no hook of the model
+    # runs: offloaded (as the pool may take an idle module between steps),
+    # it was read unmapped (a segfault here, the CUDA context lost on a
+    # GPU).  update_parameters now holds it; the average is the plain one.
+    pytest.importorskip("torch")
+    r = run_py(_FRESH + textwrap.dedent("""
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+        m = torch.nn.Sequential(linear_over("ema_made_t", torch.full((1024, 1024), 1.0)))
+        ref = torch.nn.Sequential(torch.nn.Linear(1024, 1024, bias=False))
+        ref[0].weight = torch.nn.Parameter(torch.full((1024, 1024), 1.0), requires_grad=False)
+        h = gpupool.offloadable(m, "ema_t", pool=p)
+        ema = AveragedModel(m, multi_avg_fn=get_ema_multi_avg_fn(0.5))
+        ema_ref = AveragedModel(ref, multi_avg_fn=get_ema_multi_avg_fn(0.5))
+        assert not ema.module._forward_pre_hooks  # (the averaged copy is a plain module)
+        w = m[0].weight.data_ptr()
+        for step in range(3):
+            with h.in_use():
+                m[0].weight.add_(1.0)
+            ref[0].weight.add_(1.0)
+            h.offload()
+            assert p.lookup(w).state == "offloaded"
+            ema.update_parameters(m)
+            ema_ref.update_parameters(model=ref)
+            assert h._holds == 0
+        assert torch.equal(ema.module[0].weight, ema_ref.module[0].weight)
+        assert h.offload()["bytes"] == 4 << 20  # idle after: nothing left held
+        h.remove()
+        print("OK")
+    """))
+    assert "OK" in r.stdout, (r.stdout, r.stderr)
+
+
 def test_module_apply_holds_an_offloadable_module_and_keeps_what_fn_keeps_apart(run_py) -> None:
     # Module.apply(fn) (a weight initialisation, a re-scaling) runs user
     # code over every submodule where no hook saw it: on an offloaded

@@ -94,8 +94,8 @@ class OffloadHandle:
     def in_use(self) -> Iterator["OffloadHandle"]:
         """Resident, and never offloaded under pressure, inside the block:
         for code that reads or writes the object's tensors where no hook
-        sees it (``m.weight.norm()``, an EMA of a module's weights, a copy
-        of an optimizer's state on the device).  Outside its hooks idle
+        sees it (``m.weight.norm()``, an EMA of a module's weights written
+        by hand, a copy of an optimizer's state on the device).  Outside its hooks idle
         offloadable memory may be offloaded by any allocation that runs
         short, and a kernel that then touches it loses the CUDA context.
         Kernels queued inside the block may run after it ends: an offload
@@ -500,7 +500,9 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       ``DistributedDataParallel``'s sync of its module's buffers (before
       each forward, with ``broadcast_buffers=True``) holds those whose
       buffers it syncs, as its making (which broadcasts the module's
-      tensors) holds those of its module (wrapped once a module is
+      tensors) holds those of its module; an EMA's
+      (``torch.optim.swa_utils.AveragedModel``) ``update_parameters``
+      holds the model it averages (all wrapped once a module is
       offloadable).  A CUDA graph captured through
       ``torch.cuda.graph`` over the module (its hooks ran inside the
       capture) restores it before each replay and holds it while the replay
@@ -580,7 +582,7 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
         with OffloadHandle._chain_lock:
             OffloadHandle._chain.append(weakref.ref(h))
         _hold_modules_in_steps()
-        _hold_in_data_parallel()
+        _wrap_readers()
     h._use(False)
     return h
 
@@ -918,30 +920,38 @@ def _hold_in_backward(handles: List[OffloadHandle], out: Any) -> None:
     graph[0].register_hook(on_grad)
 
 
-# Data-parallel wrappers read their module's tensors where none of its hooks
+# Code of torch's that reads a module's tensors where none of its hooks
 # runs.  nn.DataParallel over several GPUs copies them to the other devices
 # (replicate) before the module's forward, and its replica on the first
 # device computes on the module's own tensors; the replicas are copies, on
 # which the module's hooks do nothing.  DistributedDataParallel broadcasts
-# the module's buffers from one rank before each forward (its default
-# broadcast_buffers=True), and its module's parameters and buffers when it
-# is made.  An offloadable module inside was read offloaded (the CUDA
-# context lost).  So, once a module is offloadable, DataParallel's forward
-# holds the offloadable modules whose tensors its module holds through the
-# forward and its part of the backward pass, DDP's making holds those of
-# its module, and DDP's buffer sync those whose buffers it syncs while it
-# runs.
+# its module's parameters and buffers when it is made, and the buffers
+# before each forward (its default broadcast_buffers=True).  An EMA
+# (torch.optim.swa_utils.AveragedModel) reads the model it averages in
+# update_parameters.  An offloadable module there was read offloaded (the
+# CUDA context lost).  So, once a module is offloadable, these hold the
+# offloadable modules whose tensors they read while they run, and
+# DataParallel's forward again from its output's gradient to the end of
+# that backward pass.
 _wrapped: List[Tuple[Any, str, Any]] = []  # (class, attribute, its own) for each wrapped
 
 
-def _hold_in_data_parallel() -> None:
-    nn = getattr(sys.modules.get("torch"), "nn", None)
+def _wrap_readers() -> None:
+    torch = sys.modules.get("torch")
+    nn = getattr(torch, "nn", None)
     with OffloadHandle._chain_lock:
         if _wrapped or nn is None:
             return
         ddp = getattr(getattr(nn, "parallel", None), "DistributedDataParallel", None)
-        for cls, name, wrap in ((getattr(nn, "DataParallel", None), "forward", _dp_forward),
-                                (ddp, "__init__", _ddp_init), (ddp, "_sync_module_buffers", _ddp_buffer_sync)):
+        ema = getattr(getattr(getattr(torch, "optim", None), "swa_utils", None), "AveragedModel", None)
+        table = (
+            (getattr(nn, "DataParallel", None), "forward", _dp_forward),
+            (ddp, "__init__", _holding(lambda self, *a, **k: _module_tensors(_first(a, k, "module")))),
+            (ddp, "_sync_module_buffers", _holding(lambda self, *a, **k: getattr(self, "modules_buffers", None) or ())),
+            (ema, "update_parameters", _holding(lambda self, *a, **k: itertools.chain(
+                _module_tensors(_first(a, k, "model")), _module_tensors(getattr(self, "module", None))))),
+        )
+        for cls, name, wrap in table:
             own = getattr(cls, name, None)
             if own is not None:
                 setattr(cls, name, functools.wraps(own)(wrap(own)))
@@ -951,7 +961,7 @@ def _hold_in_data_parallel() -> None:
 def _dp_forward(own: Any) -> Any:
     def forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
         several = len(getattr(self, "device_ids", None) or ()) > 1
-        handles = _handles_of(itertools.chain(self.module.parameters(), self.module.buffers())) if several else []
+        handles = _handles_of(_module_tensors(self.module)) if several else []
         if not handles:
             return own(self, *inputs, **kwargs)
         held = OffloadHandle._hold_resident_all(handles)
@@ -966,32 +976,34 @@ def _dp_forward(own: Any) -> Any:
     return forward
 
 
-def _ddp_init(own: Any) -> Any:
-    def init(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
-        tensors = itertools.chain(module.parameters(), module.buffers()) if hasattr(module, "parameters") else ()
-        held = OffloadHandle._hold_resident_all(_handles_of(tensors))
-        try:
-            own(self, module, *args, **kwargs)
-        finally:
-            for h in held:
-                h._release()
+def _holding(tensors_of: Any) -> Any:
+    """A wrapper of a method (of its function `own`) that holds the
+    offloadable modules owning the tensors ``tensors_of(self, *args,
+    **kwargs)`` names while the method runs."""
+    def wrap(own: Any) -> Any:
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            held = OffloadHandle._hold_resident_all(_handles_of(tensors_of(self, *args, **kwargs)))
+            try:
+                return own(self, *args, **kwargs)
+            finally:
+                for h in held:
+                    h._release()
 
-    return init
+        return run
+
+    return wrap
 
 
-def _ddp_buffer_sync(own: Any) -> Any:
-    def sync(self: Any, *args: Any, **kwargs: Any) -> Any:
-        handles = _handles_of(getattr(self, "modules_buffers", None) or [])
-        if not handles:
-            return own(self, *args, **kwargs)
-        held = OffloadHandle._hold_resident_all(handles)
-        try:
-            return own(self, *args, **kwargs)
-        finally:
-            for h in held:
-                h._release()
+def _first(args: Tuple[Any, ...], kwargs: Dict[str, Any], name: str) -> Any:
+    """A method's first argument, given by position or as `name`."""
+    return args[0] if args else kwargs.get(name)
 
-    return sync
+
+def _module_tensors(module: Any) -> Iterable[Any]:
+    """`module`'s parameters and buffers, as they come; none for what is no module."""
+    if not hasattr(module, "parameters"):
+        return ()
+    return itertools.chain(module.parameters(), module.buffers())
 
 
 def _handles_of(tensors: Iterable[Any]) -> List[OffloadHandle]:
