@@ -979,7 +979,8 @@ def _dp_forward(own: Any) -> Any:
 def _holding(tensors_of: Any) -> Any:
     """A wrapper of a method (of its function `own`) that holds the
     offloadable modules owning the tensors ``tensors_of(self, *args,
-    **kwargs)`` names while the method runs."""
+    **kwargs)`` names while the method runs; run as it is under
+    torch.compile (see `_eager`: the holds take a lock)."""
     def wrap(own: Any) -> Any:
         def run(self: Any, *args: Any, **kwargs: Any) -> Any:
             held = OffloadHandle._hold_resident_all(_handles_of(tensors_of(self, *args, **kwargs)))
@@ -989,7 +990,7 @@ def _holding(tensors_of: Any) -> Any:
                 for h in held:
                     h._release()
 
-        return run
+        return _eager(run)
 
     return wrap
 
