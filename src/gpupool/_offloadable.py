@@ -95,9 +95,10 @@ class OffloadHandle:
         """Resident, and never offloaded under pressure, inside the block:
         for code that reads or writes the object's tensors where no hook
         sees it (``m.weight.norm()``, an EMA of a module's weights written
-        by hand, a copy of an optimizer's state on the device).  Outside its hooks idle
-        offloadable memory may be offloaded by any allocation that runs
-        short, and a kernel that then touches it loses the CUDA context.
+        by hand, a copy of an optimizer's state on the device).  Outside
+        its hooks idle offloadable memory may be offloaded by any
+        allocation that runs short, and a kernel that then touches it
+        loses the CUDA context.
         Kernels queued inside the block may run after it ends: an offload
         waits for them.  An optimizer's step (any optimizer's) holds the
         offloadable modules whose parameters it updates in the same way."""
