@@ -259,7 +259,12 @@ static void observe(const char *after, unsigned restored_mask, const gp_offload_
      * after a restore that returned GP_OK, every one of its tags); one
      * whose blocks did not all come back keeps its flags for the rest
      * (they may be in a record of a pressure offload that took them back
-     * out, so a sure loss becomes a maybe). */
+     * out, so a sure loss becomes a maybe), and its tags but those such a
+     * restore took back: the offloader restores a record whole once any
+     * tag it names is asked, so what is left of the offloader's records
+     * behind it names none of those, and may name tags it holds no block
+     * of (a window's offload named tags it found nothing of), which
+     * corrupt_for_test and a restore of those tags still reach. */
     if (!restored_mask) return;
     for (int k = 0; k < MAXR; k++) {
         mrec *r = &M.r[k];
@@ -269,7 +274,7 @@ static void observe(const char *after, unsigned restored_mask, const gp_offload_
             if (M.b[i].rec == k) left |= 1u << M.b[i].tag;
         if (!back[k] && !(restore_st == GP_OK && !left)) continue;
         if (left) {
-            r->mask = left;
+            r->mask = left | (restore_st == GP_OK ? r->mask & ~restored_mask : r->mask);
             r->released = -1;
             if (r->lost == LOST_SURE) r->lost = LOST_MAYBE;
             continue;
