@@ -973,18 +973,22 @@ def test_a_module_outside_that_shares_its_memory_holds_the_offloadable_one(run_p
 
 
 def test_data_parallel_holds_the_offloadable_modules_it_replicates(run_py) -> None:
-    # nn.DataParallel over several GPUs copies its module's tensors to the
-    # other devices (replicate) before any hook of the module runs, and its
-    # first replica computes on the module's own tensors; the module's hooks
-    # do nothing on replicas.  An offloaded module read unmapped memory there
-    # (a segfault here, the CUDA context lost on a GPU).  DataParallel's
-    # forward now holds the offloadable modules inside through the forward
-    # and, from the output's gradient, through the backward pass.  Here
-    # DataParallel's own forward runs over two CPU "devices": scatter,
-    # replicate, parallel_apply and gather do on the CPU what they do across
-    # GPUs (the second replica's weight is a copy, read at replicate).
+    # nn.DataParallel over several GPUs, and its functional form, copy the
+    # module's tensors to the other devices (replicate) before any hook of
+    # the module runs, and the first replica computes on the module's own
+    # tensors; the module's hooks do nothing on replicas.  An offloaded
+    # module read unmapped memory there (a segfault here, the CUDA context
+    # lost on a GPU).  Both now hold the offloadable modules inside through
+    # the forward and, from the output's gradient, through the backward
+    # pass.  Here torch's own forward of each runs over two CPU "devices":
+    # scatter, replicate, parallel_apply and gather do on the CPU what they
+    # do across GPUs (the second replica's weight is a copy, read at
+    # replicate).
     pytest.importorskip("torch")
     r = run_py(_FRESH + textwrap.dedent("""
+        import sys
+        dpm = sys.modules["torch.nn.parallel.data_parallel"]  # (the module: its name in torch.nn.parallel is the function)
+
         def trainable_over(tag, value):
             m = torch.nn.Linear(1024, 1024, bias=False)
             w = floats(1024 * 1024, tag, "low").view(1024, 1024).copy_(value)
@@ -996,14 +1000,14 @@ def test_data_parallel_holds_the_offloadable_modules_it_replicates(run_py) -> No
         ref = torch.nn.Sequential(torch.nn.Linear(1024, 1024, bias=False), torch.nn.Tanh())
         ref[0].weight = torch.nn.Parameter(torch.full((1024, 1024), 0.25))
         dp = torch.nn.DataParallel(model)  # (no CUDA here: made as a pass-through, set to two devices below)
-        dp.device_ids, dp.output_device, dp.src_device_obj = [0, 1], 0, torch.device("cpu")
+        dp.device_ids, dp.output_device, dp.src_device_obj, dp.dim = [0, 1], 0, torch.device("cpu"), 0
         w = lin.weight.data_ptr()
         seen = []
 
-        def scatter(inputs, kwargs, ids):
+        def scatter_kwargs(inputs, kwargs, ids, dim=0):
             return [(c,) for c in inputs[0].chunk(len(ids))], [{} for _ in ids]
 
-        def replicate(module, ids):
+        def replicate(module, ids, detach=False):
             replicas = []
             for i in range(len(ids)):
                 r = module[0]._replicate_for_data_parallel()
@@ -1011,7 +1015,7 @@ def test_data_parallel_holds_the_offloadable_modules_it_replicates(run_py) -> No
                 replicas.append(torch.nn.Sequential(r, torch.nn.Tanh()))
             return replicas
 
-        def parallel_apply(replicas, inputs, kwargs):
+        def parallel_apply(replicas, inputs, kwargs, devices=None):
             seen.append(p.lookup(w).state)
             try:  # held: the pool cannot take the module for this allocation
                 p.alloc(60 << 20, tag="dp_hungry_t")
@@ -1020,15 +1024,18 @@ def test_data_parallel_holds_the_offloadable_modules_it_replicates(run_py) -> No
                 seen.append("refused")
             return [r(*x, **k) for r, x, k in zip(replicas, inputs, kwargs)]
 
-        dp.scatter, dp.replicate, dp.parallel_apply = scatter, replicate, parallel_apply
-        dp.gather = lambda outputs, device: torch.cat(outputs)
+        dpm.scatter_kwargs, dpm.replicate, dpm.parallel_apply = scatter_kwargs, replicate, parallel_apply
+        dpm.gather = lambda outputs, device, dim=0: torch.cat(outputs)
+        dpm._get_available_device_type, dpm._get_device_index = lambda: "cpu", lambda d, optional=False: None
         h = gpupool.offloadable(model, "dp_t", pool=p)
-        for step in range(3):
+        forms = (dp, lambda x: torch.nn.parallel.data_parallel(model, x, [0, 1]),
+                 lambda x: torch.nn.parallel.data_parallel(model, (x,), device_ids=[0, 1]))
+        for step in range(6):
             x = torch.linspace(-1, 1, 8 * 1024).view(8, 1024).mul(step + 1).requires_grad_()
             h.offload()
             assert p.lookup(w).state == "offloaded"
-            out = dp(x)
-            assert seen[-2:] == ["used", "refused"], seen
+            out = forms[step % 3](x)
+            assert seen[-2:] == ["used", "refused"], (step, seen)
             h.offload()  # (as pressure may, between the forward and the backward)
             out.square().sum().backward()
             xr = x.detach().clone().requires_grad_()
@@ -1037,9 +1044,11 @@ def test_data_parallel_holds_the_offloadable_modules_it_replicates(run_py) -> No
             assert torch.allclose(x.grad, xr.grad, atol=1e-4) and torch.allclose(lin.weight.grad, ref[0].weight.grad, atol=1e-3)
             assert h._holds == 0
         assert h.offload()["bytes"] == 4 << 20  # idle after: nothing left held
-        # One device: DataParallel calls the module itself, whose own hooks restore it.
+        # One device: both call the module itself, whose own hooks restore it.
         dp.device_ids = [0]
         assert torch.allclose(dp(torch.ones(2, 1024)), ref(torch.ones(2, 1024)), atol=1e-5)
+        h.offload()
+        assert torch.allclose(torch.nn.parallel.data_parallel(model, torch.ones(2, 1024), [0]), ref(torch.ones(2, 1024)), atol=1e-5)
         h.remove()
         print("OK")
     """))
@@ -1130,6 +1139,95 @@ def test_an_ema_holds_the_offloadable_module_it_averages(run_py) -> None:
             assert h._holds == 0
         assert torch.equal(ema.module[0].weight, ema_ref.module[0].weight)
         assert h.offload()["bytes"] == 4 << 20  # idle after: nothing left held
+        h.remove()
+        print("OK")
+    """))
+    assert "OK" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_peft_merge_and_unload_hold_the_offloadable_module_they_merge_into(run_py) -> None:
+    # PEFT's merge_adapter, unmerge_adapter and merge_and_unload (what a LoRA
+    # fine-tune ends with) add each adapter's product to its base layer's
+    # weight, where no hook of the module runs: an offloaded base layer was
+    # read and written unmapped (a segfault here, the CUDA context lost on a
+    # GPU).  Each layer is now held while PEFT merges it (its onload_layer);
+    # the merged weights are those of the same model without offload.
+    pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    r = run_py(_FRESH + textwrap.dedent("""
+        # (a module made offloadable before peft is imported: the next offloadable() wraps peft)
+        early = gpupool.offloadable(linear_over("early_made_t", torch.ones(1024, 1024)), "early_t", pool=p)
+        import peft
+
+        def lora(base):
+            torch.manual_seed(0)  # (the same adapter weights for both)
+            return peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["0"], init_lora_weights=False))
+
+        base = torch.full((1024, 1024), 0.5)
+        m = torch.nn.Sequential(linear_over("lora_made_t", base), torch.nn.Tanh())
+        ref = torch.nn.Sequential(torch.nn.Linear(1024, 1024, bias=False), torch.nn.Tanh())
+        ref[0].weight = torch.nn.Parameter(base.clone(), requires_grad=False)
+        w = m[0].weight.data_ptr()
+        pm, pr = lora(m), lora(ref)
+        layer, seen = m[0], []
+        for t in (layer.lora_A["default"].weight, layer.lora_B["default"].weight):  # (the adapter in the pool too)
+            t.data = floats(t.numel(), "lora_made_t", "low").view_as(t).copy_(t)
+        h = gpupool.offloadable(m, "lora_t", pool=p)
+        delta = layer.get_delta_weight
+        layer.get_delta_weight = lambda name: (seen.append(p.lookup(w).state), delta(name))[1]
+        x = torch.linspace(-1, 1, 4 * 1024).view(4, 1024)
+        for merge in ("merge_adapter", "unmerge_adapter"):
+            h.offload()
+            assert p.lookup(w).state == "offloaded"
+            getattr(pm, merge)()
+            getattr(pr, merge)()
+            assert seen[-1] == "used" and h._holds == 0, (merge, seen)
+            assert torch.equal(m[0].base_layer.weight, ref[0].base_layer.weight), merge
+            with torch.no_grad():
+                assert torch.allclose(pm(x), pr(x), atol=1e-5)
+        h.offload()
+        merged, merged_ref = pm.merge_and_unload(safe_merge=True), pr.merge_and_unload(safe_merge=True)
+        assert seen[-1] == "used" and h._holds == 0, seen
+        assert type(merged[0]) is torch.nn.Linear and not torch.equal(merged[0].weight, base)
+        assert torch.equal(merged[0].weight, merged_ref[0].weight)
+        h.remove()
+        print("OK")
+    """))
+    assert "OK" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_resize_token_embeddings_holds_the_offloadable_embeddings_it_copies(run_py) -> None:
+    # transformers' resize_token_embeddings copies the old embeddings into
+    # new ones (and, by default, samples the new rows from their mean and
+    # covariance), where no hook of the embedding runs: offloaded, they were
+    # read unmapped (a segfault here, the CUDA context lost on a GPU).  It
+    # now holds the offloadable modules of the input and output embeddings;
+    # the resized model is that of the same model without offload.
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    r = run_py(_FRESH + textwrap.dedent("""
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        cfg = Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+        torch.manual_seed(0)
+        m = Qwen2ForCausalLM(cfg).eval()
+        ref = copy.deepcopy(m)
+        emb = m.get_input_embeddings()
+        emb.weight = torch.nn.Parameter(floats(1000 * 64, "emb_made_t", "low").view(1000, 64).copy_(emb.weight))
+        w = emb.weight.data_ptr()
+        h = gpupool.offloadable(emb, "emb_t", pool=p)
+        h.offload()
+        assert p.lookup(w).state == "offloaded"
+        for model in (m, ref):
+            torch.manual_seed(1)  # (the same new rows for both)
+            model.resize_token_embeddings(1100)
+        assert h._holds == 0 and m.get_input_embeddings().weight.shape == (1100, 64)
+        assert torch.equal(m.get_input_embeddings().weight, ref.get_input_embeddings().weight)
+        assert torch.equal(m.get_output_embeddings().weight, ref.get_output_embeddings().weight)
+        ids = torch.tensor([[1, 5, 1050, 1099]])
+        with torch.no_grad():
+            assert torch.equal(m(ids).logits, ref(ids).logits)
         h.remove()
         print("OK")
     """))

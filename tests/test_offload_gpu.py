@@ -484,6 +484,73 @@ def test_a_tied_embedding_holds_an_offloadable_lm_head(run_py) -> None:
     assert "OK" in r.stdout, r.stdout
 
 
+def test_a_lora_fine_tune_over_offloaded_layers_resizes_trains_and_merges(run_py) -> None:
+    # What a LoRA fine-tune does around its steps reads offloaded layers
+    # where no hook of theirs runs: transformers' resize_token_embeddings
+    # (a pad token added) copies the embeddings, and PEFT's
+    # merge_and_unload, at the end, adds each adapter into its base weight.
+    # Offloaded, both read unmapped memory (the CUDA context lost).  With
+    # the embeddings and every decoder layer offloaded before each of them
+    # and before every step (lengths varying), the model resizes, trains
+    # and merges as the same model without offload.
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    r = run_py("""
+        import copy, torch, gpupool
+        gpupool.enable()
+        import peft
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+        torch.manual_seed(0)
+        cfg = Qwen2Config(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
+                          num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False,
+                          attn_implementation="eager")
+        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).cuda()
+        ref = copy.deepcopy(model)
+        emb = gpupool.offloadable(model.model.embed_tokens, "embed")
+        assert emb.offload()["bytes"] > 0
+        for m in (model, ref):
+            torch.manual_seed(1)  # (the same new rows for both)
+            m.resize_token_embeddings(8200)
+        assert torch.equal(model.model.embed_tokens.weight, ref.model.embed_tokens.weight)
+        assert torch.equal(model.lm_head.weight, ref.lm_head.weight)
+        emb.remove()
+
+        def lora(m):
+            torch.manual_seed(2)
+            return peft.get_peft_model(m, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+
+        pm, pr = lora(model), lora(ref)
+        handles = [gpupool.offloadable(l, f"layer{i}") for i, l in enumerate(model.model.layers)]
+        opts = [torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-3) for m in (pm, pr)]
+        g = torch.Generator().manual_seed(3)
+        for step, n in enumerate((32, 56, 40)):
+            ids = torch.randint(0, 8200, (2, n), generator=g).cuda()
+            for h in handles:
+                assert h.offload()["bytes"] > 0, step
+            losses = []
+            for m, o in zip((pm, pr), opts):
+                loss = m(input_ids=ids, labels=ids).loss
+                loss.backward()
+                o.step()
+                o.zero_grad()
+                losses.append(loss.item())
+            torch.testing.assert_close(losses[0], losses[1])
+        for h in handles:
+            h.offload()
+        merged, merged_ref = pm.merge_and_unload(), pr.merge_and_unload()
+        assert all(h._holds == 0 for h in handles)
+        assert not any("lora" in n for n, _ in merged.named_parameters())
+        for (n, a), b in zip(merged.named_parameters(), merged_ref.parameters()):
+            torch.testing.assert_close(a, b, msg=n)
+        with torch.no_grad():
+            torch.testing.assert_close(merged(ids).logits, merged_ref(ids).logits)
+        gpupool.check()
+        torch.cuda.synchronize()
+        print("OK")
+    """)
+    assert "OK" in r.stdout, r.stdout
+
+
 def test_layers_of_a_model_moved_at_once_offload_one_by_one(run_py) -> None:
     # A model moved to the GPU at once lays its layers side by side: each
     # decoder layer (15 MiB) shares its mapping units with its neighbours.

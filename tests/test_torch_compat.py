@@ -801,9 +801,9 @@ def test_copies_and_data_parallel_across_two_gpus_of_one_process(run_py) -> None
 
 @gpu
 def test_data_parallel_over_an_offloaded_module(run_py) -> None:
-    # nn.DataParallel copies its module's weights to the second GPU before
-    # any hook of the module runs, and its first replica computes on the
-    # module's own weights: offloaded, they were read unmapped (the CUDA
+    # nn.DataParallel (and its functional form) copies its module's weights
+    # to the second GPU before any hook of the module runs, and its first
+    # replica computes on the module's own weights: offloaded, they were read unmapped (the CUDA
     # context lost).  Offloaded before each forward and again between the
     # forward and the backward, the module trains as one without offload.
     _two_gpus()
@@ -818,7 +818,8 @@ def test_data_parallel_over_an_offloaded_module(run_py) -> None:
     for step, n in enumerate((64, 40, 96, 64)):  # varying batch sizes
         x = torch.randn(n, 512, device="cuda")
         assert h.offload()["bytes"] > 0
-        loss = dp(x).square().mean()
+        out = dp(x) if step % 2 else torch.nn.parallel.data_parallel(model, x, device_ids=[0, 1])  # (its functional form)
+        loss = out.square().mean()
         h.offload()  # (as pressure may, between the forward and the backward)
         loss.backward()
         dp_plain(x).square().mean().backward()

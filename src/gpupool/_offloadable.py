@@ -921,60 +921,93 @@ def _hold_in_backward(handles: List[OffloadHandle], out: Any) -> None:
     graph[0].register_hook(on_grad)
 
 
-# Code of torch's that reads a module's tensors where none of its hooks
-# runs.  nn.DataParallel over several GPUs copies them to the other devices
-# (replicate) before the module's forward, and its replica on the first
+# Code of torch's (and of the libraries a fine-tune runs on) that reads a
+# module's tensors where none of its hooks runs.  nn.DataParallel over
+# several GPUs, and its functional form, copy them to the other devices
+# (replicate) before the module's forward, and the replica on the first
 # device computes on the module's own tensors; the replicas are copies, on
 # which the module's hooks do nothing.  DistributedDataParallel broadcasts
 # its module's parameters and buffers when it is made, and the buffers
 # before each forward (its default broadcast_buffers=True).  An EMA
 # (torch.optim.swa_utils.AveragedModel) reads the model it averages in
-# update_parameters.  An offloadable module there was read offloaded (the
-# CUDA context lost).  So, once a module is offloadable, these hold the
-# offloadable modules whose tensors they read while they run, and
-# DataParallel's forward again from its output's gradient to the end of
-# that backward pass.
-_wrapped: List[Tuple[Any, str, Any]] = []  # (class, attribute, its own) for each wrapped
+# update_parameters.  PEFT's merge and unload (merge_and_unload,
+# merge_adapter, unmerge_adapter) add each adapter's product to its base
+# layer's weight, a layer at a time inside its onload_layer(); transformers'
+# resize_token_embeddings copies the old embeddings into new ones.  An
+# offloadable module there was read offloaded (the CUDA context lost).  So
+# these hold the offloadable modules whose tensors they read while they run
+# (a PEFT layer while it is merged), and DataParallel's forward again from
+# its output's gradient to the end of that backward pass.  Wrapped at each
+# offloadable(), what is imported by then and not wrapped yet.
+_wrapped: Set[Tuple[int, str]] = set()  # (id of the class or module, attribute) of each wrapped
 
 
 def _wrap_readers() -> None:
     torch = sys.modules.get("torch")
     nn = getattr(torch, "nn", None)
+    if nn is None:
+        return
+    parallel = getattr(nn, "parallel", None)
+    ddp = getattr(parallel, "DistributedDataParallel", None)
+    ema = getattr(getattr(getattr(torch, "optim", None), "swa_utils", None), "AveragedModel", None)
+    pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", None)
+    table = (
+        (getattr(nn, "DataParallel", None), "forward", _dp_forward),
+        (parallel, "data_parallel", _dp_function),
+        (ddp, "__init__", _holding(lambda self, *a, **k: _module_tensors(_first(a, k, "module")))),
+        (ddp, "_sync_module_buffers", _holding(lambda self, *a, **k: getattr(self, "modules_buffers", None) or ())),
+        (ema, "update_parameters", _holding(lambda self, *a, **k: itertools.chain(
+            _module_tensors(_first(a, k, "model")), _module_tensors(getattr(self, "module", None))))),
+        (sys.modules.get("peft.tuners.tuners_utils"), "onload_layer", _holding_within),
+        (pretrained, "resize_token_embeddings", _holding(lambda self, *a, **k: itertools.chain(
+            _module_tensors(self.get_input_embeddings()), _module_tensors(self.get_output_embeddings())))),
+    )
     with OffloadHandle._chain_lock:
-        if _wrapped or nn is None:
-            return
-        ddp = getattr(getattr(nn, "parallel", None), "DistributedDataParallel", None)
-        ema = getattr(getattr(getattr(torch, "optim", None), "swa_utils", None), "AveragedModel", None)
-        table = (
-            (getattr(nn, "DataParallel", None), "forward", _dp_forward),
-            (ddp, "__init__", _holding(lambda self, *a, **k: _module_tensors(_first(a, k, "module")))),
-            (ddp, "_sync_module_buffers", _holding(lambda self, *a, **k: getattr(self, "modules_buffers", None) or ())),
-            (ema, "update_parameters", _holding(lambda self, *a, **k: itertools.chain(
-                _module_tensors(_first(a, k, "model")), _module_tensors(getattr(self, "module", None))))),
-        )
-        for cls, name, wrap in table:
-            own = getattr(cls, name, None)
-            if own is not None:
-                setattr(cls, name, functools.wraps(own)(wrap(own)))
-                _wrapped.append((cls, name, own))
+        for owner, name, wrap in table:
+            own = getattr(owner, name, None)
+            if own is not None and (id(owner), name) not in _wrapped:
+                setattr(owner, name, functools.wraps(own)(wrap(own)))
+                _wrapped.add((id(owner), name))
 
 
 def _dp_forward(own: Any) -> Any:
     def forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
-        several = len(getattr(self, "device_ids", None) or ()) > 1
-        handles = _handles_of(_module_tensors(self.module)) if several else []
-        if not handles:
-            return own(self, *inputs, **kwargs)
-        held = OffloadHandle._hold_resident_all(handles)
-        try:
-            out = own(self, *inputs, **kwargs)
-        finally:
-            for h in held:
-                h._release()
-        _hold_in_backward(held, out)
-        return out
+        return _data_parallel(lambda: own(self, *inputs, **kwargs), self.module, getattr(self, "device_ids", None))
 
     return forward
+
+
+def _dp_function(own: Any) -> Any:
+    def data_parallel(module: Any, inputs: Any, device_ids: Any = None, *args: Any, **kwargs: Any) -> Any:
+        ids = device_ids if device_ids is not None else range(sys.modules["torch"].cuda.device_count())
+        return _data_parallel(lambda: own(module, inputs, device_ids, *args, **kwargs), module, ids)
+
+    return data_parallel
+
+
+def _data_parallel(run: Any, module: Any, device_ids: Any) -> Any:
+    """``run()``, a data-parallel forward of `module` over `device_ids`:
+    over several, with the offloadable modules inside held through it and
+    again through its part of the backward pass; over one, the module
+    itself runs, whose own hooks hold it."""
+    if len(device_ids or ()) < 2:
+        return run()
+    with _held(_module_tensors(module)) as held:
+        out = run()
+        if held:
+            _hold_in_backward(held, out)
+    return out
+
+
+@contextlib.contextmanager
+def _held(tensors: Iterable[Any]) -> Iterator[List[OffloadHandle]]:
+    """The offloadable modules owning any of `tensors` held resident inside."""
+    held = OffloadHandle._hold_resident_all(_handles_of(tensors))
+    try:
+        yield held
+    finally:
+        for h in held:
+            h._release()
 
 
 def _holding(tensors_of: Any) -> Any:
@@ -984,16 +1017,24 @@ def _holding(tensors_of: Any) -> Any:
     torch.compile (see `_eager`: the holds take a lock)."""
     def wrap(own: Any) -> Any:
         def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-            held = OffloadHandle._hold_resident_all(_handles_of(tensors_of(self, *args, **kwargs)))
-            try:
+            with _held(tensors_of(self, *args, **kwargs)):
                 return own(self, *args, **kwargs)
-            finally:
-                for h in held:
-                    h._release()
 
         return _eager(run)
 
     return wrap
+
+
+def _holding_within(own: Any) -> Any:
+    """A wrapper of `own`, a context manager of a module (PEFT's
+    onload_layer), that holds the offloadable modules owning the module's
+    tensors inside it."""
+    @contextlib.contextmanager
+    def within(module: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        with _held(_module_tensors(module)), own(module, *args, **kwargs) as inside:
+            yield inside
+
+    return within
 
 
 def _first(args: Tuple[Any, ...], kwargs: Dict[str, Any], name: str) -> Any:
