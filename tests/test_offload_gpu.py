@@ -1068,6 +1068,56 @@ RANK = """
 
 
 @pytest.mark.parametrize("world", [1, 2])
+def test_a_module_offloaded_under_ddp_with_an_ema_trains_as_a_plain_one(run_ranks, world: int) -> None:
+    # DistributedDataParallel broadcasts its module's tensors when it is
+    # made and its buffers (a BatchNorm's running statistics) before each
+    # forward, and torch's EMA reads the model it averages: none of them
+    # runs a hook of the module.  A module offloaded before DDP is made,
+    # before each forward and before each EMA update trains on every rank
+    # (batches of varying sizes, each rank its own) as the same model
+    # without offload: outputs, parameters, statistics and EMA, bit for bit.
+    rs = run_ranks(RANK + """
+        import itertools
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+        def run(offload):
+            torch.manual_seed(0)
+            m = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.BatchNorm1d(2048), torch.nn.GELU(),
+                                    torch.nn.Linear(2048, 512)).cuda()
+            h = gpupool.offloadable(m, "ddp_module") if offload else None
+            if h is not None:
+                assert h.offload()["bytes"] > 0
+            ddp = torch.nn.parallel.DistributedDataParallel(m, device_ids=[torch.cuda.current_device()])
+            assert ddp.will_sync_module_buffers()
+            ema = AveragedModel(m, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+            opt = torch.optim.SGD(ddp.parameters(), lr=1e-2, momentum=0.9)
+            g = torch.Generator(device="cuda").manual_seed(1 + rank)
+            outs = []
+            for step in range(4):
+                if h is not None:
+                    h.offload()
+                y = ddp(torch.randn(16 + 8 * step, 512, device="cuda", generator=g))
+                outs.append(y.detach().clone())
+                y.square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+                if h is not None:
+                    h.offload()
+                ema.update_parameters(m)
+            if h is not None:
+                assert h._holds == 0
+                h.remove()
+            return outs + [t.detach().clone() for t in itertools.chain(m.parameters(), m.buffers(), ema.parameters())]
+
+        a, b = run(False), run(True)
+        assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+        dist.destroy_process_group()
+        print("OK")
+    """, world)
+    assert all("OK" in r.stdout for r in rs)
+
+
+@pytest.mark.parametrize("world", [1, 2])
 def test_an_optimizer_offloaded_under_ddp_and_fsdp2(run_ranks, world: int) -> None:
     # Data-parallel training on one rank and on two, each rank its own
     # batches: under DDP the parameters are plain, under FSDP2
