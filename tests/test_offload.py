@@ -1150,8 +1150,10 @@ def test_peft_merge_and_unload_hold_the_offloadable_module_they_merge_into(run_p
     # fine-tune ends with) add each adapter's product to its base layer's
     # weight, where no hook of the module runs: an offloaded base layer was
     # read and written unmapped (a segfault here, the CUDA context lost on a
-    # GPU).  Each layer is now held while PEFT merges it (its onload_layer);
-    # the merged weights are those of the same model without offload.
+    # GPU).  Each layer is now held while PEFT merges it (its onload_layer),
+    # and only that layer: merge_and_unload enters the model's root first,
+    # whose hold would restore every layer at once.  The merged weights are
+    # those of the same model without offload.
     pytest.importorskip("torch")
     pytest.importorskip("peft")
     r = run_py(_FRESH + textwrap.dedent("""
@@ -1161,36 +1163,52 @@ def test_peft_merge_and_unload_hold_the_offloadable_module_they_merge_into(run_p
 
         def lora(base):
             torch.manual_seed(0)  # (the same adapter weights for both)
-            return peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["0"], init_lora_weights=False))
+            return peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["0", "2"], init_lora_weights=False))
 
-        base = torch.full((1024, 1024), 0.5)
-        m = torch.nn.Sequential(linear_over("lora_made_t", base), torch.nn.Tanh())
-        ref = torch.nn.Sequential(torch.nn.Linear(1024, 1024, bias=False), torch.nn.Tanh())
-        ref[0].weight = torch.nn.Parameter(base.clone(), requires_grad=False)
-        w = m[0].weight.data_ptr()
+        bases = [torch.full((1024, 1024), 0.5), torch.full((1024, 1024), -0.25)]
+        m = torch.nn.Sequential(linear_over("lora_made_t", bases[0]), torch.nn.Tanh(), linear_over("lora_made_t", bases[1]))
+        ref = torch.nn.Sequential(torch.nn.Linear(1024, 1024, bias=False), torch.nn.Tanh(),
+                                  torch.nn.Linear(1024, 1024, bias=False))
+        for i in (0, 2):
+            ref[i].weight = torch.nn.Parameter(bases[i // 2].clone(), requires_grad=False)
+        ws = [m[i].weight.data_ptr() for i in (0, 2)]
         pm, pr = lora(m), lora(ref)
-        layer, seen = m[0], []
-        for t in (layer.lora_A["default"].weight, layer.lora_B["default"].weight):  # (the adapter in the pool too)
-            t.data = floats(t.numel(), "lora_made_t", "low").view_as(t).copy_(t)
-        h = gpupool.offloadable(m, "lora_t", pool=p)
-        delta = layer.get_delta_weight
-        layer.get_delta_weight = lambda name: (seen.append(p.lookup(w).state), delta(name))[1]
+        layers, seen = [m[0], m[2]], []
+        for i, layer in enumerate(layers):
+            for t in (layer.lora_A["default"].weight, layer.lora_B["default"].weight):  # (the adapter in the pool too)
+                t.data = floats(t.numel(), "lora_made_t", "low").view_as(t).copy_(t)
+            # (what PEFT's merge reads first: the states of both layers' weights then)
+            delta = layer.get_delta_weight
+            layer.get_delta_weight = lambda name, i=i, delta=delta: (
+                seen.append((i, [p.lookup(w).state for w in ws])), delta(name))[1]
+        hs = [gpupool.offloadable(layer, f"lora{i}_t", pool=p) for i, layer in enumerate(layers)]
         x = torch.linspace(-1, 1, 4 * 1024).view(4, 1024)
+
+        def offload():
+            for h in hs:
+                h.offload()
+            assert [p.lookup(w).state for w in ws] == ["offloaded"] * 2
+            seen.clear()
+
         for merge in ("merge_adapter", "unmerge_adapter"):
-            h.offload()
-            assert p.lookup(w).state == "offloaded"
+            offload()
             getattr(pm, merge)()
             getattr(pr, merge)()
-            assert seen[-1] == "used" and h._holds == 0, (merge, seen)
-            assert torch.equal(m[0].base_layer.weight, ref[0].base_layer.weight), merge
+            assert seen[0] == (0, ["used", "offloaded"]) and seen[1][0] == 1 and seen[1][1][1] == "used", (merge, seen)
+            assert all(h._holds == 0 for h in hs)
+            for i in (0, 2):
+                assert torch.equal(m[i].base_layer.weight, ref[i].base_layer.weight), (merge, i)
             with torch.no_grad():
                 assert torch.allclose(pm(x), pr(x), atol=1e-5)
-        h.offload()
+        offload()
         merged, merged_ref = pm.merge_and_unload(safe_merge=True), pr.merge_and_unload(safe_merge=True)
-        assert seen[-1] == "used" and h._holds == 0, seen
-        assert type(merged[0]) is torch.nn.Linear and not torch.equal(merged[0].weight, base)
-        assert torch.equal(merged[0].weight, merged_ref[0].weight)
-        h.remove()
+        assert seen[0] == (0, ["used", "offloaded"]) and seen[1][1][1] == "used", seen
+        assert all(h._holds == 0 for h in hs)
+        for i in (0, 2):
+            assert type(merged[i]) is torch.nn.Linear and not torch.equal(merged[i].weight, bases[i // 2])
+            assert torch.equal(merged[i].weight, merged_ref[i].weight), i
+        for h in hs:
+            h.remove()
         print("OK")
     """))
     assert "OK" in r.stdout, (r.stdout, r.stderr)

@@ -950,6 +950,7 @@ def _wrap_readers() -> None:
     parallel = getattr(nn, "parallel", None)
     ddp = getattr(parallel, "DistributedDataParallel", None)
     ema = getattr(getattr(getattr(torch, "optim", None), "swa_utils", None), "AveragedModel", None)
+    tuners = sys.modules.get("peft.tuners.tuners_utils")
     pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", None)
     table = (
         (getattr(nn, "DataParallel", None), "forward", _dp_forward),
@@ -958,7 +959,7 @@ def _wrap_readers() -> None:
         (ddp, "_sync_module_buffers", _holding(lambda self, *a, **k: getattr(self, "modules_buffers", None) or ())),
         (ema, "update_parameters", _holding(lambda self, *a, **k: itertools.chain(
             _module_tensors(_first(a, k, "model")), _module_tensors(getattr(self, "module", None))))),
-        (sys.modules.get("peft.tuners.tuners_utils"), "onload_layer", _holding_within),
+        (tuners, "onload_layer", _holding_within(getattr(tuners, "BaseTunerLayer", ()))),
         (pretrained, "resize_token_embeddings", _holding(lambda self, *a, **k: itertools.chain(
             _module_tensors(self.get_input_embeddings()), _module_tensors(self.get_output_embeddings())))),
     )
@@ -1025,16 +1026,23 @@ def _holding(tensors_of: Any) -> Any:
     return wrap
 
 
-def _holding_within(own: Any) -> Any:
+def _holding_within(kind: Any) -> Any:
     """A wrapper of `own`, a context manager of a module (PEFT's
     onload_layer), that holds the offloadable modules owning the module's
-    tensors inside it."""
-    @contextlib.contextmanager
-    def within(module: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
-        with _held(_module_tensors(module)), own(module, *args, **kwargs) as inside:
-            yield inside
+    tensors inside it where the module is a `kind` (PEFT's layers: its
+    unload enters every module of the model, the root too, and merges only
+    its layers; a hold of the root would restore a model streamed under a
+    limit whole)."""
+    def wrap(own: Any) -> Any:
+        @contextlib.contextmanager
+        def within(module: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+            with _held(_module_tensors(module) if isinstance(module, kind) else ()), \
+                    own(module, *args, **kwargs) as inside:
+                yield inside
 
-    return within
+        return within
+
+    return wrap
 
 
 def _first(args: Tuple[Any, ...], kwargs: Dict[str, Any], name: str) -> Any:
