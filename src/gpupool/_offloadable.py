@@ -494,17 +494,21 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       its forward and its part of the backward pass: such modules are
       looked for when this is called (one walk of the interpreter's
       objects, about 65 ms with a Qwen2 0.5B model loaded), so a tie made
-      later is not seen.  ``nn.DataParallel`` over several GPUs, which
-      copies its module's tensors to the other GPUs before any hook of the
-      module runs, holds the offloadable modules whose tensors its module
-      holds through its forward and its part of the backward pass, and
+      later is not seen.  ``nn.DataParallel`` over several GPUs (and
+      ``torch.nn.parallel.data_parallel``), which copies its module's
+      tensors to the other GPUs before any hook of the module runs, holds
+      the offloadable modules whose tensors its module holds through its
+      forward and its part of the backward pass, and
       ``DistributedDataParallel``'s sync of its module's buffers (before
       each forward, with ``broadcast_buffers=True``) holds those whose
       buffers it syncs, as its making (which broadcasts the module's
       tensors) holds those of its module; an EMA's
       (``torch.optim.swa_utils.AveragedModel``) ``update_parameters``
-      holds the model it averages (all wrapped once a module is
-      offloadable).  A CUDA graph captured through
+      holds the model it averages; PEFT's merge and unload hold each of
+      its layers while it merges it, and transformers'
+      ``resize_token_embeddings`` the embeddings it copies (each wrapped
+      at an ``offloadable()`` call made once its library is imported).
+      A CUDA graph captured through
       ``torch.cuda.graph`` over the module (its hooks ran inside the
       capture) restores it before each replay and holds it while the replay
       is queued; a capture while it is offloaded raises RuntimeError
@@ -1027,9 +1031,9 @@ def _holding(tensors_of: Any) -> Any:
 
 
 def _holding_within(kind: Any) -> Any:
-    """A wrapper of `own`, a context manager of a module (PEFT's
-    onload_layer), that holds the offloadable modules owning the module's
-    tensors inside it where the module is a `kind` (PEFT's layers: its
+    """A wrapper of a context manager of a module (PEFT's onload_layer,
+    its function `own`) that holds the offloadable modules owning the
+    module's tensors inside it where the module is a `kind` (PEFT's layers: its
     unload enters every module of the model, the root too, and merges only
     its layers; a hold of the root would restore a model streamed under a
     limit whole)."""
