@@ -1252,6 +1252,63 @@ def test_resize_token_embeddings_holds_the_offloadable_embeddings_it_copies(run_
     assert "OK" in r.stdout, (r.stdout, r.stderr)
 
 
+def test_peft_and_transformers_imported_after_the_last_offloadable_module_hold_it(run_py) -> None:
+    # A fine-tune may import PEFT only to merge, once training is done, and
+    # a program may make its own modules offloadable before it imports
+    # transformers.  The readers of both were wrapped at each offloadable()
+    # only, so an import after the last one left PEFT's merge and
+    # transformers' resize reading offloaded modules unmapped (a segfault
+    # here, the CUDA context lost on a GPU).  They are now wrapped as the
+    # module loads; the results are those of the same modules without offload.
+    pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    pytest.importorskip("transformers")
+    r = run_py(_FRESH + textwrap.dedent("""
+        import sys
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(1000, 64)
+        emb.weight = torch.nn.Parameter(floats(1000 * 64, "late_emb_made_t", "low").view(1000, 64).copy_(emb.weight))
+        w0 = torch.linspace(-1, 1, 1024 * 1024).view(1024, 1024)
+        base = linear_over("late_lora_made_t", w0)
+        ref_emb, ref_base = copy.deepcopy(emb), copy.deepcopy(base)
+        hs = [gpupool.offloadable(emb, "late_emb_t", pool=p), gpupool.offloadable(base, "late_lora_t", pool=p)]
+        assert not [n for n in sys.modules if n.split(".")[0] in ("peft", "transformers")]
+        import peft
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        cfg = Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+        torch.manual_seed(1)
+        m = Qwen2ForCausalLM(cfg).eval()
+        ref = copy.deepcopy(m)
+        m.set_input_embeddings(emb)
+        ref.set_input_embeddings(ref_emb)
+        hs[0].offload()
+        assert p.lookup(emb.weight.data_ptr()).state == "offloaded"
+        for model in (m, ref):
+            torch.manual_seed(2)  # (the same new rows for both)
+            model.resize_token_embeddings(1100)
+        assert torch.equal(m.get_input_embeddings().weight, ref.get_input_embeddings().weight)
+
+        def lora(layer):
+            torch.manual_seed(3)  # (the same adapter weights for both)
+            return peft.get_peft_model(torch.nn.Sequential(layer), peft.LoraConfig(
+                r=4, target_modules=["0"], init_lora_weights=False))
+
+        pm, pr = lora(base), lora(ref_base)
+        hs[1].offload()
+        assert p.lookup(base.weight.data_ptr()).state == "offloaded"
+        merged, merged_ref = pm.merge_and_unload(), pr.merge_and_unload()
+        assert torch.equal(merged[0].weight, merged_ref[0].weight)
+        assert not torch.equal(merged[0].weight, w0)  # (the adapter was merged)
+        assert all(h._holds == 0 for h in hs)
+        for h in hs:
+            h.remove()
+        print("OK")
+    """))
+    assert "OK" in r.stdout, (r.stdout, r.stderr)
+
+
 def test_module_apply_holds_an_offloadable_module_and_keeps_what_fn_keeps_apart(run_py) -> None:
     # Module.apply(fn) (a weight initialisation, a re-scaling) runs user
     # code over every submodule where no hook saw it: on an offloaded

@@ -8,6 +8,7 @@ import collections
 import contextlib
 import copy
 import functools
+import importlib.abc
 import itertools
 import sys
 import threading
@@ -506,8 +507,9 @@ def offloadable(obj: Any, tag: str, priority: Priority = "low", *, offload_after
       (``torch.optim.swa_utils.AveragedModel``) ``update_parameters``
       holds the model it averages; PEFT's merge and unload hold each of
       its layers while it merges it, and transformers'
-      ``resize_token_embeddings`` the embeddings it copies (each wrapped
-      at an ``offloadable()`` call made once its library is imported).
+      ``resize_token_embeddings`` the embeddings it copies (wrapped at
+      the first ``offloadable()`` call, or as the library is imported
+      after it).
       A CUDA graph captured through
       ``torch.cuda.graph`` over the module (its hooks ran inside the
       capture) restores it before each replay and holds it while the replay
@@ -942,11 +944,15 @@ def _hold_in_backward(handles: List[OffloadHandle], out: Any) -> None:
 # these hold the offloadable modules whose tensors they read while they run
 # (a PEFT layer while it is merged), and DataParallel's forward again from
 # its output's gradient to the end of that backward pass.  Wrapped at each
-# offloadable(), what is imported by then and not wrapped yet.
+# offloadable(), what is imported by then and not wrapped yet, and what is
+# imported later as it loads (_ReaderImports).
 _wrapped: Set[Tuple[int, str]] = set()  # (id of the class or module, attribute) of each wrapped
+_READER_MODULES = frozenset({"peft.tuners.tuners_utils", "transformers.modeling_utils"})
 
 
 def _wrap_readers() -> None:
+    if not any(isinstance(f, _ReaderImports) for f in sys.meta_path):
+        sys.meta_path.insert(0, _ReaderImports())
     torch = sys.modules.get("torch")
     nn = getattr(torch, "nn", None)
     if nn is None:
@@ -973,6 +979,42 @@ def _wrap_readers() -> None:
             if own is not None and (id(owner), name) not in _wrapped:
                 setattr(owner, name, functools.wraps(own)(wrap(own)))
                 _wrapped.add((id(owner), name))
+
+
+class _ReaderImports(importlib.abc.MetaPathFinder):
+    """A finder of nothing of its own: for a module of the readers' table
+    imported after the first offloadable module (a fine-tune that imports
+    PEFT only to merge, once training is done), the spec that the finders
+    after it give, loaded through `_WrappingLoader`."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in _READER_MODULES:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = None if finder is self or find is None else find(fullname, path, target)
+            if spec is not None:
+                if hasattr(spec.loader, "exec_module"):
+                    spec.loader = _WrappingLoader(spec.loader)
+                return spec
+        return None
+
+
+class _WrappingLoader(importlib.abc.Loader):
+    """`loader`, which wraps the readers once the module has run (before any
+    other module can bind them by name), then leaves the module its own
+    loader."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        module.__loader__ = module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        _wrap_readers()
 
 
 def _dp_forward(own: Any) -> Any:
