@@ -9,6 +9,10 @@ offload, raw:
 
 * ``none``: no preparation: the offload pins as it goes (gpupool pins
   slabs on several threads while the first are copied into).
+* ``default``: the same with the codec a user gets without naming one
+  (``GPUPOOL_CODEC``, ``auto``: ANS for bf16 where nvCOMP is installed):
+  the host room of each piece is known once it is compressed, and the
+  slabs for the rest are pinned ahead at the ratio so far.
 * ``ready``: the tensors were made offloadable (``gpupool.offloadable``)
   ``--wait`` seconds before the offload: their host bytes are pinned in
   the background meanwhile.
@@ -65,12 +69,12 @@ def one_case(mode: str, gib: float, case: str, wait: float) -> Dict[str, Any]:
         rss0 = rss()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        gpupool.offload(tag, codec="raw", dtype=torch.bfloat16)
+        res = gpupool.offload(tag, codec=None if case == "default" else "raw", dtype=torch.bfloat16)
         torch.cuda.synchronize()
         t1 = time.perf_counter()
         off1 = gpupool.stats()["offload"]
         row.update(pins=off1["n_pin"] - off0.get("n_pin", 0), pinned_before=off0.get("host_slabs", 0),
-                   rss_grew=rss() - rss0)
+                   rss_grew=rss() - rss0, codec=res["codec"], host_bytes=res["host_bytes"])
         t2 = time.perf_counter()
         gpupool.restore(tag)
         torch.cuda.synchronize()
@@ -145,7 +149,7 @@ def main() -> None:
         with open(a.json, "w") as f:
             json.dump(one_case(a.mode, a.gib, a.case, a.wait), f)
         return
-    cases = ("none", "ready") if a.mode in GPUPOOL_MODES else ("none",)
+    cases = ("none", "default", "ready") if a.mode in GPUPOOL_MODES else ("none",)
     cases += ("tms",) if a.mode == "native" and tms_installed() else ()
     rows: List[Dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="gpupool-cold-") as tmp:

@@ -98,8 +98,9 @@ WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
              ("-m", "benchmarks.offload", "--gib", "1,8", "--cycles", "3"),
              ("-m", "benchmarks.offload", "--gib", "0.25", "--cycles", "2"),
              "--mode", ("torch",)),
-    Workload("offload_cold", "the first offload of a fresh process, 8 GiB of bf16 raw: unprepared, and with the "
-             "tag made offloadable 1.5 s before (gpupool); pin_memory tensors and copies (PyTorch's modes)",
+    Workload("offload_cold", "the first offload of a fresh process, 8 GiB of bf16: raw unprepared, with the "
+             "default codec unprepared, and raw with the tag made offloadable 1.5 s before (gpupool); pin_memory "
+             "tensors and copies (PyTorch's modes)",
              "offload_gbps", "GB/s out", 1.0, True,
              ("-m", "benchmarks.offload_cold", "--gib", "8"),
              ("-m", "benchmarks.offload_cold", "--gib", "0.5"),

@@ -50,3 +50,21 @@ def test_every_goal_list_is_a_list_without_runs() -> None:
     # summary failed with a TypeError).
     for goals in (offload_goals, cold_goals, soak_goals, graph_goals):
         assert goals([]) == []
+
+
+def test_cold_goals_judge_the_default_codec_as_the_raw_case() -> None:
+    # The first offload with the codec a user gets without naming one has
+    # the goal of the raw one: a compressed offload once pinned its slabs
+    # one at a time, at half the raw case's speed, and no goal said so.
+    def case(name: str, gbps: float) -> Dict[str, Any]:
+        return {"case": name, "gib": 8.0, "offload_gbps": gbps, "vs_pinned": gbps / 50.0, "same_bytes": True,
+                "codec": "ans" if name == "default" else "raw"}
+
+    runs = [{"workload": "offload_cold", "mode": "gpupool", "rep": i,
+             "result": {"cold": [case("none", 24.0), case("default", d), case("ready", 48.0)]}}
+            for i, d in enumerate((10.6, 11.0, 25.0))]
+    goals = cold_goals(runs)
+    assert "PASS  offload_cold gpupool 8 GiB raw, fresh process, no preparation: 24.0" in goals[0]
+    assert goals[1].startswith("FAIL  offload_cold gpupool 8 GiB with the default codec (ans), fresh process, "
+                               "no preparation: 11.0 [10.6-25.0, 3 reps] GB/s"), goals[1]
+    assert goals[2].startswith("PASS  offload_cold gpupool 8 GiB raw, made offloadable before: 0.96 [")

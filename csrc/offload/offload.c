@@ -615,6 +615,7 @@ void gp_offload_stats_get(gp_offloader *o, gp_offload_stats *out)
     out->host_pinning = hs.pinning;
     out->host_limit = hs.limit;
     out->n_pin = hs.n_pin;
+    out->n_pin_late = hs.n_pin_late;
 }
 
 int gp_offload_is_offloaded(gp_offloader *o, gp_tag tag)

@@ -199,6 +199,7 @@ void gp_offload_figures(gp_offloader *o, uint64_t *offloadable, uint64_t *offloa
     X(bytes_out)   /* bytes copied out, ever */                                \
     X(bytes_in)    /* bytes copied back, ever */                               \
     X(n_pin)       /* slabs pinned, ever */                                   \
+    X(n_pin_late)  /* ... by the copy that needed them (pinning ahead was late) */ \
     X(clean_bytes) /* host bytes of restored memory kept for its next offload */ \
     X(n_clean)     /* offloads that found that copy current: copied nothing */
 

@@ -675,10 +675,22 @@ static gp_status gp_out_copy(gp_out *x)
     }
     size_t closed = 0; /* chunks [0, closed) are closed, or will be with a lane's piece */
     size_t n_keep = x->opts->keep && !x->reused ? r->n_pieces : 0;
+    /* Compressed, the host room of each piece is taken once it is
+     * compressed: the slabs for the pieces left are pinned ahead at the
+     * ratio of those stored (raw pieces took all theirs in gp_out_prepare). */
+    uint64_t left = 0, raw = 0, stored = 0;
+    for (size_t j = 0; j < n_keep; j++) left += r->pieces[j].size;
     for (size_t j = 0; j < n_keep && st == GP_OK; j++) {
         gp_piece *p = &r->pieces[j];
         gp_lane *l = &lane[j & 1];
+        long done = l->piece;
         if ((st = gp_lane_finish(o, r, c, lane, l, &x->unmaps)) != GP_OK) break;
+        if (done >= 0) {
+            left -= r->pieces[done].size;
+            raw += r->pieces[done].size;
+            stored += r->pieces[done].stored;
+            gp_pinned_ahead(o->hs, (uint64_t)((double)left * (double)stored / (double)raw));
+        }
         st = o->be->checksum(o->be, (const void *)p->addr, p->size, p->addr, &gp_sums_dev(o)[j], l->s);
         if (st != GP_OK) break;
         size_t due = closed;

@@ -62,8 +62,9 @@ struct gp_pinned {
     gp_slab *slabs;       /* (moves when it grows: threads name a slab by index) */
     size_t n_slabs, cap_slabs;
     uint64_t used, reserved;
-    uint64_t n_pin;
+    uint64_t n_pin, n_pin_late;
     double pin_seconds;
+    unsigned threads;
     gp_workq *pinq;       /* the pinning threads                          */
     gp_batch pins;        /* their jobs (never waited for: destroy joins) */
     int stop;             /* destroy: queued jobs pin nothing             */
@@ -91,7 +92,8 @@ gp_status gp_pinned_create(gp_backend *be, uint64_t limit, uint64_t slab, unsign
     hs->be = be;
     hs->limit = limit;
     hs->slab_size = slab;
-    gp_status st = gp_workq_create("gpupool-pin", threads ? threads : 1, &hs->pinq);
+    hs->threads = threads ? threads : 1;
+    gp_status st = gp_workq_create("gpupool-pin", hs->threads, &hs->pinq);
     if (st != GP_OK) {
         gp_pinned_destroy(hs);
         return st;
@@ -209,6 +211,7 @@ gp_status gp_pinned_ready(gp_pinned *hs, const gp_extent *e)
          * background thread it stands in for would have left a refusal
          * to the copy. */
         hs->slabs[e->slab].state = GP_SLAB_PINNING;
+        if (!tries) hs->n_pin_late++;
         if ((st = gp_slab_pin(hs, e->slab)) != GP_OK && ++tries == 2) break;
         if (st != GP_OK) gp_error_clear();
     }
@@ -400,6 +403,15 @@ void gp_pinned_grow_ahead(gp_pinned *hs, uint64_t spare)
     pthread_mutex_unlock(&hs->lock);
 }
 
+void gp_pinned_ahead(gp_pinned *hs, uint64_t bytes)
+{
+    pthread_mutex_lock(&hs->lock);
+    uint64_t most = 2ull * hs->threads * hs->slab_size;
+    if (bytes > most) bytes = most;
+    gp_add_slabs(hs, bytes < hs->reserved ? bytes : hs->reserved);
+    pthread_mutex_unlock(&hs->lock);
+}
+
 void gp_pinned_prepare(gp_pinned *hs, uint64_t bytes, uint64_t spare)
 {
     pthread_mutex_lock(&hs->lock);
@@ -426,7 +438,7 @@ void gp_pinned_stats_get(gp_pinned *hs, gp_pinned_stats *out)
     }
     *out = (gp_pinned_stats){.limit = hs->limit, .slabs = ready, .pinning = pinning,
                              .used = hs->used, .reserved = hs->reserved, .n_pin = hs->n_pin,
-                             .pin_seconds = hs->pin_seconds};
+                             .n_pin_late = hs->n_pin_late, .pin_seconds = hs->pin_seconds};
     pthread_mutex_unlock(&hs->lock);
 }
 

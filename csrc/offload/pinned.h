@@ -36,6 +36,8 @@ typedef struct gp_pinned_stats {
     uint64_t used;       /* bytes in extents                              */
     uint64_t reserved;   /* bytes promised to offloads under way          */
     uint64_t n_pin;      /* slabs pinned, ever                            */
+    uint64_t n_pin_late; /* ... of them by the copy that needed them: no
+                            pinning thread had started on them          */
     double pin_seconds;  /* time spent pinning, ever                      */
 } gp_pinned_stats;
 
@@ -87,6 +89,12 @@ gp_status gp_pinned_ready(gp_pinned *hs, const gp_extent *e);
  * the reservations, counting `spare` bytes the caller can free when asked
  * as free, within the limit (after an offload: the next finds it). */
 void gp_pinned_grow_ahead(gp_pinned *hs, uint64_t spare);
+/* Queue slabs to be pinned in the background until `bytes` are free in
+ * them, at most the reservations and two slabs per pinning thread: an
+ * offload that learns its host bytes as it goes (a compressed one takes
+ * its extents piece by piece) asks for those it expects next, so that
+ * slabs are pinned while the ones before are copied into. */
+void gp_pinned_ahead(gp_pinned *hs, uint64_t bytes);
 /* Queue slabs to be pinned in the background until `bytes` are free beyond
  * the reservations, `spare` of them (bytes the caller can free when asked)
  * counted as free, as far as the limit allows (no error past it): host

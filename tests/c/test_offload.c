@@ -617,6 +617,51 @@ static void test_pin_ahead(void)
     done(p);
 }
 
+/* A compressed offload takes its host room a piece at a time, once the
+ * piece is compressed; the slabs for the pieces left are queued ahead at
+ * the ratio of those stored, so the pinning threads pin them while the
+ * copies go and a copy pins one itself only at the start.  Before, each
+ * slab was queued when the piece that needed it was stored, and that
+ * copy pinned it itself, slab after slab: the first offload of a 15 GB
+ * model with the default codec ran at 10.6 GB/s on a GPU, 25 raw.  The
+ * pinning ahead stays near the bytes stored (the raw size is reserved). */
+static void test_pin_ahead_compressed(void)
+{
+    gp_backend *be;
+    gp_pool *p = pool_with(1024 * MiB, &be);
+    gp_offloader *o;
+    CHECK(gp_offloader_create(p, 0, 2, NULL, &o) == GP_OK);
+    enum { M = 24 };
+    void *w[M];
+    unsigned char *copy = malloc((size_t)M * 8 * MiB);
+    CHECK(copy != NULL);
+    for (int i = 0; i < M; i++) {
+        w[i] = gp_alloc(p, 8 * MiB, NULL, T_W, GP_PRIO_NORMAL, NULL);
+        data_fill(w[i], 8 * MiB, DATA_BF16);
+        memcpy(copy + (size_t)i * 8 * MiB, w[i], 8 * MiB);
+    }
+    gp_host_set_register_time(be, 1000000); /* (1 ms a slab: a driver's registration takes time) */
+    gp_offload_opts opts = {.keep = 1, .codec = GP_CODEC_ZSTD, .elem_size = 2};
+    gp_offload_result r, rr;
+    CHECK(gp_offload_tags(o, &T_W, 1, &opts, &r) == GP_OK && r.host_bytes < r.copied);
+    gp_offload_stats os = settled(o);
+    printf("  compressed offload: %llu slabs pinned, %llu by the copy, %llu MiB of slabs for %llu MiB\n",
+           (unsigned long long)os.n_pin, (unsigned long long)os.n_pin_late,
+           (unsigned long long)(os.host_slabs / MiB), (unsigned long long)(r.host_bytes / MiB));
+    CHECK(os.n_pin >= 4 && os.n_pin_late <= 1);
+    CHECK(os.host_slabs <= r.host_bytes + 2 * 32 * MiB);
+    gp_host_set_register_time(be, 0);
+    CHECK(gp_restore_tags(o, &T_W, 1, 0, &rr) == GP_OK);
+    for (int i = 0; i < M; i++) {
+        CHECK(memcmp(w[i], copy + (size_t)i * 8 * MiB, 8 * MiB) == 0);
+        gp_free(p, w[i]);
+    }
+    free(copy);
+    CHECK(offload_ok(o) && pool_consistent(p, be) == 0);
+    gp_offloader_destroy(o);
+    done(p);
+}
+
 /* The host refusing to pin (register or populate, once or from then on)
  * in the background or on demand: an offload pins on demand what the
  * background could not, or fails undone with every byte in place. */
@@ -1011,6 +1056,7 @@ static void suite(void)
     test_fork_while_registering();
 #ifdef GP_HAVE_ZSTD
     test_fills_slabs(GP_CODEC_AUTO);
+    test_pin_ahead_compressed();
     test_clean(GP_CODEC_AUTO);
     test_swap_hint();
 #endif
