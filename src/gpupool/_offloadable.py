@@ -951,8 +951,6 @@ _READER_MODULES = frozenset({"peft.tuners.tuners_utils", "transformers.modeling_
 
 
 def _wrap_readers() -> None:
-    if not any(isinstance(f, _ReaderImports) for f in sys.meta_path):
-        sys.meta_path.insert(0, _ReaderImports())
     torch = sys.modules.get("torch")
     nn = getattr(torch, "nn", None)
     if nn is None:
@@ -974,6 +972,8 @@ def _wrap_readers() -> None:
             _module_tensors(self.get_input_embeddings()), _module_tensors(self.get_output_embeddings())))),
     )
     with OffloadHandle._chain_lock:
+        if not any(isinstance(f, _ReaderImports) for f in sys.meta_path):
+            sys.meta_path.insert(0, _ReaderImports())
         for owner, name, wrap in table:
             own = getattr(owner, name, None)
             if own is not None and (id(owner), name) not in _wrapped:
@@ -987,17 +987,23 @@ class _ReaderImports(importlib.abc.MetaPathFinder):
     PEFT only to merge, once training is done), the spec that the finders
     after it give, loaded through `_WrappingLoader`."""
 
+    _finding = threading.local()  # (a finder after it that asks for the same name finds it without this one)
+
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in _READER_MODULES:
+        if fullname not in _READER_MODULES or getattr(self._finding, "name", None) == fullname:
             return None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = None if finder is self or find is None else find(fullname, path, target)
-            if spec is not None:
-                if hasattr(spec.loader, "exec_module"):
-                    spec.loader = _WrappingLoader(spec.loader)
-                return spec
-        return None
+        self._finding.name = fullname
+        try:
+            for finder in list(sys.meta_path):
+                find = getattr(finder, "find_spec", None)
+                spec = None if isinstance(finder, _ReaderImports) or find is None else find(fullname, path, target)
+                if spec is not None:
+                    if hasattr(spec.loader, "exec_module"):
+                        spec.loader = _WrappingLoader(spec.loader)
+                    return spec
+            return None
+        finally:
+            self._finding.name = None
 
 
 class _WrappingLoader(importlib.abc.Loader):
