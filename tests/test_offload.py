@@ -1309,6 +1309,39 @@ def test_peft_and_transformers_imported_after_the_last_offloadable_module_hold_i
     assert "OK" in r.stdout, (r.stdout, r.stderr)
 
 
+def test_the_readers_finder_twice_on_the_import_path_still_finds_the_module(run_py) -> None:
+    # Two threads making their first offloadable modules at once could each
+    # put the readers' finder on sys.meta_path, and a finder after it may
+    # ask the import path for the same name again: each finder asked the
+    # other, without end (RecursionError on import).  Now a finder skips
+    # its kind and answers nothing for a name it is finding already.
+    pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    r = run_py(_FRESH + textwrap.dedent("""
+        import importlib.util, sys
+        from gpupool import _offloadable
+
+        class Asker:  # (a finder that asks the import path again, once, as some import hooks do)
+            asking = False
+
+            def find_spec(self, name, path=None, target=None):
+                if name != "peft.tuners.tuners_utils" or self.asking:
+                    return None
+                self.asking = True
+                try:
+                    return importlib.util.find_spec(name)
+                finally:
+                    self.asking = False
+
+        _offloadable._wrap_readers()
+        sys.meta_path[1:1] = [_offloadable._ReaderImports(), Asker()]
+        import peft.tuners.tuners_utils as tuners
+        assert hasattr(tuners.onload_layer, "__wrapped__") and type(tuners.__loader__).__name__ == "SourceFileLoader"
+        print("OK")
+    """))
+    assert "OK" in r.stdout, (r.stdout, r.stderr)
+
+
 def test_module_apply_holds_an_offloadable_module_and_keeps_what_fn_keeps_apart(run_py) -> None:
     # Module.apply(fn) (a weight initialisation, a re-scaling) runs user
     # code over every submodule where no hook saw it: on an offloaded
