@@ -5,7 +5,7 @@
 Each case runs in a fresh interpreter of its own (a subprocess of this
 worker): its CUDA context, its allocator and its pinned memory are new.
 In it, `--gib` of bf16 N(0, 0.02) in 64 MiB tensors, then one timed
-offload, raw:
+offload (raw but where named):
 
 * ``none``: no preparation: the offload pins as it goes (gpupool pins
   slabs on several threads while the first are copied into).
