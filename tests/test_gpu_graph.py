@@ -252,3 +252,101 @@ def test_replay_benchmark_runs_in_gpupool_and_native(tmp_path) -> None:
     runs = {x["mode"]: x["result"] for x in json.loads(out.read_text())["runs"]}
     assert runs["native"]["us_per_replay"] > 0 and runs["native"]["replay_after_offload_ms"] is None, runs
     assert runs["gpupool"]["us_per_replay"] > 0 and runs["gpupool"]["replay_after_offload_ms"] > 0, runs
+
+
+def test_a_transformers_decode_graph_sleeps_with_its_static_cache(run_py) -> None:
+    # Work not written for gpupool: a Hugging Face causal LM decoding into
+    # transformers' StaticCache, one step captured with torch.cuda.graph as
+    # engines do.  The weights, the cache and the capture's memory sleep
+    # together in the middle of a sequence and wake at the same addresses;
+    # the tokens after the wake, read from the cache written before the
+    # sleep, equal those the graph gave without sleeping.  Each wake is
+    # followed by new writes to the cache, so the next sleep must copy it
+    # again (no clean host copy may stand in for it).
+    pytest.importorskip("transformers")
+    r = run_py("""
+        import torch, gpupool
+        gpupool.enable()
+        from transformers import Qwen2Config, Qwen2ForCausalLM, StaticCache
+        torch.manual_seed(0)
+        cfg = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=4, num_attention_heads=14,
+                          num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)
+        B, P, N = 4, 17, 16
+        with gpupool.tag("model"):
+            m = Qwen2ForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
+        prompts = [torch.randint(0, 1000, (B, P), device="cuda") for _ in range(3)]
+        sleepers = ["model", "kv", "graph"]
+        with gpupool.tag("kv"):
+            cache = StaticCache(config=cfg, max_cache_len=64)
+            tok = torch.zeros(B, 1, dtype=torch.long, device="cuda")
+            pos = torch.tensor([P], device="cuda")
+
+        def at(n):  # transformers 5 counts a static layer's positions on the device
+            for layer in getattr(cache, "layers", []):
+                if hasattr(layer, "cumulative_length"):
+                    layer.cumulative_length.fill_(n)
+
+        @torch.no_grad()
+        def prefill(prompt):
+            at(0)
+            with gpupool.tag("kv"):  # (the first call makes the cache's tensors)
+                out = m(input_ids=prompt, past_key_values=cache, cache_position=torch.arange(P, device="cuda"),
+                        use_cache=True)
+            return out.logits[:, -1].argmax(-1, keepdim=True)
+
+        prefill(prompts[0])
+        with torch.no_grad():
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(2):
+                    at(P)
+                    m(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True)
+            torch.cuda.current_stream().wait_stream(s)
+            at(P)
+            g = torch.cuda.CUDAGraph()
+            with gpupool.tag("graph"), torch.cuda.graph(g):
+                logits = m(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+        infos = []
+
+        def decode(prompt, sleep_at=None):
+            t = prefill(prompt)
+            toks = [t]
+            at(P)
+            for i in range(N):
+                if i == sleep_at:
+                    torch.cuda.synchronize()
+                    free0 = torch.cuda.mem_get_info()[0]
+                    info = gpupool.offload(sleepers)
+                    freed = torch.cuda.mem_get_info()[0] - free0
+                    assert info["released"] >= 0.75 * info["bytes"] and info["lost"] == 0, info
+                    # (The codec's first use maps its staging from the device, which the
+                    # driver's figure nets out: from the second sleep on, it shows all.)
+                    assert not infos or freed >= info["released"] - 16 * 2**20, (freed, info)
+                    infos.append(info)
+                    gpupool.restore(sleepers)
+                tok.copy_(t)
+                pos.fill_(P + i)
+                g.replay()
+                t = logits[:, -1].argmax(-1, keepdim=True)
+                toks.append(t)
+            return torch.cat(toks, 1).cpu()
+
+        ref = [decode(q) for q in prompts]
+        assert len({tuple(r.flatten().tolist()) for r in ref}) == 3, ref
+        tensors = list(m.parameters()) + [logits] + [
+            t for layer in getattr(cache, "layers", []) for t in vars(layer).values()
+            if isinstance(t, torch.Tensor) and t.is_cuda]
+        ptrs = [t.data_ptr() for t in tensors]
+        for cycle in range(4):
+            got = decode(prompts[cycle % 3], sleep_at=N // 2)
+            assert torch.equal(got, ref[cycle % 3]), (cycle, got, ref[cycle % 3])
+            assert [t.data_ptr() for t in tensors] == ptrs
+            assert infos[-1]["copied"] > 0, infos  # (the cache changed since the last wake)
+        tags = gpupool.stats()["tags"]
+        assert all(tags[t]["offloaded"] == 0 for t in sleepers), tags
+        assert tags["kv"]["allocated"] >= 4 * 2 * B * 2 * 64 * 64 * 2, tags["kv"]  # the cache lies under its tag
+        gpupool.check()
+        print("OK", infos[-1])
+    """)
+    assert "OK" in r.stdout
