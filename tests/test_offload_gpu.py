@@ -551,6 +551,43 @@ def test_a_lora_fine_tune_over_offloaded_layers_resizes_trains_and_merges(run_py
     assert "OK" in r.stdout, r.stdout
 
 
+def test_a_model_converted_on_the_device_leaves_whole(run_py) -> None:
+    # A model built on the device in float32 and converted to bfloat16 there
+    # has holes where its float32 tensors were.  offloadable() copied apart
+    # the tensors that shared a unit with them, which left holes in units
+    # whose other tensors had shared nothing; the memory of what ran next
+    # filled them, and the model's offload kept 56 MiB of 376 on the device.
+    # Passes now follow until nothing of the module shares a unit: it all
+    # leaves, and comes back with the same outputs.
+    pytest.importorskip("transformers")
+    r = run_py("""
+        import torch, gpupool
+        gpupool.enable()
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+        torch.manual_seed(0)
+        cfg = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=6, num_attention_heads=14,
+                          num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)
+        with torch.device("cuda"):
+            m = Qwen2ForCausalLM(cfg).to(torch.bfloat16).eval()
+        h = gpupool.offloadable(m, "model")
+        mixed = gpupool.device_pool()._pool.tag_mixed(h._tid)
+        ids = torch.randint(0, 1000, (4, 17), device="cuda")
+        with torch.no_grad():
+            ref = m(ids).logits.float().cpu()
+        others = [torch.ones(n << 20, dtype=torch.uint8, device="cuda") for n in (1, 2, 4, 8) for _ in range(8)]
+        size = sum(t.numel() * t.element_size() for t in [*m.parameters(), *m.buffers()])
+        info = gpupool.offload("model")
+        assert info["kept"] == 0 and info["bytes"] >= size and info["lost"] == 0, (info, size, mixed)
+        with torch.no_grad():
+            assert torch.equal(m(ids).logits.float().cpu(), ref)
+        assert all(bool((t == 1).all()) for t in others)
+        assert mixed == ([], 0), mixed
+        gpupool.check()
+        print("OK", info)
+    """)
+    assert "OK" in r.stdout
+
+
 def test_layers_of_a_model_moved_at_once_offload_one_by_one(run_py) -> None:
     # A model moved to the GPU at once lays its layers side by side: each
     # decoder layer (15 MiB) shares its mapping units with its neighbours.
